@@ -1,0 +1,537 @@
+"""The analysis pass: facts about a script that the transforms act on.
+
+One visitor walks the original tree once and records, keyed by original nodes:
+
+- every DataParallel wrap site (with a chained ``.to(...)``/``.cuda()`` and any enclosing
+  ``if``), other references to the DataParallel class, and forms that cannot be converted;
+- every DataLoader, and which of them feed a training loop (a loop whose body calls
+  ``backward()`` or ``step()``), traced through function parameters and ``self.`` attributes;
+- the epoch loops around those training loops, with the expression that names the loader
+  there (for ``set_epoch``);
+- the names bound to wrapped models and the functions that call a model or a collective, so
+  that rank-0 guards never wrap them (that would hang the other ranks);
+- the ``if __name__ == "__main__":`` block and where the process-group set-up must go.
+
+Transforms read these facts; they never re-derive them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import (
+    ParentNodeProvider,
+    PositionProvider,
+    QualifiedNameProvider,
+    ScopeProvider,
+)
+
+DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
+DATA_PARALLEL_FUNCTION = {
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
+}
+ALREADY_DISTRIBUTED = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.distributed.init_process_group",
+    "torch.utils.data.DistributedSampler",
+    "torch.utils.data.distributed.DistributedSampler",
+}
+DATA_LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+DEVICE_COUNT = "torch.cuda.device_count"
+# Calls that only wrap an iterable: the loader is their first argument.
+ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
+# Method names that run the model's forward or backward (a DDP collective).
+COLLECTIVE_METHODS = {"backward", "forward"}
+TRAINING_METHODS = {"backward", "step"}
+
+Loop = cst.For | cst.While
+Function = cst.FunctionDef
+
+
+@dataclass
+class WrapSite:
+    """One ``DataParallel(...)`` call and what surrounds it."""
+
+    call: cst.Call
+    outer: cst.BaseExpression  # the call, or the `.to(...)`/`.cuda()` call chained on it
+    move: cst.Call | None  # that chained call
+    module_arg: cst.BaseExpression | None
+    target: str | None  # "model" / "self.model": what the wrapped model is bound to
+    guards: list[cst.If] = field(default_factory=list)  # enclosing `if`s that gate the wrap
+    device_count: int | None = None  # number of GPUs named by a literal device_ids
+
+
+@dataclass
+class LoaderSite:
+    call: cst.Call
+    target: str | None
+    training: bool = False
+
+
+@dataclass
+class EpochHook:
+    """An epoch loop and the loaders whose sampler needs ``set_epoch`` at its top."""
+
+    loop: Loop
+    # code of the loader expression as the loop sees it -> (that expression, DataLoader calls)
+    loaders: dict[str, tuple[cst.BaseExpression, list[cst.Call]]] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """Where a node sits: its function, class and the loops around it in that function."""
+
+    function: Function | None
+    cls: cst.ClassDef | None
+    loops: tuple[Loop, ...]
+
+
+@dataclass
+class Problem:
+    node: cst.CSTNode
+    code: str
+    message: str
+
+
+@dataclass
+class Facts:
+    wraps: list[WrapSite] = field(default_factory=list)
+    dp_references: list[cst.BaseExpression] = field(default_factory=list)
+    loaders: dict[cst.Call, LoaderSite] = field(default_factory=dict)
+    epoch_hooks: dict[Loop, EpochHook] = field(default_factory=dict)
+    model_names: set[str] = field(default_factory=set)
+    unsafe_functions: set[Function] = field(default_factory=set)
+    unsafe_method_names: set[str] = field(default_factory=set)
+    main_guard: cst.If | None = None
+    setup_anchor: cst.CSTNode | None = None  # first top-level statement that does work
+    problems: list[Problem] = field(default_factory=list)  # refuse the file
+    warnings: list[Problem] = field(default_factory=list)  # converted, but look here
+    unresolved_training_loops: list[Loop] = field(default_factory=list)
+    contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
+    has_training_step: bool = False
+    analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
+
+    @property
+    def training_loaders(self) -> list[LoaderSite]:
+        return [site for site in self.loaders.values() if site.training]
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def is_main_guard(node: cst.CSTNode) -> bool:
+    main = m.SimpleString(value=m.MatchIfTrue(lambda v: v.strip("'\"") == "__main__"))
+    name = m.Name("__name__")
+    return m.matches(
+        node,
+        m.If(test=m.Comparison(left=name, comparisons=[m.ComparisonTarget(m.Equal(), main)]))
+        | m.If(test=m.Comparison(left=main, comparisons=[m.ComparisonTarget(m.Equal(), name)])),
+    )
+
+
+def first_positional(call: cst.Call, keyword: str | None = None) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is None and arg.star == "":
+            return arg.value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    return None
+
+
+class Analyzer(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (
+        QualifiedNameProvider,
+        ScopeProvider,
+        ParentNodeProvider,
+        PositionProvider,
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.facts = Facts()
+        self._functions: list[Function] = []
+        self._classes: list[cst.ClassDef | None] = [None]
+        self._loops: list[list[Loop]] = [[]]  # one list of open loops per function level
+        self._calls: list[tuple[cst.Call, Context]] = []
+        self._training_loops: dict[Loop, Context] = {}
+        self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
+
+    # -- helpers -----------------------------------------------------------------------
+    def qualified(self, node: cst.CSTNode) -> set[str]:
+        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode:
+        return self.get_metadata(ParentNodeProvider, node)
+
+    def context(self) -> Context:
+        return Context(
+            self._functions[-1] if self._functions else None,
+            self._classes[-1],
+            tuple(self._loops[-1]),
+        )
+
+    def problem(self, node: cst.CSTNode, code: str, message: str) -> None:
+        self.facts.problems.append(Problem(node, code, message))
+
+    def warn(self, node: cst.CSTNode, code: str, message: str) -> None:
+        self.facts.warnings.append(Problem(node, code, message))
+
+    # -- scopes ------------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(node)
+        self._classes.append(self._classes[-1] if self._is_method(node) else None)
+        self._loops.append([])
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+        self._classes.pop()
+        self._loops.pop()
+
+    def _is_method(self, node: cst.FunctionDef) -> bool:
+        parent = self.parent(node)
+        return isinstance(parent, cst.IndentedBlock) and isinstance(self.parent(parent), cst.ClassDef)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        for base in node.bases:
+            if self.qualified(base.value) & DATA_PARALLEL:
+                self.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel; convert it by hand")
+        self._classes.append(node)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self._classes.pop()
+
+    def visit_For(self, node: cst.For) -> None:
+        self.facts.contexts[node] = self.context()
+        self._loops[-1].append(node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self._loops[-1].pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self.facts.contexts[node] = self.context()
+        self._loops[-1].append(node)
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self._loops[-1].pop()
+
+    def visit_If(self, node: cst.If) -> None:
+        if is_main_guard(node) and isinstance(self.parent(node), cst.Module):
+            self.facts.main_guard = node
+
+    # -- calls and references ------------------------------------------------------------
+    def visit_Call(self, node: cst.Call) -> None:
+        names = self.qualified(node.func)
+        context = self.context()
+        self._calls.append((node, context))
+        self.facts.contexts[node] = context
+        if names & DATA_PARALLEL:
+            self._record_wrap(node)
+        elif names & DATA_PARALLEL_FUNCTION:
+            self.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
+        elif names & DATA_LOADER:
+            self._record_loader(node)
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
+            self.facts.has_training_step = True
+            for loop in self._loops[-1]:
+                self._training_loops.setdefault(loop, self.facts.contexts[loop])
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._check_reference(node)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._check_reference(node)
+
+    def _check_reference(self, node: cst.Attribute | cst.Name) -> None:
+        names = self.qualified(node)
+        if names & ALREADY_DISTRIBUTED:
+            self.problem(node, "DDP005", "the file already uses torch.distributed; ddpify converts DataParallel-only scripts")
+            return
+        if not names & DATA_PARALLEL:
+            return
+        parent = self.parent(node)
+        if isinstance(parent, (cst.ImportAlias, cst.Attribute)):
+            return  # the import itself, or a part of a longer dotted name
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return  # a wrap site, recorded by visit_Call
+        if isinstance(parent, cst.Arg) and isinstance(self.parent(parent), cst.ClassDef):
+            return  # a base class, reported by visit_ClassDef
+        if self._inside_import(node):
+            return
+        self.facts.dp_references.append(node)
+
+    def _inside_import(self, node: cst.CSTNode) -> bool:
+        while not isinstance(node, (cst.Module, cst.BaseStatement)):
+            if isinstance(node, (cst.Import, cst.ImportFrom)):
+                return True
+            node = self.parent(node)
+        return False
+
+    def _record_wrap(self, call: cst.Call) -> None:
+        outer: cst.BaseExpression = call
+        move = None
+        parent = self.parent(call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("to", "cuda"):
+            grand = self.parent(parent)
+            if isinstance(grand, cst.Call) and grand.func is parent:
+                outer, move = grand, grand
+        site = WrapSite(call, outer, move, first_positional(call, "module"), self._assigned_name(outer))
+        site.device_count = self._literal_device_count(call)
+        site.guards = self._enclosing_ifs(call)
+        if site.module_arg is None:
+            self.problem(call, "DDP004", "DataParallel(...) without a module argument; convert it by hand")
+        if site.target:
+            self.facts.model_names.add(site.target)
+        self.facts.wraps.append(site)
+
+    def _literal_device_count(self, call: cst.Call) -> int | None:
+        for index, arg in enumerate(call.args):
+            is_ids = (arg.keyword and arg.keyword.value == "device_ids") or (arg.keyword is None and index == 1)
+            if is_ids and isinstance(arg.value, (cst.List, cst.Tuple)):
+                return len(arg.value.elements)
+        return None
+
+    def _enclosing_ifs(self, node: cst.CSTNode) -> list[cst.If]:
+        found = []
+        while not isinstance(node, (cst.Module, cst.FunctionDef, cst.ClassDef)):
+            node = self.parent(node)
+            if isinstance(node, cst.If) and not is_main_guard(node):
+                found.append(node)
+        return found
+
+    def _assigned_name(self, value: cst.BaseExpression) -> str | None:
+        parent = self.parent(value)
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            return dotted(parent.targets[0].target)
+        if isinstance(parent, cst.AnnAssign):
+            return dotted(parent.target)
+        return None
+
+    def _record_loader(self, call: cst.Call) -> None:
+        target = self._assigned_name(call)
+        self.facts.loaders[call] = LoaderSite(call, target)
+        if target and target.startswith("self."):
+            self._attr_loaders.setdefault(target[5:], []).append(call)
+
+    # -- after the walk ------------------------------------------------------------------
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self.facts.setup_anchor = self._setup_anchor(original_node)
+        self._resolve_training_loops()
+        self._find_unsafe_functions()
+
+    def _setup_anchor(self, module: cst.Module) -> cst.CSTNode | None:
+        """The first top-level statement that does work: set-up must run before it."""
+        for statement in module.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                continue
+            if statement is self.facts.main_guard:
+                return statement
+            if isinstance(statement, cst.SimpleStatementLine) and self._is_declaration(statement):
+                continue
+            return statement
+        return None
+
+    def _is_declaration(self, line: cst.SimpleStatementLine) -> bool:
+        """Imports, docstrings and assignments without calls: safe before set-up."""
+        for small in line.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom, cst.Pass)):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                continue
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and not m.findall(small, m.Call()):
+                continue
+            return False
+        return True
+
+    def _resolve_training_loops(self) -> None:
+        for loop, context in self._training_loops.items():
+            if not isinstance(loop, cst.For):
+                continue
+            for expr in self._iterated(loop.iter):
+                calls = self._loaders_for(expr, context, depth=0)
+                if not calls:
+                    continue
+                for call in calls:
+                    self.facts.loaders[call].training = True
+                self._find_epoch_loops(loop, expr, context, calls, depth=0)
+
+    def _iterated(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """The Name/Attribute expressions a loop iterates: `enumerate(tqdm(loader))` -> loader."""
+        if isinstance(expr, (cst.Name, cst.Attribute)):
+            return [expr]
+        if isinstance(expr, cst.Call):
+            names = self.qualified(expr.func)
+            positional = [a.value for a in expr.args if a.keyword is None and not a.star]
+            if names & {"builtins.zip"}:
+                return [e for value in positional for e in self._iterated(value)]
+            is_tqdm = any(n.split(".")[-1] in ("tqdm", "trange") for n in names)
+            if (names & ITERABLE_WRAPPERS or is_tqdm) and positional:
+                return self._iterated(positional[0])
+        return []
+
+    def _loaders_for(self, expr: cst.BaseExpression, context: Context, depth: int) -> list[cst.Call]:
+        """The DataLoader calls that `expr` (read where `context` is) may be bound to."""
+        if depth > 4:
+            return []
+        if isinstance(expr, cst.Attribute) and dotted(expr) and dotted(expr).startswith("self."):
+            return list(self._attr_loaders.get(dotted(expr)[5:], []))
+        if isinstance(expr, cst.Attribute):
+            return list(self._attr_loaders.get(expr.attr.value, []))
+        if not isinstance(expr, cst.Name):
+            return []
+        scope = self.get_metadata(ScopeProvider, expr, None)
+        if scope is None:
+            return []
+        found: list[cst.Call] = []
+        for assignment in scope[expr.value]:
+            node = getattr(assignment, "node", None)
+            if isinstance(node, cst.Param) and context.function is not None:
+                found += self._loaders_via_parameter(context.function, node, depth)
+                continue
+            value = self._assigned_value(node) if node is not None else None
+            if isinstance(value, cst.Call) and value in self.facts.loaders:
+                found.append(value)
+        return found
+
+    def _assigned_value(self, target: cst.CSTNode) -> cst.BaseExpression | None:
+        parent = self.parent(target)
+        if isinstance(parent, cst.AssignTarget):
+            parent = self.parent(parent)
+        if isinstance(parent, (cst.Assign, cst.AnnAssign)):
+            return parent.value
+        return None
+
+    def _loaders_via_parameter(self, function: Function, param: cst.Param, depth: int) -> list[cst.Call]:
+        found = []
+        for call, context in self._call_sites(function):
+            argument = self._argument_for(function, param, call)
+            if argument is not None:
+                found += self._loaders_for(argument, context, depth + 1)
+        return found
+
+    def _call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
+        name = function.name.value
+        sites = []
+        for call, context in self._calls:
+            func = call.func
+            if isinstance(func, cst.Name) and func.value == name:
+                sites.append((call, context))
+            elif isinstance(func, cst.Attribute) and func.attr.value == name:
+                sites.append((call, context))
+        return sites
+
+    def _argument_for(self, function: Function, param: cst.Param, call: cst.Call) -> cst.BaseExpression | None:
+        params = list(function.params.params)
+        if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+            params = params[1:]
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == param.name.value:
+                return arg.value
+        if param not in params:
+            return None
+        index = params.index(param)
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return positional[index].value if index < len(positional) else None
+
+    def _find_epoch_loops(
+        self,
+        loop: cst.BaseCompoundStatement,
+        expr: cst.BaseExpression,
+        context: Context,
+        calls: list[cst.Call],
+        depth: int,
+    ) -> None:
+        """Attach set_epoch for `expr` to the loop around `loop`, looking through callers."""
+        outer = [candidate for candidate in context.loops if candidate is not loop]
+        if outer:
+            hook = self.facts.epoch_hooks.setdefault(outer[-1], EpochHook(outer[-1]))
+            code = cst.Module([]).code_for_node(expr)
+            known = hook.loaders.setdefault(code, (expr, []))[1]
+            known.extend(call for call in calls if call not in known)
+            return
+        if context.function is None or depth > 4:
+            return
+        function = context.function
+        for call_site, caller in self._call_sites(function):
+            mapped = self._expression_in_caller(function, expr, call_site)
+            if mapped is not None:
+                self._find_epoch_loops(call_site, mapped, caller, calls, depth + 1)
+
+    def _expression_in_caller(
+        self, function: Function, expr: cst.BaseExpression, call: cst.Call
+    ) -> cst.BaseExpression | None:
+        """How the caller names what `function` calls `expr`."""
+        if isinstance(expr, cst.Name):
+            for param in function.params.params:
+                if param.name.value == expr.value:
+                    argument = self._argument_for(function, param, call)
+                    return argument if isinstance(argument, (cst.Name, cst.Attribute)) else None
+            return expr  # a global: the same name works in the caller
+        name = dotted(expr)
+        if name and name.startswith("self.") and isinstance(call.func, cst.Attribute):
+            return cst.Attribute(value=call.func.value, attr=cst.Name(name.split(".", 1)[1]))
+        return None
+
+    # -- functions that must never sit under a rank-0 guard --------------------------------
+    def _find_unsafe_functions(self) -> None:
+        by_function: dict[Function, list[cst.Call]] = {}
+        for call, context in self._calls:
+            if context.function is not None:
+                by_function.setdefault(context.function, []).append(call)
+        changed = True
+        while changed:
+            changed = False
+            for function, calls in by_function.items():
+                if function in self.facts.unsafe_functions:
+                    continue
+                params = {p.name.value for p in function.params.params}
+                if any(self.call_is_unsafe(call, params) for call in calls):
+                    self.facts.unsafe_functions.add(function)
+                    self.facts.unsafe_method_names.add(function.name.value)
+                    changed = True
+
+    def call_is_unsafe(self, call: cst.Call, local_params: set[str]) -> bool:
+        """Does this call (maybe) run a model forward/backward or a collective?"""
+        func = call.func
+        if any(name.startswith("torch.distributed") for name in self.qualified(func)):
+            return True
+        name = dotted(func)
+        if name in self.facts.model_names or (isinstance(func, cst.Name) and func.value in local_params):
+            return True
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in COLLECTIVE_METHODS:
+                return True
+            if func.attr.value in self.facts.unsafe_method_names:
+                return True
+        if isinstance(func, cst.Name):
+            scope = self.get_metadata(ScopeProvider, func, None)
+            if scope is not None:
+                for assignment in scope[func.value]:
+                    if getattr(assignment, "node", None) in self.facts.unsafe_functions:
+                        return True
+        return False
+
+
+def analyze(wrapper: cst.MetadataWrapper) -> Facts:
+    analyzer = Analyzer()
+    wrapper.visit(analyzer)
+    # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
+    # whether a call reaches the model.
+    analyzer.metadata = wrapper.resolve_many(analyzer.get_inherited_dependencies())
+    analyzer.facts.analyzer = analyzer
+    return analyzer.facts

@@ -1,0 +1,86 @@
+"""The distributed set-up that ddpify inlines into every converted script.
+
+This is real, tested Python (tests/test_template.py imports and runs it). ddpify copies
+the code between the ``ddpify:begin`` and ``ddpify:end`` marker lines into the converted
+script, right after its imports, and schedules the imports below for it; the converted
+script never imports ddpify.
+
+Names here are prefixed ``ddp_`` so that they cannot be mistaken for the user's own; the
+converter refuses a file that already binds one of them to something else.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+# ddpify:begin
+# Distributed set-up added by ddpify. Launch with
+#   torchrun --standalone --nproc-per-node=N this_script.py
+# or with srun under Slurm; plain `python this_script.py` runs as a world of one.
+
+
+def ddp_setup():
+    """Join the process group that torchrun or Slurm describes, or form a world of one."""
+    if dist.is_initialized():
+        return
+    env = os.environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        env["RANK"] = env["SLURM_PROCID"]
+        env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+        env.setdefault("MASTER_ADDR", ddp_first_slurm_host(env["SLURM_NODELIST"]))
+        env.setdefault("MASTER_PORT", "29500")
+    launched = "RANK" in env
+    env.setdefault("LOCAL_RANK", "0")
+    if torch.cuda.is_available():
+        # Before any other CUDA work, so that this process never touches another GPU.
+        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if launched:
+        dist.init_process_group(backend)
+    else:
+        # No launcher: an in-process store makes a world of one without any port.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+
+
+def ddp_first_slurm_host(nodelist):
+    """The first host of a Slurm node list: "gpu[03-05,09],cpu1" -> "gpu03"."""
+    head, bracket, rest = nodelist.partition("[")
+    if "," in head or not bracket:
+        return head.split(",")[0]
+    first = rest.split("]", 1)[0].split(",")[0].split("-")[0]
+    suffix = rest.split("]", 1)[1].split(",")[0]
+    return head + first + suffix
+
+
+def ddp_cleanup():
+    """Leave the process group; harmless when set-up never ran."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def ddp_device():
+    """This process's device: the GPU that ddp_setup selected, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def ddp_device_ids():
+    """``device_ids`` for DistributedDataParallel: this process's GPU, or None on the CPU."""
+    return [torch.cuda.current_device()] if torch.cuda.is_available() else None
+
+
+def ddp_local_batch_size(global_batch_size):
+    """DataParallel's batch size was global: give each process its share of it."""
+    world_size = dist.get_world_size()
+    if global_batch_size % world_size:
+        raise SystemExit(
+            f"batch size {global_batch_size} does not divide evenly among {world_size} "
+            "processes: launch a number of processes that divides it"
+        )
+    return global_batch_size // world_size
+
+
+# ddpify:end

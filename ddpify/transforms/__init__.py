@@ -1,0 +1,24 @@
+"""The conversion pipeline: one module per transform, run in this order.
+
+Order matters where transforms build on each other: the sampler marks the loaders it
+shards before batch_size and set_epoch look at them; rank_zero guards statements before
+process_group wraps the entry point in try/finally.
+"""
+
+from ddpify.transforms.batch_size import BatchSizeTransform
+from ddpify.transforms.devices import DevicesTransform
+from ddpify.transforms.process_group import ProcessGroupTransform
+from ddpify.transforms.rank_zero import RankZeroTransform
+from ddpify.transforms.sampler import SamplerTransform
+from ddpify.transforms.set_epoch import SetEpochTransform
+from ddpify.transforms.wrap_model import WrapModelTransform
+
+TRANSFORMS = (
+    DevicesTransform,
+    WrapModelTransform,
+    SamplerTransform,
+    BatchSizeTransform,
+    SetEpochTransform,
+    RankZeroTransform,
+    ProcessGroupTransform,
+)

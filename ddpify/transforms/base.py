@@ -1,0 +1,189 @@
+"""What every transform shares: the conversion context, the Transform base, the pipeline.
+
+The pipeline parses nothing and resolves metadata once. It runs one traversal in which
+every transform's ``leave_<Node>(original_node, updated_node)`` hook is called in
+pipeline order, each receiving the previous one's result. Statements are inserted or
+removed only through ``edit_block(owner, block)``, where ``block`` is a list of
+``(original, updated)`` statement pairs: that keeps later transforms able to recognise a
+statement by its original node (``original`` is None for inserted statements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+from libcst.metadata.base_provider import LazyValue
+from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
+
+from ddpify.analysis import Facts
+from ddpify.diagnostics import ConvertOptions, Diagnostic, Severity
+
+Pair = tuple[cst.BaseStatement | None, cst.BaseStatement]
+Block = list[Pair]
+METADATA = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
+
+
+class MetadataView:
+    """Metadata resolved once for the original tree, readable before and during the traversal."""
+
+    def __init__(self, wrapper: cst.MetadataWrapper) -> None:
+        self._resolved = wrapper.resolve_many(METADATA)
+
+    def resolve(self, provider: type) -> Any:
+        return self._resolved[provider]
+
+    def get_metadata(self, provider: type, node: cst.CSTNode, default: Any = KeyError) -> Any:
+        value = self._resolved[provider].get(node, default)
+        if value is KeyError:
+            raise KeyError(node)
+        return value() if isinstance(value, LazyValue) else value
+
+
+@dataclass
+class ConversionContext:
+    """State shared by the transforms of one file's conversion."""
+
+    module: cst.Module
+    facts: Facts
+    options: ConvertOptions
+    metadata: MetadataView
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    imports_to_add: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    imports_to_remove: list[tuple[str, str | None, str | None]] = field(default_factory=list)
+    sharded_loaders: set[cst.Call] = field(default_factory=set)
+    visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def position(self, node: cst.CSTNode) -> tuple[int, int]:
+        try:
+            start = self.metadata.get_metadata(PositionProvider, node).start
+        except KeyError:
+            return (1, 1)
+        return (start.line, start.column + 1)
+
+    def report(self, node: cst.CSTNode, code: str, message: str, severity: Severity = Severity.CHANGE) -> None:
+        line, col = self.position(node)
+        self.diagnostics.append(Diagnostic(line, col, code, message, severity))
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        try:
+            return self.metadata.get_metadata(ParentNodeProvider, node)
+        except KeyError:
+            return None
+
+    def qualified(self, node: cst.CSTNode) -> set[str]:
+        return {q.name for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+
+    def add_import(self, module: str, name: str | None = None, alias: str | None = None) -> None:
+        if (module, name, alias) not in self.imports_to_add:
+            self.imports_to_add.append((module, name, alias))
+
+    @property
+    def has_errors(self) -> bool:
+        return any(d.severity is Severity.ERROR for d in self.diagnostics)
+
+
+class Transform:
+    """One rewrite. Subclasses set CODE_PREFIX and document their codes with examples.
+
+    ``check()`` runs before anything is rewritten and reports ERROR diagnostics for what
+    this transform cannot do safely; any error leaves the whole file untouched.
+    """
+
+    CODE_PREFIX = "DDP0"
+
+    def __init__(self, context: ConversionContext) -> None:
+        self.context = context
+        self.facts = context.facts
+
+    def check(self) -> None:
+        """Report ERROR diagnostics for anything this transform cannot convert safely."""
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        """Insert, remove or wrap statements of the block whose parent is ``owner``."""
+        return block
+
+
+class Pipeline(cst.CSTTransformer):
+    """Runs every transform's hooks in one traversal of the tree."""
+
+    def __init__(self, context: ConversionContext, transforms: list[Transform]) -> None:
+        super().__init__()
+        self.context = context
+        self.transforms = transforms
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        result: Any = updated_node
+        hook_name = f"leave_{type(original_node).__name__}"
+        for transform in self.transforms:
+            hook = getattr(transform, hook_name, None)
+            # A transform that replaced the node with another kind ends the chain for it.
+            if hook is not None and isinstance(result, type(original_node)):
+                result = hook(original_node, result)
+        if isinstance(result, (cst.Module, cst.IndentedBlock)) and isinstance(result, type(original_node)):
+            result = self._edit_block(original_node, result)
+        return result
+
+    def _edit_block(self, original: cst.Module | cst.IndentedBlock, updated: Any) -> Any:
+        owner = original if isinstance(original, cst.Module) else self.context.parent(original)
+        block: Block = list(zip(original.body, updated.body, strict=True))
+        for transform in self.transforms:
+            block = transform.edit_block(owner, block)
+        return updated.with_changes(body=[statement for _, statement in block])
+
+
+# -- small helpers for editing call arguments -------------------------------------------------
+
+
+def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def positional_args(call: cst.Call) -> list[cst.Arg]:
+    return [arg for arg in call.args if arg.keyword is None and not arg.star]
+
+
+def append_arg(call: cst.Call, new: cst.Arg) -> cst.Call:
+    """Add an argument at the end, following the call's existing comma layout."""
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[new])
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):
+        # A trailing comma (often one argument per line): repeat the layout before it.
+        between = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else cst.Comma(
+            whitespace_after=cst.SimpleWhitespace(" ")
+        )
+        args[-1] = last.with_changes(comma=between)
+        new = new.with_changes(comma=last.comma)
+    return call.with_changes(args=[*args, new])
+
+
+def replace_arg(call: cst.Call, old: cst.Arg, new: cst.Arg) -> cst.Call:
+    """Swap one argument for another, keeping the old one's comma and spacing."""
+    return call.with_changes(
+        args=[new.with_changes(comma=old.comma) if arg is old else arg for arg in call.args]
+    )
+
+
+def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value=value,
+        keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def move_leading_lines(source: cst.BaseStatement, target: cst.BaseStatement) -> tuple[Any, Any]:
+    """Give ``target`` the comments and blank lines above ``source`` (for wrapping)."""
+    return (
+        source.with_changes(leading_lines=[]),
+        target.with_changes(leading_lines=[*source.leading_lines, *target.leading_lines]),
+    )

@@ -1,0 +1,129 @@
+"""DDP7xx: hard-coded devices become this process's device.
+
+``ddp_setup()`` calls ``torch.cuda.set_device(local_rank)``, so the bare ``"cuda"`` device
+and a bare ``.cuda()`` already mean "this process's GPU". Hard-coded indices are dropped
+rather than replaced by expressions: the smallest rewrite that is right on every rank.
+
+DDP701  "cuda:N" device string -> "cuda"::
+
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    # becomes
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+DDP702  ``.cuda(N)`` -> ``.cuda()``::
+
+    x = x.cuda(0)        ->   x = x.cuda()
+
+DDP703  in-script ``CUDA_VISIBLE_DEVICES`` removed; GPUs are chosen on the launch line::
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = "0,3"
+    # becomes
+    # ddpify: removed os.environ["CUDA_VISIBLE_DEVICES"] = "0,3"; choose GPUs on the launch
+    # line: CUDA_VISIBLE_DEVICES=0,3 torchrun --standalone --nproc-per-node=2 train.py
+
+DDP704  (warning) the script calls ``torch.cuda.set_device`` itself: that overrides the
+process's GPU chosen by set-up; left alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.diagnostics import Severity
+from ddpify.transforms.base import Block, Transform, positional_args
+
+CUDA_INDEX = re.compile(r"cuda:\d+")
+
+
+class DevicesTransform(Transform):
+    CODE_PREFIX = "DDP7"
+
+    def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
+        value = original_node.evaluated_value
+        if not isinstance(value, str) or not CUDA_INDEX.fullmatch(value):
+            return updated_node
+        self.context.report(original_node, "DDP701", f'"{value}" -> "cuda": this process\'s GPU, set by ddp_setup()')
+        prefix = original_node.prefix
+        quote = original_node.quote
+        return updated_node.with_changes(value=f"{prefix}{quote}cuda{quote}")
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = original_node.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
+            args = positional_args(original_node)
+            if len(original_node.args) == 1 and len(args) == 1 and isinstance(args[0].value, cst.Integer):
+                self.context.report(original_node, "DDP702", f".cuda({args[0].value.value}) -> .cuda(): this process's GPU")
+                return updated_node.with_changes(args=[])
+        if "torch.cuda.set_device" in self.context.qualified(func):
+            self.context.report(
+                original_node,
+                "DDP704",
+                "torch.cuda.set_device() overrides the GPU ddp_setup() chose for this process; remove it",
+                Severity.WARNING,
+            )
+        return updated_node
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        kept: Block = []
+        carried: list[cst.EmptyLine] = []  # comments of removed statements, for the next one
+        for original, updated in block:
+            value = self._visible_devices_value(original)
+            if value is None:
+                if carried:
+                    updated = updated.with_changes(leading_lines=[*carried, *updated.leading_lines])
+                    carried = []
+                kept.append((original, updated))
+                continue
+            carried += [*updated.leading_lines, *self._removal_comment(original, value)]
+        if carried:
+            # The removed statement ended the block: its comments need a statement to sit on,
+            # and an emptied block needs a body.
+            kept.append((None, cst.SimpleStatementLine([cst.Pass()], leading_lines=carried)))
+        return kept
+
+    def _visible_devices_value(self, statement: cst.BaseStatement | None) -> str | None:
+        """The value of an ``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` statement, else None."""
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return None
+        small = statement.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = small.targets[0].target
+            if isinstance(target, cst.Subscript) and "os.environ" in self.context.qualified(target.value):
+                key = target.slice[0].slice if len(target.slice) == 1 else None
+                if isinstance(key, cst.Index) and _literal(key.value) == "CUDA_VISIBLE_DEVICES":
+                    return _literal(small.value) or self.context.code(small.value)
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            func = small.value.func
+            args = positional_args(small.value)
+            if (
+                isinstance(func, cst.Attribute)
+                and func.attr.value == "setdefault"
+                and "os.environ" in self.context.qualified(func.value)
+                and len(args) == 2
+                and _literal(args[0].value) == "CUDA_VISIBLE_DEVICES"
+            ):
+                return _literal(args[1].value) or self.context.code(args[1].value)
+        return None
+
+    def _removal_comment(self, statement: cst.SimpleStatementLine, value: str) -> list[cst.EmptyLine]:
+        self.context.visible_devices = value
+        self.context.report(
+            statement,
+            "DDP703",
+            f"removed in-script CUDA_VISIBLE_DEVICES={value}; choose GPUs on the launch line",
+        )
+        code = self.context.code(statement.with_changes(leading_lines=[])).strip()
+        return [
+            cst.EmptyLine(comment=cst.Comment(f"# ddpify: removed {code}")),
+            cst.EmptyLine(
+                comment=cst.Comment(f"# choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ...")
+            ),
+        ]
+
+
+def _literal(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+        return node.evaluated_value
+    return None

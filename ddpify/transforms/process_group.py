@@ -1,0 +1,158 @@
+"""DDP2xx: set up the process group before any work, destroy it at the end, also on error.
+
+The set-up helpers (``ddpify/templates/ddp_setup.py``, tested on its own) are inlined after
+the script's imports. ``ddp_setup()`` is called where the script starts doing work, and
+the rest of the entry point runs in ``try: ... finally: ddp_cleanup()``:
+
+- ``if __name__ == "__main__": main()`` or code inside the ``__main__`` block::
+
+      if __name__ == "__main__":
+          ddp_setup()
+          try:
+              main()
+          finally:
+              ddp_cleanup()
+
+- a flat script: before its first top-level statement that does work (a call), with every
+  statement from there on inside the ``try``.
+
+DDP201  set-up and cleanup added.
+DDP202  (error) no entry point: the module only defines things (a library module);
+        call ddp_setup() from the script that runs it.
+DDP203  (error) a name the set-up needs is already bound to something else in the script.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import libcst as cst
+from libcst.metadata import ScopeProvider
+
+from ddpify.diagnostics import Severity
+from ddpify.transforms.base import Block, Pair, Transform
+
+TEMPLATE_IMPORTS = (("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
+TEMPLATE_NAMES = (
+    "ddp_setup",
+    "ddp_first_slurm_host",
+    "ddp_cleanup",
+    "ddp_device",
+    "ddp_device_ids",
+    "ddp_local_batch_size",
+)
+# Names the emitted code uses, and the only thing each may already be bound to.
+RESERVED = {
+    **{name: None for name in TEMPLATE_NAMES},
+    "sampler_epoch": None,
+    "dist": "torch.distributed",
+    "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
+    "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
+    "os": "os",
+    "torch": "torch",
+}
+BEGIN, END = "# ddpify:begin", "# ddpify:end"
+
+
+@functools.lru_cache(maxsize=1)
+def template_source() -> str:
+    text = resources.files("ddpify.templates").joinpath("ddp_setup.py").read_text(encoding="utf-8")
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
+
+
+def template_statements() -> list[cst.BaseStatement]:
+    """The helper block as statements, its header comment on the first one."""
+    parsed = cst.parse_module(template_source())
+    first, *rest = parsed.body
+    lines = [cst.EmptyLine(), cst.EmptyLine(), *parsed.header, *first.leading_lines]
+    return [first.with_changes(leading_lines=lines), *rest]
+
+
+class ProcessGroupTransform(Transform):
+    CODE_PREFIX = "DDP2"
+
+    def check(self) -> None:
+        anchor = self.facts.setup_anchor
+        if anchor is None:
+            self.context.report(
+                self.facts.wraps[0].call if self.facts.wraps else self.context.module,
+                "DDP202",
+                "no entry point (module-level code or an `if __name__ == \"__main__\":` block): "
+                "call ddp_setup() from the script that runs this module",
+                Severity.ERROR,
+            )
+        for name, node in self._conflicts():
+            self.context.report(
+                node, "DDP203", f"`{name}` is already bound in this script; the DDP set-up needs that name", Severity.ERROR
+            )
+
+    def _conflicts(self) -> list[tuple[str, cst.CSTNode]]:
+        scopes = {scope for scope in self.context.metadata.resolve(ScopeProvider).values() if scope is not None}
+        found = []
+        for scope in scopes:
+            for assignment in scope.assignments:
+                allowed = RESERVED.get(assignment.name, "absent")
+                if allowed == "absent":
+                    continue
+                names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
+                if allowed is None or allowed not in names:
+                    found.append((assignment.name, getattr(assignment, "node", self.context.module)))
+        return found
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        anchor = self.facts.setup_anchor
+        if owner is anchor:  # the `__main__` block: everything in it runs inside try
+            return self._wrap(block, 0)
+        if not isinstance(owner, cst.Module):
+            return block
+        if anchor is not self.facts.main_guard:
+            block = self._wrap(block, next(i for i, (original, _) in enumerate(block) if original is anchor))
+        for module, name, alias in TEMPLATE_IMPORTS:
+            self.context.add_import(module, name, alias)
+        return self._insert_helpers(block)
+
+    def _wrap(self, block: Block, start: int) -> Block:
+        """Call set-up before block[start] and run block[start:] inside try/finally."""
+        body = [statement for _, statement in block[start:]]
+        first = body[0]
+        blank = 0
+        while blank < len(first.leading_lines) and first.leading_lines[blank].comment is None:
+            blank += 1
+        body[0] = first.with_changes(leading_lines=first.leading_lines[blank:])
+        setup = cst.parse_statement("ddp_setup()").with_changes(leading_lines=first.leading_lines[:blank])
+        guarded = cst.Try(
+            body=cst.IndentedBlock(body=body),
+            finalbody=cst.Finally(body=cst.IndentedBlock(body=[cst.parse_statement("ddp_cleanup()")])),
+        )
+        self.context.report(
+            block[start][0] or block[start][1],
+            "DDP201",
+            "process group set up here (torchrun, Slurm, or a world of one) and destroyed in `finally`",
+        )
+        return [*block[:start], (None, setup), (None, guarded)]
+
+    def _insert_helpers(self, block: Block) -> Block:
+        at = 0
+        while at < len(block) and _is_header(block[at][1]):
+            at += 1
+        helpers: list[Pair] = [(None, statement) for statement in template_statements()]
+        rest = block[at:]
+        if rest:
+            original, statement = rest[0]
+            missing = max(0, 2 - sum(1 for line in statement.leading_lines if line.comment is None))
+            rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
+        return [*block[:at], *helpers, *rest]
+
+
+def _is_header(statement: cst.BaseStatement) -> bool:
+    """Docstring and imports: what stays above the helper block."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    for small in statement.body:
+        if isinstance(small, (cst.Import, cst.ImportFrom)):
+            continue
+        if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+            continue
+        return False
+    return True

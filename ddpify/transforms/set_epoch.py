@@ -1,0 +1,80 @@
+"""DDP5xx: ``sampler.set_epoch(epoch)`` first thing in every epoch loop.
+
+Without it a DistributedSampler yields the same order every epoch. The epoch loop is the
+loop around the training loop, found in the same function or, when the training loop sits
+in a function or method, around its call (``train(train_loader, ...)`` in the loop).
+The loader is named as that loop sees it: the argument passed, or ``self.x`` / ``obj.x``.
+
+DDP501  set_epoch added::
+
+    for epoch in range(epochs):
+        train(train_loader, model)
+    # becomes
+    for epoch in range(epochs):
+        train_loader.sampler.set_epoch(epoch)
+        train(train_loader, model)
+
+When the loop has no epoch number (``while True:``, ``for batch_set in schedule:``) a counter
+is added before it and incremented at the top of the loop.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import EpochHook
+from ddpify.transforms.base import Block, Transform
+
+COUNTER = "sampler_epoch"
+RANGES = ("range", "trange")
+
+
+class SetEpochTransform(Transform):
+    CODE_PREFIX = "DDP5"
+
+    def _loaders(self, hook: EpochHook) -> list[cst.BaseExpression]:
+        sharded = self.context.sharded_loaders
+        return [expr for expr, calls in hook.loaders.values() if any(call in sharded for call in calls)]
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        block = self._add_counters(block)
+        hook = self.facts.epoch_hooks.get(owner)
+        if hook is None or not self._loaders(hook) or block is None:
+            return block
+        epoch = _epoch_variable(owner)
+        statements: Block = []
+        for loader in self._loaders(hook):
+            code = self.context.code(loader)
+            self.context.report(owner, "DDP501", f"{code}.sampler.set_epoch() at the top of the epoch loop")
+            statements.append((None, cst.parse_statement(f"{code}.sampler.set_epoch({epoch or COUNTER})")))
+        if epoch is None:
+            statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
+        return [*statements, *block]
+
+    def _add_counters(self, block: Block) -> Block:
+        """Loops without an epoch number get a counter initialised right before them."""
+        result: Block = []
+        for original, updated in block:
+            hook = self.facts.epoch_hooks.get(original)
+            if hook is not None and self._loaders(hook) and _epoch_variable(original) is None:
+                counter = cst.parse_statement(f"{COUNTER} = 0").with_changes(leading_lines=updated.leading_lines)
+                result.append((None, counter))
+                updated = updated.with_changes(leading_lines=[])
+            result.append((original, updated))
+        return result
+
+
+def _epoch_variable(loop: cst.CSTNode) -> str | None:
+    """`epoch` in `for epoch in range(...)` (or trange/tqdm(range(...)))."""
+    if not isinstance(loop, cst.For) or not isinstance(loop.target, cst.Name):
+        return None
+    iterable = loop.iter
+    while isinstance(iterable, cst.Call):
+        func = iterable.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+        if name in RANGES:
+            return loop.target.value
+        if name != "tqdm" or not iterable.args:
+            return None
+        iterable = iterable.args[0].value
+    return None

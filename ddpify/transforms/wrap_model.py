@@ -1,0 +1,146 @@
+"""DDP1xx: every DataParallel wrap becomes DistributedDataParallel on this process's device.
+
+Forms are recognised by qualified name (``nn.DataParallel``, ``torch.nn.parallel.DataParallel``,
+``from torch.nn import DataParallel as DP``, ``import torch as ch`` ...), never by text, so a
+project's own class called ``DataParallel`` is left alone.
+
+DDP101  DataParallel -> DistributedDataParallel::
+
+    model = nn.DataParallel(model, device_ids=[0, 1]).to(device)
+    # becomes
+    model = DistributedDataParallel(model.to(device), device_ids=ddp_device_ids())
+
+DDP102  a ``device_count() > 1`` guard around the wrap now asks for the world size, so that
+every rank wraps (also CPU ranks, which see no GPU)::
+
+    if torch.cuda.device_count() > 1:        ->   if dist.get_world_size() > 1:
+
+DDP103  (warning) the wrap sits under another condition: under DDP it must run on every
+rank whenever the world is larger than one.
+
+DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
+now names DistributedDataParallel, which also has ``.module``.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpify.analysis import DEVICE_COUNT, WrapSite
+from ddpify.diagnostics import Severity
+from ddpify.transforms.base import Transform
+
+DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
+DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
+
+
+class WrapModelTransform(Transform):
+    CODE_PREFIX = "DDP1"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.sites = {site.outer: site for site in self.facts.wraps}
+        self.device_count_calls: set[cst.Call] = set()
+        for site in self.facts.wraps:
+            self._classify_guards(site)
+
+    def _classify_guards(self, site: WrapSite) -> None:
+        for guard in site.guards:
+            calls = [
+                node
+                for node in m.findall(guard.test, m.Call())
+                if DEVICE_COUNT in self.context.qualified(node.func)
+            ]
+            if calls:
+                self.device_count_calls.update(calls)
+                self.context.report(
+                    guard.test,
+                    "DDP102",
+                    "torch.cuda.device_count() in the guard around the wrap -> dist.get_world_size()",
+                )
+            else:
+                self.context.report(
+                    site.call,
+                    "DDP103",
+                    f"the wrap only runs when `{self.context.code(guard.test)}`; under DDP it must run "
+                    "on every rank whenever the world size is above one",
+                    Severity.WARNING,
+                )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.device_count_calls:
+            self.context.add_import("torch.distributed", None, "dist")
+            return cst.parse_expression("dist.get_world_size()")
+        site = self.sites.get(original_node)
+        if site is None:
+            return updated_node
+        return self._wrap(site, updated_node)
+
+    def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
+        dp_call = updated.func.value if site.move is not None else updated
+        module = _module_argument(dp_call)
+        if site.move is not None:
+            placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module)))
+        else:
+            placed = cst.Call(
+                func=cst.Attribute(value=_atom(module), attr=cst.Name("to")),
+                args=[cst.Arg(cst.parse_expression("ddp_device()"))],
+            )
+        dropped = [arg.keyword.value if arg.keyword else f"argument {i + 1}" for i, arg in enumerate(dp_call.args)]
+        dropped = [name for name in dropped if name not in ("module", "argument 1")]
+        note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
+        self.context.report(
+            site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
+        )
+        self.context.add_import(*DDP_IMPORT)
+        return cst.Call(
+            func=cst.Name("DistributedDataParallel"),
+            args=[
+                cst.Arg(placed, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(
+                    cst.parse_expression("ddp_device_ids()"),
+                    keyword=cst.Name("device_ids"),
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                ),
+            ],
+        )
+
+    def _reference(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:
+        if original_node not in self.facts.dp_references:
+            return updated_node
+        self.context.report(original_node, "DDP104", "DataParallel class reference -> DistributedDataParallel")
+        self.context.add_import(*DDP_IMPORT)
+        return cst.Name("DistributedDataParallel")
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
+        return self._reference(original_node, updated_node)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
+        return self._reference(original_node, updated_node)
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
+        """Schedule removal of `from torch.nn import DataParallel` (only if now unused)."""
+        if original_node.module is None or isinstance(original_node.names, cst.ImportStar):
+            return updated_node
+        module = self.context.code(original_node.module)
+        for alias in original_node.names:
+            if module in DP_MODULES and self.context.code(alias.name) == "DataParallel":
+                asname = alias.asname.name.value if alias.asname else None
+                self.context.imports_to_remove.append((module, "DataParallel", asname))
+        return updated_node
+
+
+def _module_argument(call: cst.Call) -> cst.BaseExpression:
+    for arg in call.args:
+        if arg.keyword is None and not arg.star:
+            return arg.value
+    return next(arg.value for arg in call.args if arg.keyword and arg.keyword.value == "module")
+
+
+def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
+    """Parenthesise an expression that cannot take `.to(...)` directly."""
+    if isinstance(expression, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or expression.lpar:
+        return expression
+    return expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
