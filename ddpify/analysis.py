@@ -113,6 +113,7 @@ class Facts:
     main_guard: cst.If | None = None
     setup_anchor: cst.CSTNode | None = None  # first top-level statement that does work
     problems: list[Problem] = field(default_factory=list)  # refuse the file
+    distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     warnings: list[Problem] = field(default_factory=list)  # converted, but look here
     unresolved_training_loops: list[Loop] = field(default_factory=list)
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
@@ -260,7 +261,7 @@ class Analyzer(cst.CSTVisitor):
     def _check_reference(self, node: cst.Attribute | cst.Name) -> None:
         names = self.qualified(node)
         if names & ALREADY_DISTRIBUTED:
-            self.problem(node, "DDP005", "the file already uses torch.distributed; ddpify converts DataParallel-only scripts")
+            self.facts.distributed_uses.append(node)
             return
         if not names & DATA_PARALLEL:
             return
@@ -330,6 +331,13 @@ class Analyzer(cst.CSTVisitor):
 
     # -- after the walk ------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
+        if self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references):
+            # Half-converted by hand: mixing our set-up with the user's would run it twice.
+            self.problem(
+                self.facts.distributed_uses[0],
+                "DDP005",
+                "the file already uses torch.distributed next to DataParallel; finish this conversion by hand",
+            )
         self.facts.setup_anchor = self._setup_anchor(original_node)
         self._resolve_training_loops()
         self._find_unsafe_functions()
@@ -375,7 +383,7 @@ class Analyzer(cst.CSTVisitor):
         if isinstance(expr, (cst.Name, cst.Attribute)):
             return [expr]
         if isinstance(expr, cst.Call):
-            names = self.qualified(expr.func)
+            names = self.qualified(expr.func) | {dotted(expr.func) or ""}
             positional = [a.value for a in expr.args if a.keyword is None and not a.star]
             if names & {"builtins.zip"}:
                 return [e for value in positional for e in self._iterated(value)]

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import tempfile
@@ -125,3 +126,18 @@ def write_result(result: FileResult, destination: str | os.PathLike | None = Non
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def convert_files(paths: list[Path], options: ConvertOptions = ConvertOptions(), jobs: int = 0) -> list[FileResult]:
+    """Convert many files, in worker processes when there are several; results in input order."""
+    return _map(functools.partial(convert_file, options=options), paths, jobs)
+
+
+def _map(function, items: list, jobs: int) -> list:
+    workers = min(jobs or os.cpu_count() or 1, len(items))
+    if workers <= 1:
+        return [function(item) for item in items]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(function, items, chunksize=max(1, len(items) // (workers * 8))))

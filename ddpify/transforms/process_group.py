@@ -107,10 +107,19 @@ class ProcessGroupTransform(Transform):
         if not isinstance(owner, cst.Module):
             return block
         if anchor is not self.facts.main_guard:
-            block = self._wrap(block, next(i for i, (original, _) in enumerate(block) if original is anchor))
+            block = self._wrap(block, self._position_of(anchor, block))
         for module, name, alias in TEMPLATE_IMPORTS:
             self.context.add_import(module, name, alias)
         return self._insert_helpers(block)
+
+    def _position_of(self, anchor: cst.CSTNode, block: Block) -> int:
+        """Index of the anchor in the block, or of what follows it if a transform removed it."""
+        order = {statement: index for index, statement in enumerate(self.context.module.body)}
+        return next(
+            index
+            for index, (original, _) in enumerate(block)
+            if original is not None and order.get(original, -1) >= order[anchor]
+        )
 
     def _wrap(self, block: Block, start: int) -> Block:
         """Call set-up before block[start] and run block[start:] inside try/finally."""

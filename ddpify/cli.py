@@ -1,0 +1,125 @@
+"""The ``ddpify`` command line. It only prints what ``ddpify.api`` returns.
+
+Start-up stays cheap: this module imports neither libcst nor torch; each command imports
+what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ddpify import __version__
+from ddpify.diagnostics import ConvertOptions, FileResult, Severity
+
+app = typer.Typer(
+    help="Move PyTorch training scripts from nn.DataParallel to DistributedDataParallel.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddpify {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    """Move PyTorch training scripts from nn.DataParallel to DistributedDataParallel."""
+
+
+@app.command()
+def convert(
+    paths: List[Path] = typer.Argument(..., help="Scripts (or folders of them) to convert in place."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here instead (one input only)."),
+    diff: bool = typer.Option(False, "--diff", help="Write nothing; print a unified diff. Exit 1 if there is one."),
+    per_process_batch: bool = typer.Option(
+        False, "--per-process-batch", help="Keep batch_size per process (the global batch grows with the world size)."
+    ),
+    jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
+) -> None:
+    """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
+    from ddpify import api
+    from ddpify.files import discover
+
+    files = discover(paths)
+    if output is not None and len(files) != 1:
+        _fail("-o/--output takes exactly one input file")
+    if not files:
+        _fail("no Python files found")
+    options = ConvertOptions(per_process_batch=per_process_batch)
+    results = api.convert_files(files, options, jobs)
+    status = EXIT_OK
+    for result in results:
+        status = max(status, _report_conversion(result, diff, output))
+    raise typer.Exit(status)
+
+
+def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> int:
+    from ddpify import api
+
+    if result.error and not result.diagnostics:
+        typer.echo(f"{result.path}: error: {result.error}", err=True)
+        return EXIT_ERROR
+    stream_is_diff = diff
+    if diff and result.changed:
+        typer.echo(_unified_diff(result), nl=False)
+    say = (lambda text: typer.echo(text, err=True)) if stream_is_diff else typer.echo
+    if result.error:
+        say(f"{result.path}: not converted (file left untouched)")
+        for diagnostic in result.diagnostics:
+            say(f"  {diagnostic.concise(result.path)}")
+        return EXIT_ERROR if any(d.code == "DDP001" for d in result.diagnostics) else EXIT_FINDINGS
+    if not result.changed:
+        say(f"{result.path}: nothing to convert")
+        return EXIT_OK
+    if not diff:
+        try:
+            api.write_result(result, output)
+        except OSError as error:
+            say(f"{result.path}: error: cannot write: {error}")
+            return EXIT_ERROR
+    written = f" -> {output}" if output and not diff else ""
+    say(f"{result.path}: {'would convert' if diff else 'converted'}{written}")
+    for diagnostic in result.diagnostics:
+        marker = "" if diagnostic.severity is Severity.CHANGE else f" [{diagnostic.severity.value}]"
+        say(f"  {diagnostic.concise(result.path)}{marker}")
+    target = str(output) if output and not diff else result.path
+    say(f"  launch: {result.launch_command.replace(result.path, target)}")
+    return EXIT_FINDINGS if diff else EXIT_OK
+
+
+def _unified_diff(result: FileResult) -> str:
+    name = result.path.lstrip("/")
+    lines = difflib.unified_diff(
+        result.source.splitlines(keepends=True),
+        result.output.splitlines(keepends=True),
+        fromfile=f"a/{name}",
+        tofile=f"b/{name}",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def main() -> None:
+    app(prog_name="ddpify")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

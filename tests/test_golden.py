@@ -1,0 +1,49 @@
+"""Golden fixtures: fixtures/<area>/<name>.py -> <name>.ddp.py and <name>.diag.txt.
+
+Run `pytest tests/test_golden.py --update-golden` to rewrite the expected files, then
+review the diff. A fixture's first line may hold `# fixture-options: per_process_batch`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, fixture_inputs
+from ddpify.api import convert_source
+from ddpify.diagnostics import ConvertOptions, FileResult
+
+CASES = fixture_inputs()
+
+
+def options_for(source: str) -> ConvertOptions:
+    first = source.splitlines()[0] if source else ""
+    flags = first.split(":", 1)[1].split() if first.startswith("# fixture-options:") else []
+    return ConvertOptions(**{flag: True for flag in flags})
+
+
+def render_diagnostics(result: FileResult) -> str:
+    lines = [f"{d.concise(Path(result.path).name)} [{d.severity.value}]" for d in result.diagnostics]
+    if result.launch_command:
+        lines.append(f"launch: {result.launch_command}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(p.relative_to(FIXTURES)) for p in CASES])
+def test_golden(case: Path, update_golden: bool) -> None:
+    source = case.read_text(encoding="utf-8")
+    options = options_for(source)
+    result = convert_source(source, options, path=case.name)
+    expected_code = case.with_name(case.stem + ".ddp.py")
+    expected_diag = case.with_name(case.stem + ".diag.txt")
+    if update_golden:
+        expected_code.write_text(result.output, encoding="utf-8")
+        expected_diag.write_text(render_diagnostics(result), encoding="utf-8")
+    assert result.output == expected_code.read_text(encoding="utf-8")
+    assert render_diagnostics(result) == expected_diag.read_text(encoding="utf-8")
+    compile(result.output, str(expected_code), "exec")
+    again = convert_source(result.output, options, path=case.name)
+    assert again.output == result.output, "converting twice must equal converting once"
+    if result.error:
+        assert result.output == source, "a refused file is left byte-identical"
