@@ -117,6 +117,7 @@ def write_result(result: FileResult, destination: str | os.PathLike | None = Non
     target = Path(destination) if destination is not None else source_path
     _, encoding = read_source(source_path)
     mode = source_path.stat().st_mode & 0o7777
+    target.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding=encoding, newline="") as stream:

@@ -1,0 +1,121 @@
+"""The convert command as users run it: files on disk, exit codes, what it prints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from conftest import FIXTURES
+from ddpify import __version__
+from ddpify.cli import app
+
+runner = CliRunner()
+SCRIPT = (FIXTURES / "process_group" / "main_function.py").read_text()
+
+
+def write(tmp_path: Path, name: str, text: str, newline: str = "\n", encoding: str = "utf-8") -> Path:
+    path = tmp_path / name
+    path.write_bytes(text.replace("\n", newline).encode(encoding))
+    return path
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"ddpify {__version__}"
+
+
+def test_convert_in_place_reports_changes_and_launch_line(tmp_path):
+    path = write(tmp_path, "train.py", SCRIPT)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "DistributedDataParallel(" in path.read_text()
+    assert "DDP101" in result.output and "DDP201" in result.output
+    assert f"launch: torchrun --standalone --nproc-per-node=gpu {path}" in result.output
+
+
+def test_convert_keeps_mode_newlines_and_encoding(tmp_path):
+    text = "# -*- coding: latin-1 -*-\n# caf\xe9\n" + SCRIPT
+    path = write(tmp_path, "train.py", text, newline="\r\n", encoding="latin-1")
+    path.chmod(0o755)
+    assert runner.invoke(app, ["convert", str(path)]).exit_code == 0
+    raw = path.read_bytes()
+    assert b"caf\xe9" in raw and b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")
+    assert os.stat(path).st_mode & 0o777 == 0o755
+
+
+def test_output_option_leaves_input_alone(tmp_path):
+    path = write(tmp_path, "train.py", SCRIPT)
+    out = tmp_path / "train_ddp.py"
+    result = runner.invoke(app, ["convert", str(path), "-o", str(out)])
+    assert result.exit_code == 0
+    assert path.read_text() == SCRIPT and "ddp_setup()" in out.read_text()
+    assert f"--nproc-per-node=gpu {out}" in result.output
+
+
+def test_diff_writes_nothing_and_exits_one(tmp_path):
+    path = write(tmp_path, "train.py", SCRIPT)
+    result = runner.invoke(app, ["convert", "--diff", str(path)])
+    assert result.exit_code == 1
+    assert f"--- a/{str(path).lstrip('/')}" in result.stdout and "+    ddp_setup()" in result.stdout
+    assert path.read_text() == SCRIPT
+
+
+def test_diff_of_nothing_to_convert_exits_zero(tmp_path):
+    path = write(tmp_path, "clean.py", "print('hello')\n")
+    assert runner.invoke(app, ["convert", "--diff", str(path)]).exit_code == 0
+
+
+def test_parse_error_exits_two_and_leaves_file(tmp_path):
+    text = "import torch\nmodel = torch.nn.DataParallel(\n"
+    path = write(tmp_path, "broken.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 2 and "DDP001" in result.output
+    assert path.read_text() == text
+
+
+def test_unconvertible_file_is_untouched_and_reported(tmp_path):
+    text = (FIXTURES / "wrap" / "subclass.py").read_text()
+    path = write(tmp_path, "sub.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 1 and "not converted" in result.output and "DDP004" in result.output
+    assert path.read_text() == text
+
+
+def test_missing_file_exits_two(tmp_path):
+    assert runner.invoke(app, ["convert", str(tmp_path / "nope.py")]).exit_code == 2
+
+
+def test_output_with_several_inputs_is_a_usage_error(tmp_path):
+    a, b = write(tmp_path, "a.py", SCRIPT), write(tmp_path, "b.py", SCRIPT)
+    assert runner.invoke(app, ["convert", str(a), str(b), "-o", str(tmp_path / "c.py")]).exit_code == 2
+
+
+def test_per_process_batch_option(tmp_path):
+    text = (FIXTURES / "loaders" / "shuffle_drop_last.py").read_text()
+    path = write(tmp_path, "t.py", text)
+    result = runner.invoke(app, ["convert", "--per-process-batch", str(path)])
+    assert result.exit_code == 0 and "DDP402" in result.output
+    assert "batch_size=16," in path.read_text() and "ddp_local_batch_size(16)" not in path.read_text()
+
+
+def test_folder_of_scripts_converts_in_parallel(tmp_path):
+    for name in ("a.py", "b.py", "c.py"):
+        write(tmp_path, name, SCRIPT)
+    result = runner.invoke(app, ["convert", "-j", "2", str(tmp_path)])
+    assert result.exit_code == 0
+    assert all("ddp_setup()" in (tmp_path / n).read_text() for n in ("a.py", "b.py", "c.py"))
+
+
+def test_cli_start_up_imports_neither_torch_nor_libcst():
+    code = "import sys, ddpify.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'libcst')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "ddpify", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("ddpify ")
