@@ -52,6 +52,9 @@ ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
 COLLECTIVE_METHODS = {"backward", "forward"}
 TRAINING_METHODS = {"backward", "step"}
 
+# Names in an `if` test that show the code below is already limited to one rank.
+RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
+
 Loop = cst.For | cst.While
 Function = cst.FunctionDef
 
@@ -143,6 +146,15 @@ def is_main_guard(node: cst.CSTNode) -> bool:
         m.If(test=m.Comparison(left=name, comparisons=[m.ComparisonTarget(m.Equal(), main)]))
         | m.If(test=m.Comparison(left=main, comparisons=[m.ComparisonTarget(m.Equal(), name)])),
     )
+
+
+def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
+    """Is `node` inside an `if` whose test reads a rank (``if rank == 0:``, ``if is_main_process():``)?"""
+    while node is not None and not isinstance(node, cst.Module):
+        if isinstance(node, cst.If) and any(word in code_of(node.test) for word in RANK_WORDS):
+            return True
+        node = parent_of(node)
+    return False
 
 
 def first_positional(call: cst.Call, keyword: str | None = None) -> cst.BaseExpression | None:

@@ -142,3 +142,26 @@ def _map(function, items: list, jobs: int) -> list:
 
     with ProcessPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(function, items, chunksize=max(1, len(items) // (workers * 8))))
+
+
+# -- check -------------------------------------------------------------------------------------
+
+
+def check_file(path: Path, options=None) -> "FileFindings":
+    from ddpify.check import CheckOptions, check_source
+    from ddpify.report import FileFindings
+
+    try:
+        source, _ = read_source(Path(path))
+    except (OSError, UnicodeDecodeError, SyntaxError) as error:
+        return FileFindings(str(path), (), f"cannot read: {error}")
+    return FileFindings(str(path), check_source(source, options or CheckOptions()))
+
+
+def check_files(jobs_and_options: list[tuple[Path, object]], jobs: int = 0) -> list:
+    """Check (path, CheckOptions) pairs, in worker processes when there are many."""
+    return _map(_check_pair, jobs_and_options, jobs if len(jobs_and_options) > 8 else 1)
+
+
+def _check_pair(pair: tuple[Path, object]):
+    return check_file(*pair)

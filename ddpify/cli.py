@@ -101,6 +101,88 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
     return EXIT_FINDINGS if diff else EXIT_OK
 
 
+@app.command()
+def check(
+    paths: List[Path] = typer.Argument(..., help="Files or folders to check; `-` reads standard input."),
+    select: List[str] = typer.Option([], "--select", help="Only these codes (by prefix, comma-separated)."),
+    ignore: List[str] = typer.Option([], "--ignore", help="Skip these codes (by prefix, comma-separated)."),
+    output_format: str = typer.Option("full", "--output-format", help="full, concise, json, github or sarif."),
+    output_file: Optional[Path] = typer.Option(None, "--output-file", help="Write the report here."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
+    force_exclude: bool = typer.Option(False, "--force-exclude", help="Apply excludes to files named here too."),
+    stdin_filename: Optional[str] = typer.Option(None, "--stdin-filename", help="Name to report for `-`."),
+    jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
+) -> None:
+    """Flag DataParallel use and DDP hazards: file:line:col: CODE message. Exit 1 on findings."""
+    from ddpify import api
+    from ddpify.check import CheckOptions, check_source
+    from ddpify.config import ConfigError, find_config
+    from ddpify.files import discover
+    from ddpify.report import FORMATS, FileFindings, render
+
+    if output_format not in FORMATS:
+        _fail(f"--output-format must be one of {', '.join(FORMATS)}")
+    try:
+        config = find_config([p for p in paths if str(p) != "-"])
+    except ConfigError as error:
+        _fail(str(error))
+    base = CheckOptions(
+        select=_codes(select) or config.select,
+        ignore=_codes(ignore) or config.ignore,
+    )
+    results: list = []
+    if any(str(p) == "-" for p in paths):
+        name = stdin_filename or "-"
+        results.append(FileFindings(name, check_source(sys.stdin.read(), base)))
+    files = discover([p for p in paths if str(p) != "-"], config.excluded, force_exclude)
+    missing = [f for f in files if not f.is_file()]
+    if missing:
+        _fail(f"no such file: {missing[0]}")
+    pairs = [(f, _with_ignores(base, config.ignores_for(f))) for f in files]
+    results += api.check_files(pairs, jobs)
+    errors = [r for r in results if r.error or any(d.code == "DDP001" for d in r.diagnostics)]
+    report = render(results, output_format, config.root)
+    if output_file is not None:
+        output_file.write_text(report, encoding="utf-8")
+    else:
+        typer.echo(report, nl=False)
+    for result in errors:
+        typer.echo(f"{result.path}: error: {result.error or 'cannot parse'}", err=True)
+    if errors:
+        raise typer.Exit(EXIT_ERROR)
+    found = any(r.diagnostics for r in results)
+    raise typer.Exit(EXIT_FINDINGS if found and not exit_zero else EXIT_OK)
+
+
+def _codes(values: List[str]) -> tuple[str, ...]:
+    return tuple(code.strip() for value in values for code in value.split(",") if code.strip())
+
+
+def _with_ignores(base, extra: tuple[str, ...]):
+    from dataclasses import replace
+
+    return replace(base, ignore=base.ignore + extra) if extra else base
+
+
+@app.command()
+def rule(code: str = typer.Argument(..., help="A code, e.g. DDP510.")) -> None:
+    """Explain a check code, with a before/after example."""
+    from ddpify.rules import RULES
+
+    found = RULES.get(code.upper())
+    if found is None:
+        _fail(f"unknown code {code}; known: {', '.join(RULES)}")
+    fix = "\nFix: `ddpify convert` rewrites this.\n" if found.fixable else ""
+    typer.echo(
+        f"{found.code} ({found.name}): {found.summary}\n\n{found.explanation}\n{fix}\n"
+        f"Before:\n{_indent(found.before)}\nAfter:\n{_indent(found.after)}"
+    )
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" for line in text.splitlines())
+
+
 def _unified_diff(result: FileResult) -> str:
     name = result.path.lstrip("/")
     lines = difflib.unified_diff(

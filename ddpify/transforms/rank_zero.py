@@ -27,13 +27,12 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
+from ddpify.analysis import under_rank_guard
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, move_leading_lines
 
 SIDE_EFFECTS = {"builtins.print", "torch.save"}
 GUARD = "dist.get_rank() == 0"
-# Names in an `if` test that show the user already limited the block to one rank.
-RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
 
 
 class RankZeroTransform(Transform):
@@ -80,11 +79,7 @@ class RankZeroTransform(Transform):
         return self.facts.analyzer.call_is_unsafe(call, params)
 
     def _under_rank_guard(self, node: cst.CSTNode) -> bool:
-        while node is not None and not isinstance(node, cst.Module):
-            if isinstance(node, cst.If) and any(word in self.context.code(node.test) for word in RANK_WORDS):
-                return True
-            node = self.context.parent(node)
-        return False
+        return under_rank_guard(node, self.context.parent, self.context.code)
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
         calls = [self._side_effect(small) for small in original_node.body]
