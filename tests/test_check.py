@@ -1,0 +1,194 @@
+"""ddpify check: findings, codes, suppressions, config, output formats, pre-commit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES, ROOT
+from ddpify.check import CheckOptions, check_source
+from ddpify.cli import app
+from ddpify.rules import RULES
+
+runner = CliRunner()
+HAZARDS = """\
+import os
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+ds = list(range(10))
+loader = DataLoader(ds, shuffle=True, sampler=DistributedSampler(ds))
+model = DDP(torch.nn.Linear(2, 2).to("cuda:0"), device_ids=[0])
+print("hi")
+print("quiet")  # noqa: DDP611
+if dist.get_rank() == 0:
+    torch.save(model.state_dict(), "x.pt")
+torch.save(model.state_dict(), "y.pt")  # ddpify: ignore[DDP7]
+"""
+
+
+def codes(source: str, **options) -> list[tuple[int, str]]:
+    return [(d.line, d.code) for d in check_source(source, CheckOptions(**options))]
+
+
+def test_every_hazard_is_found_once_at_its_line():
+    assert codes(HAZARDS) == [
+        (6, "DDP711"), (8, "DDP310"), (8, "DDP510"), (9, "DDP710"), (9, "DDP710"), (10, "DDP611"), (14, "DDP610"),
+    ]
+
+
+def test_data_parallel_is_flagged_in_any_file():
+    assert codes("import torch\nm = torch.nn.DataParallel(net)\n") == [(2, "DDP100")]
+
+
+def test_ddp_rules_do_not_fire_outside_ddp_code():
+    assert codes('import torch\nprint("x")\nx = torch.zeros(1).cuda(0)\n') == []
+
+
+def test_set_epoch_anywhere_satisfies_ddp510():
+    assert "DDP510" not in [c for _, c in codes(HAZARDS + "loader.sampler.set_epoch(0)\n")]
+
+
+def test_select_and_ignore_by_prefix():
+    assert {c for _, c in codes(HAZARDS, select=("DDP7",))} == {"DDP710", "DDP711"}
+    assert "DDP710" not in {c for _, c in codes(HAZARDS, ignore=("DDP71",))}
+
+
+def test_converted_fixtures_check_clean_and_originals_do_not():
+    for expected in FIXTURES.glob("e2e/*.ddp.py"):
+        assert check_source(expected.read_text()) == (), expected
+        assert "DDP100" in {d.code for d in check_source(expected.with_name(expected.name[:-7] + ".py").read_text())}
+
+
+def test_every_code_has_an_example_and_the_rule_command_shows_it():
+    for code, rule in RULES.items():
+        assert rule.before and rule.after and rule.summary
+        result = runner.invoke(app, ["rule", code.lower()])
+        assert result.exit_code == 0 and "Before:" in result.output and "After:" in result.output
+    assert runner.invoke(app, ["rule", "DDP999"]).exit_code == 2
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "train.py").write_text(HAZARDS)
+    (tmp_path / "pkg" / "clean.py").write_text("print('fine')\n")
+    (tmp_path / "vendor").mkdir()
+    (tmp_path / "vendor" / "old.py").write_text("import torch\nm = torch.nn.DataParallel(n)\n")
+    return tmp_path
+
+
+def invoke(*args):
+    return runner.invoke(app, ["check", *map(str, args)])
+
+
+def test_exit_codes(project):
+    assert invoke(project / "pkg" / "clean.py").exit_code == 0
+    assert invoke(project / "pkg").exit_code == 1
+    assert invoke("--exit-zero", project / "pkg").exit_code == 0
+    # Only files that can have findings are parsed (text pre-filter), so the error shows there.
+    (project / "bad.py").write_text("import torch.distributed\ndef (:\n")
+    assert invoke(project / "bad.py").exit_code == 2
+    assert invoke("--output-format", "xml", project).exit_code == 2
+
+
+def test_concise_format_and_directory_walk(project):
+    result = invoke("--output-format", "concise", project)
+    assert f"{project / 'pkg' / 'train.py'}:6:12: DDP711 " in result.output
+    assert f"{project / 'vendor' / 'old.py'}:2:5: DDP100 " in result.output
+
+
+def test_pyproject_config(project):
+    (project / "pyproject.toml").write_text(
+        '[tool.ddpify]\nignore = ["DDP61"]\nextend-exclude = ["vendor"]\n'
+        'per-file-ignores = { "pkg/train.py" = ["DDP3"] }\n'
+    )
+    found = {line.split(": ")[1].split()[0] for line in invoke("--output-format", "concise", project).output.splitlines()}
+    assert found == {"DDP711", "DDP510", "DDP710"}
+    # excluded files named explicitly are checked unless --force-exclude (pre-commit names files)
+    assert invoke(project / "vendor" / "old.py").exit_code == 1
+    assert invoke("--force-exclude", project / "vendor" / "old.py").exit_code == 0
+
+
+def test_unknown_config_key_is_an_error(project):
+    (project / "pyproject.toml").write_text("[tool.ddpify]\nselekt = []\n")
+    assert invoke(project).exit_code == 2
+
+
+def test_stdin(project):
+    result = runner.invoke(app, ["check", "-", "--stdin-filename", "x.py", "--output-format", "concise"], input=HAZARDS)
+    assert result.exit_code == 1 and result.output.startswith("x.py:6:12: DDP711")
+
+
+def test_json_format(project):
+    rows = json.loads(invoke("--output-format", "json", project / "pkg").output)
+    assert {row["code"] for row in rows} >= {"DDP711", "DDP610"} and all(row["line"] > 0 for row in rows)
+
+
+def test_github_annotations_escape_properties_and_data(tmp_path):
+    weird = tmp_path / "a,b:c.py"
+    weird.write_text("import torch\nm = torch.nn.DataParallel(n)\n")
+    line = invoke("--output-format", "github", weird).output.splitlines()[0]
+    assert line.startswith("::warning file=") and "a%2Cb%3Ac.py,line=2,col=5,title=DDP100::" in line
+
+
+def test_sarif_is_what_github_code_scanning_reads(project, tmp_path):
+    out = tmp_path / "report.sarif"
+    (project / "pyproject.toml").write_text("[tool.ddpify]\n")
+    result = runner.invoke(app, ["check", "--output-format", "sarif", "--output-file", str(out), str(project / "pkg")])
+    assert result.exit_code == 1
+    sarif = json.loads(out.read_text())
+    assert sarif["version"] == "2.1.0" and sarif["$schema"].endswith("sarif-2.1.0.json")
+    run = sarif["runs"][0]
+    assert run["tool"]["driver"]["name"] == "ddpify"
+    rule_ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    assert len(rule_ids) == len(set(rule_ids)) and set(RULES) <= set(rule_ids)
+    for finding in run["results"]:
+        assert finding["ruleId"] in rule_ids and finding["message"]["text"]
+        location = finding["locations"][0]["physicalLocation"]
+        assert location["artifactLocation"]["uri"] == "pkg/train.py"  # relative to the repo root
+        assert location["region"]["startLine"] >= 1
+
+
+def test_convert_diff_is_the_review_mode(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text((FIXTURES / "process_group" / "flat.py").read_text())
+    before = script.read_text()
+    result = runner.invoke(app, ["convert", "--diff", str(script)])
+    assert result.exit_code == 1 and "+ddp_setup()" in result.stdout and script.read_text() == before
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_pre_commit_hook_fails_on_data_parallel_and_passes_clean(tmp_path):
+    pre_commit = [sys.executable, "-m", "pre_commit"]
+    repo = tmp_path / "user-repo"
+    repo.mkdir()
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (repo / "clean.py").write_text("print('hello')\n")
+    (repo / "train.py").write_text("import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n")
+    git("add", ".")
+    env_home = {"PRE_COMMIT_HOME": str(tmp_path / "pc-cache")}
+    import os
+
+    env = {**os.environ, **env_home}
+    source = tmp_path / "ddpify-src"  # try-repo needs a git repo: a snapshot of this checkout
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", "demo-out"))
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "s"]):
+        subprocess.run(["git", *args], cwd=source, check=True, capture_output=True)
+    run = lambda *files: subprocess.run(  # noqa: E731
+        [*pre_commit, "try-repo", str(source), "ddpify", "--files", *files], cwd=repo, env=env, capture_output=True, text=True
+    )
+    failing = run("train.py", "clean.py")
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "train.py:2:9: DDP100" in failing.stdout
+    passing = run("clean.py")
+    assert passing.returncode == 0, passing.stdout + passing.stderr
