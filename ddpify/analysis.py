@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import (
     ParentNodeProvider,
     PositionProvider,
@@ -28,32 +27,15 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-DATA_PARALLEL = {
-    "torch.nn.DataParallel",
-    "torch.nn.parallel.DataParallel",
-    "torch.nn.parallel.data_parallel.DataParallel",
-}
-DATA_PARALLEL_FUNCTION = {
-    "torch.nn.parallel.data_parallel",
-    "torch.nn.parallel.data_parallel.data_parallel",
-}
-ALREADY_DISTRIBUTED = {
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-    "torch.distributed.init_process_group",
-    "torch.utils.data.DistributedSampler",
-    "torch.utils.data.distributed.DistributedSampler",
-}
-DATA_LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER
+
+ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
 DEVICE_COUNT = "torch.cuda.device_count"
 # Calls that only wrap an iterable: the loader is their first argument.
 ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
 # Method names that run the model's forward or backward (a DDP collective).
 COLLECTIVE_METHODS = {"backward", "forward"}
 TRAINING_METHODS = {"backward", "step"}
-
-# Names in an `if` test that show the code below is already limited to one rank.
-RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
 
 Loop = cst.For | cst.While
 Function = cst.FunctionDef
@@ -139,13 +121,29 @@ def dotted(node: cst.BaseExpression) -> str | None:
 
 
 def is_main_guard(node: cst.CSTNode) -> bool:
-    main = m.SimpleString(value=m.MatchIfTrue(lambda v: v.strip("'\"") == "__main__"))
-    name = m.Name("__name__")
-    return m.matches(
-        node,
-        m.If(test=m.Comparison(left=name, comparisons=[m.ComparisonTarget(m.Equal(), main)]))
-        | m.If(test=m.Comparison(left=main, comparisons=[m.ComparisonTarget(m.Equal(), name)])),
+    """`if __name__ == "__main__":` (either order, either quotes)."""
+    if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
+        return False
+    test = node.test
+    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = {type(test.left), type(test.comparisons[0].comparator)}
+    texts = {getattr(test.left, "value", None), getattr(test.comparisons[0].comparator, "value", None)}
+    return sides == {cst.Name, cst.SimpleString} and "__name__" in texts and bool(
+        texts & {'"__main__"', "'__main__'"}
     )
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call inside `node`, in source order (a cheap stand-in for matchers.findall)."""
+    found: list[cst.Call] = []
+
+    class Collect(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(Collect())
+    return found
 
 
 def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
@@ -373,7 +371,7 @@ class Analyzer(cst.CSTVisitor):
                 continue
             if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
                 continue
-            if isinstance(small, (cst.Assign, cst.AnnAssign)) and not m.findall(small, m.Call()):
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and not calls_in(small):
                 continue
             return False
         return True

@@ -15,8 +15,6 @@ import tokenize
 from pathlib import Path
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from ddpify.analysis import analyze
 from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
@@ -51,7 +49,7 @@ def convert_source(source: str, options: ConvertOptions = ConvertOptions(), path
         return _refused(path, source, context.diagnostics)
     for warning in facts.warnings:
         context.report(warning.node, warning.code, warning.message, Severity.WARNING)
-    converted = _apply_imports(module.visit(Pipeline(context, transforms)), context)
+    converted = module.visit(Pipeline(context, transforms))
     return FileResult(
         path,
         source,
@@ -65,17 +63,6 @@ def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResul
     errors = sorted({d for d in diagnostics if d.severity is Severity.ERROR})
     message = "; ".join(f"{d.line}:{d.col}: {d.code} {d.message}" for d in errors)
     return FileResult(path, source, source, tuple(errors), None, f"not converted: {message}")
-
-
-def _apply_imports(module: cst.Module, context: ConversionContext) -> cst.Module:
-    """Add the imports the transforms scheduled, then drop DataParallel imports left unused."""
-    codemod = CodemodContext()
-    for name, obj, alias in context.imports_to_add:
-        AddImportsVisitor.add_needed_import(codemod, name, obj, alias)
-    for name, obj, alias in context.imports_to_remove:
-        RemoveImportsVisitor.remove_unused_import(codemod, name, obj, alias)
-    module = AddImportsVisitor(codemod).transform_module(module)
-    return RemoveImportsVisitor(codemod).transform_module(module)
 
 
 def launch_command(path: str, context: ConversionContext) -> str:

@@ -3,24 +3,26 @@
 The rules and their explanations live in ``ddpify/rules.py``. DDP100 applies to every file;
 the others only to files that already use torch.distributed (DDP code), where they are
 real bugs rather than style.
+
+Why ``ast`` and not libcst here: ``check`` only reads, must keep up with ruff on every
+commit of a large repository, and needs no byte-exact output. The standard library's
+parser is an order of magnitude faster than libcst with scope metadata (docs/performance.md),
+and import aliases are resolved by a small table below. ``convert`` keeps libcst, where
+formatting must survive and scopes matter.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
-import libcst as cst
-from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider
-
-from ddpify.analysis import DATA_LOADER, DATA_PARALLEL, under_rank_guard
 from ddpify.diagnostics import Diagnostic, Severity
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, RANK_WORDS, SAMPLER
 from ddpify.rules import RULES
 
 # Text pre-filter: a file mentioning none of these cannot have a finding.
 MARKERS = ("DataParallel", "distributed", "CUDA_VISIBLE_DEVICES")
-SAMPLER = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
-DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -36,94 +38,128 @@ class CheckOptions:
         return not code.startswith(tuple(self.ignore)) if self.ignore else True
 
 
-class Checker(cst.CSTVisitor):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider, ParentNodeProvider)
+def _import_table(tree: ast.Module) -> dict[str, str]:
+    """Local name -> qualified name, from every import in the file."""
+    table: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    table[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    table[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                table[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return table
 
-    def __init__(self, module: cst.Module) -> None:
-        super().__init__()
-        self.module = module
-        self.findings: list[tuple[cst.CSTNode, str, bool]] = []  # (node, code, only in DDP code)
+
+class Checker(ast.NodeVisitor):
+    def __init__(self, imports: dict[str, str]) -> None:
+        self.imports = imports
+        self.findings: list[tuple[ast.AST, str, bool]] = []  # (node, code, only in DDP code)
         self.uses_distributed = False
-        self.samplers: list[cst.Call] = []
+        self.samplers: list[ast.Call] = []
         self.calls_set_epoch = False
+        self.rank_guards = 0
 
-    def names(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+    def qualify(self, node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return self.imports.get(node.id, f"builtins.{node.id}" if node.id == "print" else None)
+        if isinstance(node, ast.Attribute):
+            base = self.qualify(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
 
-    def flag(self, node: cst.CSTNode, code: str, ddp_only: bool = True) -> None:
+    def flag(self, node: ast.AST, code: str, ddp_only: bool = True) -> None:
         self.findings.append((node, code, ddp_only))
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    # -- references ------------------------------------------------------------------------
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if not self._reference(node):
+            self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
         self._reference(node)
 
-    def visit_Name(self, node: cst.Name) -> None:
-        self._reference(node)
-
-    def _reference(self, node: cst.Attribute | cst.Name) -> None:
-        names = self.names(node)
-        if any(name.startswith("torch.distributed") for name in names) or names & DDP:
+    def _reference(self, node: ast.Attribute | ast.Name) -> bool:
+        name = self.qualify(node)
+        if name is None:
+            return False
+        if name.startswith("torch.distributed") or name in DDP:
             self.uses_distributed = True
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        if names & DATA_PARALLEL and not isinstance(parent, (cst.Attribute, cst.ImportAlias)):
+        if name in DATA_PARALLEL:
             self.flag(node, "DDP100", ddp_only=False)
+        return True
 
-    def visit_Call(self, node: cst.Call) -> None:
-        names = self.names(node.func)
+    # -- rank-0 guards -----------------------------------------------------------------------
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        guard = _mentions_rank(node.test)
+        self.rank_guards += guard
+        for child in [*node.body, *node.orelse]:
+            self.visit(child)
+        self.rank_guards -= guard
+
+    # -- calls -----------------------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:
+        name = self.qualify(node.func)
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "set_epoch":
+        if isinstance(func, ast.Attribute) and func.attr == "set_epoch":
             self.calls_set_epoch = True
-        if names & SAMPLER:
+        if name in SAMPLER:
             self.samplers.append(node)
-        if names & DATA_LOADER:
+        elif name in DATA_LOADER:
             self._check_loader(node)
-        if names & {"torch.save"} and not self._guarded(node):
+        elif name == "torch.save" and not self.rank_guards:
             self.flag(node, "DDP610")
-        if names & {"builtins.print"} and not self._guarded(node):
+        elif name == "builtins.print" and not self.rank_guards:
             self.flag(node, "DDP611")
-        if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
-            if len(node.args) == 1 and isinstance(node.args[0].value, cst.Integer):
+        elif name in DDP:
+            self._check_device_ids(node)
+        elif name == "os.environ.setdefault" and node.args and _string(node.args[0]) == "CUDA_VISIBLE_DEVICES":
+            self.flag(node.args[0], "DDP711", ddp_only=False)
+        if isinstance(func, ast.Attribute) and func.attr == "cuda" and len(node.args) == 1 and not node.keywords:
+            if isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is int:
                 self.flag(node, "DDP710")
-        if names & DDP:
-            for arg in node.args:
-                if arg.keyword and arg.keyword.value == "device_ids" and isinstance(arg.value, cst.List):
-                    if any(isinstance(element.value, cst.Integer) for element in arg.value.elements):
-                        self.flag(arg, "DDP710")
+        self.generic_visit(node)
 
-    def _check_loader(self, call: cst.Call) -> None:
-        keywords = {arg.keyword.value: arg.value for arg in call.args if arg.keyword}
+    def _check_loader(self, call: ast.Call) -> None:
+        keywords = {k.arg: k.value for k in call.keywords if k.arg}
         shuffle = keywords.get("shuffle")
-        if "sampler" in keywords and isinstance(shuffle, cst.Name) and shuffle.value == "True":
+        if "sampler" in keywords and isinstance(shuffle, ast.Constant) and shuffle.value is True:
             self.flag(call, "DDP310", ddp_only=False)
 
-    def _guarded(self, node: cst.CSTNode) -> bool:
-        return under_rank_guard(
-            node, lambda n: self.get_metadata(ParentNodeProvider, n, None), self.module.code_for_node
-        )
+    def _check_device_ids(self, call: ast.Call) -> None:
+        for keyword in call.keywords:
+            if keyword.arg == "device_ids" and isinstance(keyword.value, ast.List):
+                if any(isinstance(e, ast.Constant) and type(e.value) is int for e in keyword.value.elts):
+                    self.flag(keyword, "DDP710")
 
-    def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        value = node.evaluated_value
-        if isinstance(value, str):
-            if CUDA_INDEX.fullmatch(value):
-                self.flag(node, "DDP710")
-            elif value == "CUDA_VISIBLE_DEVICES" and self._sets_environment(node):
-                self.flag(node, "DDP711", ddp_only=False)
+    # -- strings and environment -----------------------------------------------------------
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and CUDA_INDEX.fullmatch(node.value):
+            self.flag(node, "DDP710")
 
-    def _sets_environment(self, node: cst.SimpleString) -> bool:
-        """`os.environ["CUDA_VISIBLE_DEVICES"] = ...` or `os.environ.setdefault("CUDA_...", ...)`."""
-        parent = self.get_metadata(ParentNodeProvider, node, None)
-        while parent is not None and not isinstance(parent, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
-            parent = self.get_metadata(ParentNodeProvider, parent, None)
-        if isinstance(parent, cst.Assign):
-            return any("os.environ" in self.names(t.target.value) for t in parent.targets if isinstance(t.target, cst.Subscript))
-        if isinstance(parent, cst.Expr) and isinstance(parent.value, cst.Call):
-            func = parent.value.func
-            return isinstance(func, cst.Attribute) and func.attr.value in ("setdefault", "update", "__setitem__")
-        return False
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Subscript) and self.qualify(target.value) == "os.environ":
+                if _string(target.slice) == "CUDA_VISIBLE_DEVICES":
+                    self.flag(target.slice, "DDP711", ddp_only=False)
+        self.generic_visit(node)
 
-    def leave_Module(self, original_node: cst.Module) -> None:
-        if not self.calls_set_epoch:
-            for sampler in self.samplers:
-                self.flag(sampler, "DDP510")
+
+def _string(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _mentions_rank(test: ast.AST) -> bool:
+    for node in ast.walk(test):
+        word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        if any(w in word for w in RANK_WORDS):
+            return True
+    return False
 
 
 def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[Diagnostic, ...]:
@@ -131,21 +167,25 @@ def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[D
     if not any(marker in source for marker in MARKERS):
         return ()
     try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as error:
-        return (Diagnostic(error.raw_line, error.raw_column + 1, "DDP001", f"cannot parse: {error.message}", Severity.ERROR),)
-    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    checker = Checker(module)
-    wrapper.visit(checker)
-    positions = wrapper.resolve(PositionProvider)
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError) as error:
+        line, col = getattr(error, "lineno", 1) or 1, getattr(error, "offset", 1) or 1
+        return (Diagnostic(line, col, "DDP001", f"cannot parse: {getattr(error, 'msg', error)}", Severity.ERROR),)
+    checker = Checker(_import_table(tree))
+    checker.visit(tree)
+    if not checker.calls_set_epoch:
+        for sampler in checker.samplers:
+            checker.flag(sampler, "DDP510")
     lines = source.splitlines()
     found = set()
     for node, code, ddp_only in checker.findings:
-        if ddp_only and not checker.uses_distributed or not options.wants(code):
+        if (ddp_only and not checker.uses_distributed) or not options.wants(code):
             continue
-        start = positions[node].start
-        if not _suppressed(lines[start.line - 1] if start.line <= len(lines) else "", code):
-            found.add(Diagnostic(start.line, start.column + 1, code, RULES[code].summary, Severity.WARNING))
+        text = lines[node.lineno - 1] if node.lineno <= len(lines) else ""
+        # ast columns count UTF-8 bytes; report characters, 1-based.
+        col = len(text.encode("utf-8")[: node.col_offset].decode("utf-8", "replace")) + 1
+        if not _suppressed(text, code):
+            found.add(Diagnostic(node.lineno, col, code, RULES[code].summary, Severity.WARNING))
     return tuple(sorted(found))
 
 

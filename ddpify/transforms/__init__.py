@@ -2,11 +2,13 @@
 
 Order matters where transforms build on each other: the sampler marks the loaders it
 shards before batch_size and set_epoch look at them; rank_zero guards statements before
-process_group wraps the entry point in try/finally.
+process_group wraps the entry point in try/finally; imports come last, once every
+transform has scheduled what it needs.
 """
 
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.devices import DevicesTransform
+from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.sampler import SamplerTransform
@@ -21,4 +23,5 @@ TRANSFORMS = (
     SetEpochTransform,
     RankZeroTransform,
     ProcessGroupTransform,
+    ImportsTransform,
 )

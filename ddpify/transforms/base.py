@@ -51,7 +51,6 @@ class ConversionContext:
     metadata: MetadataView
     diagnostics: list[Diagnostic] = field(default_factory=list)
     imports_to_add: list[tuple[str, str | None, str | None]] = field(default_factory=list)
-    imports_to_remove: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     sharded_loaders: set[cst.Call] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
 

@@ -32,6 +32,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform
+from ddpify.transforms.imports import is_header
 
 TEMPLATE_IMPORTS = (("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
 TEMPLATE_NAMES = (
@@ -143,7 +144,7 @@ class ProcessGroupTransform(Transform):
 
     def _insert_helpers(self, block: Block) -> Block:
         at = 0
-        while at < len(block) and _is_header(block[at][1]):
+        while at < len(block) and is_header(block[at][1]):
             at += 1
         helpers: list[Pair] = [(None, statement) for statement in template_statements()]
         rest = block[at:]
@@ -153,15 +154,3 @@ class ProcessGroupTransform(Transform):
             rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
         return [*block[:at], *helpers, *rest]
 
-
-def _is_header(statement: cst.BaseStatement) -> bool:
-    """Docstring and imports: what stays above the helper block."""
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return False
-    for small in statement.body:
-        if isinstance(small, (cst.Import, cst.ImportFrom)):
-            continue
-        if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
-            continue
-        return False
-    return True

@@ -25,9 +25,8 @@ or ``a = 1; print(a)``); put it on its own line.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from ddpify.analysis import under_rank_guard
+from ddpify.analysis import calls_in, under_rank_guard
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, move_leading_lines
 
@@ -53,7 +52,7 @@ class RankZeroTransform(Transform):
         if len(original.body) > 1:
             self._report_inline(original, calls)
             return False
-        unsafe = [call for call in m.findall(original, m.Call()) if self._reaches_model(call, original)]
+        unsafe = [call for call in calls_in(original) if self._reaches_model(call, original)]
         if unsafe:
             self.context.report(
                 original,

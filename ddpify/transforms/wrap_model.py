@@ -25,14 +25,12 @@ now names DistributedDataParallel, which also has ``.module``.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite
+from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
-DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
 
 
 class WrapModelTransform(Transform):
@@ -49,7 +47,7 @@ class WrapModelTransform(Transform):
         for guard in site.guards:
             calls = [
                 node
-                for node in m.findall(guard.test, m.Call())
+                for node in calls_in(guard.test)
                 if DEVICE_COUNT in self.context.qualified(node.func)
             ]
             if calls:
@@ -118,17 +116,6 @@ class WrapModelTransform(Transform):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
         return self._reference(original_node, updated_node)
-
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        """Schedule removal of `from torch.nn import DataParallel` (only if now unused)."""
-        if original_node.module is None or isinstance(original_node.names, cst.ImportStar):
-            return updated_node
-        module = self.context.code(original_node.module)
-        for alias in original_node.names:
-            if module in DP_MODULES and self.context.code(alias.name) == "DataParallel":
-                asname = alias.asname.name.value if alias.asname else None
-                self.context.imports_to_remove.append((module, "DataParallel", asname))
-        return updated_node
 
 
 def _module_argument(call: cst.Call) -> cst.BaseExpression:

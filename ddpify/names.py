@@ -1,0 +1,19 @@
+"""Qualified names and words both the converter and the checker recognise (no imports)."""
+
+DATA_PARALLEL = {
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+}
+DATA_PARALLEL_FUNCTION = {
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
+}
+DDP = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+}
+SAMPLER = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+DATA_LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+# Names in an `if` test that show the code below is already limited to one rank.
+RANK_WORDS = ("rank", "main_process", "is_master", "is_main")

@@ -1,0 +1,112 @@
+"""DDP0xx (no codes of its own): the imports the other transforms scheduled.
+
+Runs last. Imports the converted code needs are added after the script's own imports,
+unless the script already has them; ``from torch.nn import DataParallel [as X]`` is removed,
+since a file is converted whole, so no use of it is left.
+
+This replaces libcst's AddImportsVisitor/RemoveImportsVisitor: each of those re-resolves
+scope metadata for the whole file, which tripled the time of a conversion, while the
+analysis already knows every import and every DataParallel use.
+
+    from torch.nn import DataParallel, Linear     ->   from torch.nn import Linear
+    import torch                                       import torch
+                                                       import torch.distributed as dist
+                                                       from torch.nn.parallel import DistributedDataParallel
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.transforms.base import Block, Transform
+
+DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
+ImportKey = tuple[str, str | None, str | None]
+
+
+class ImportsTransform(Transform):
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.existing = {key for statement in context.module.body for key in self._keys(statement)}
+
+    def _keys(self, statement: cst.BaseStatement) -> list[ImportKey]:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return []
+        keys: list[ImportKey] = []
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    keys.append((self.context.code(alias.name), None, _alias(alias)))
+            elif isinstance(small, cst.ImportFrom) and small.module and not small.relative:
+                if not isinstance(small.names, cst.ImportStar):
+                    module = self.context.code(small.module)
+                    keys += [(module, self.context.code(a.name), _alias(a)) for a in small.names]
+        return keys
+
+    def _is_data_parallel(self, module: cst.ImportFrom, alias: cst.ImportAlias) -> bool:
+        return self.context.code(module.module) in DP_MODULES and self.context.code(alias.name) == "DataParallel"
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
+        if original_node.module is None or isinstance(original_node.names, cst.ImportStar):
+            return updated_node
+        kept = [alias for alias in updated_node.names if not self._is_data_parallel(original_node, alias)]
+        if len(kept) in (0, len(updated_node.names)):
+            return updated_node  # nothing to drop, or the whole statement goes (edit_block)
+        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(names=kept)
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        block = self._drop_data_parallel_imports(block)
+        if not isinstance(owner, cst.Module):
+            return block
+        missing = [key for key in self.context.imports_to_add if key not in self.existing]
+        statements = [cst.parse_statement(_render(key)) for key in sorted(missing, key=lambda k: (k[1] is not None, k[0], k[1] or ""))]
+        at = 0
+        while at < len(block) and is_header(block[at][1]):
+            at += 1
+        return [*block[:at], *[(None, s) for s in statements], *block[at:]]
+
+    def _drop_data_parallel_imports(self, block: Block) -> Block:
+        kept: Block = []
+        carried: list[cst.EmptyLine] = []
+        for original, updated in block:
+            if self._only_data_parallel(original):
+                carried += list(updated.leading_lines)
+                continue
+            if carried:
+                updated = updated.with_changes(leading_lines=[*carried, *updated.leading_lines])
+                carried = []
+            kept.append((original, updated))
+        return kept
+
+    def _only_data_parallel(self, statement: cst.BaseStatement | None) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        return (
+            isinstance(small, cst.ImportFrom)
+            and small.module is not None
+            and not isinstance(small.names, cst.ImportStar)
+            and all(self._is_data_parallel(small, alias) for alias in small.names)
+        )
+
+
+def _alias(alias: cst.ImportAlias) -> str | None:
+    return alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else None
+
+
+def _render(key: ImportKey) -> str:
+    module, name, alias = key
+    suffix = f" as {alias}" if alias else ""
+    return f"from {module} import {name}{suffix}" if name else f"import {module}{suffix}"
+
+
+def is_header(statement: cst.BaseStatement) -> bool:
+    """Docstring and imports at the top of a module: new imports go right after them."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    return all(
+        isinstance(small, (cst.Import, cst.ImportFrom))
+        or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
+        for small in statement.body
+    )
