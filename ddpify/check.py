@@ -21,8 +21,9 @@ from ddpify.diagnostics import Diagnostic, Severity
 from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, RANK_WORDS, SAMPLER
 from ddpify.rules import RULES
 
-# Text pre-filter: a file mentioning none of these cannot have a finding.
-MARKERS = ("DataParallel", "distributed", "CUDA_VISIBLE_DEVICES")
+# Text pre-filter: the words each rule needs in the file before it can fire.
+ANY_FILE = ("DataParallel", "CUDA_VISIBLE_DEVICES")  # DDP100, DDP711 (and DDP code using DDP)
+DDP_CODE = ("print", "save", "cuda", "DistributedSampler")  # DDP5xx-7xx, in torch.distributed code
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -38,10 +39,20 @@ class CheckOptions:
         return not code.startswith(tuple(self.ignore)) if self.ignore else True
 
 
+def _statements(body: list[ast.stmt]):
+    """Every statement, nested ones too, without descending into expressions (cheap)."""
+    stack = list(body)
+    while stack:
+        statement = stack.pop()
+        yield statement
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            stack.extend(getattr(statement, field, ()))
+
+
 def _import_table(tree: ast.Module) -> dict[str, str]:
     """Local name -> qualified name, from every import in the file."""
     table: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -55,14 +66,36 @@ def _import_table(tree: ast.Module) -> dict[str, str]:
     return table
 
 
-class Checker(ast.NodeVisitor):
-    def __init__(self, imports: dict[str, str]) -> None:
+class Checker:
+    """One flat pass over the tree; rank-0 guards are line ranges found beforehand."""
+
+    def __init__(self, imports: dict[str, str], tree: ast.Module) -> None:
         self.imports = imports
         self.findings: list[tuple[ast.AST, str, bool]] = []  # (node, code, only in DDP code)
         self.uses_distributed = False
         self.samplers: list[ast.Call] = []
         self.calls_set_epoch = False
-        self.rank_guards = 0
+        self.guarded = [
+            (node.body[0].lineno, node.end_lineno or node.lineno)
+            for node in _statements(tree.body)
+            if isinstance(node, ast.If) and _mentions_rank(node.test)
+        ]
+        self.inner_references: set[int] = set()  # `nn` inside `nn.DataParallel`: already qualified
+
+    def run(self, tree: ast.Module) -> None:
+        for node in ast.walk(tree):
+            kind = type(node)
+            if kind is ast.Call:
+                self.visit_Call(node)
+            elif kind is ast.Attribute or kind is ast.Name:
+                self._reference(node)
+            elif kind is ast.Constant:
+                self.visit_Constant(node)
+            elif kind is ast.Assign:
+                self.visit_Assign(node)
+
+    def is_guarded(self, node: ast.AST) -> bool:
+        return any(start <= node.lineno <= end for start, end in self.guarded)
 
     def qualify(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Name):
@@ -75,34 +108,23 @@ class Checker(ast.NodeVisitor):
     def flag(self, node: ast.AST, code: str, ddp_only: bool = True) -> None:
         self.findings.append((node, code, ddp_only))
 
-    # -- references ------------------------------------------------------------------------
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        if not self._reference(node):
-            self.generic_visit(node)
-
-    def visit_Name(self, node: ast.Name) -> None:
-        self._reference(node)
-
-    def _reference(self, node: ast.Attribute | ast.Name) -> bool:
+    def _reference(self, node: ast.Attribute | ast.Name) -> None:
+        if id(node) in self.inner_references:
+            return
         name = self.qualify(node)
         if name is None:
-            return False
+            return
+        if isinstance(node, ast.Attribute):
+            inner = node.value
+            while isinstance(inner, ast.Attribute):  # judged here, as part of the longer name
+                self.inner_references.add(id(inner))
+                inner = inner.value
+            self.inner_references.add(id(inner))
         if name.startswith("torch.distributed") or name in DDP:
             self.uses_distributed = True
         if name in DATA_PARALLEL:
             self.flag(node, "DDP100", ddp_only=False)
-        return True
 
-    # -- rank-0 guards -----------------------------------------------------------------------
-    def visit_If(self, node: ast.If) -> None:
-        self.visit(node.test)
-        guard = _mentions_rank(node.test)
-        self.rank_guards += guard
-        for child in [*node.body, *node.orelse]:
-            self.visit(child)
-        self.rank_guards -= guard
-
-    # -- calls -----------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:
         name = self.qualify(node.func)
         func = node.func
@@ -112,9 +134,9 @@ class Checker(ast.NodeVisitor):
             self.samplers.append(node)
         elif name in DATA_LOADER:
             self._check_loader(node)
-        elif name == "torch.save" and not self.rank_guards:
+        elif name == "torch.save" and not self.is_guarded(node):
             self.flag(node, "DDP610")
-        elif name == "builtins.print" and not self.rank_guards:
+        elif name == "builtins.print" and not self.is_guarded(node):
             self.flag(node, "DDP611")
         elif name in DDP:
             self._check_device_ids(node)
@@ -123,7 +145,6 @@ class Checker(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and len(node.args) == 1 and not node.keywords:
             if isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is int:
                 self.flag(node, "DDP710")
-        self.generic_visit(node)
 
     def _check_loader(self, call: ast.Call) -> None:
         keywords = {k.arg: k.value for k in call.keywords if k.arg}
@@ -137,7 +158,6 @@ class Checker(ast.NodeVisitor):
                 if any(isinstance(e, ast.Constant) and type(e.value) is int for e in keyword.value.elts):
                     self.flag(keyword, "DDP710")
 
-    # -- strings and environment -----------------------------------------------------------
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and CUDA_INDEX.fullmatch(node.value):
             self.flag(node, "DDP710")
@@ -147,7 +167,6 @@ class Checker(ast.NodeVisitor):
             if isinstance(target, ast.Subscript) and self.qualify(target.value) == "os.environ":
                 if _string(target.slice) == "CUDA_VISIBLE_DEVICES":
                     self.flag(target.slice, "DDP711", ddp_only=False)
-        self.generic_visit(node)
 
 
 def _string(node: ast.AST) -> str | None:
@@ -162,17 +181,25 @@ def _mentions_rank(test: ast.AST) -> bool:
     return False
 
 
+def could_have_findings(source: str) -> bool:
+    if any(word in source for word in ANY_FILE):
+        return True
+    if "sampler" in source and "shuffle" in source:  # DDP310
+        return True
+    return "distributed" in source and any(word in source for word in DDP_CODE)
+
+
 def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[Diagnostic, ...]:
     """Findings for one file's text, suppressions applied, sorted by position."""
-    if not any(marker in source for marker in MARKERS):
+    if not could_have_findings(source):
         return ()
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError) as error:
         line, col = getattr(error, "lineno", 1) or 1, getattr(error, "offset", 1) or 1
         return (Diagnostic(line, col, "DDP001", f"cannot parse: {getattr(error, 'msg', error)}", Severity.ERROR),)
-    checker = Checker(_import_table(tree))
-    checker.visit(tree)
+    checker = Checker(_import_table(tree), tree)
+    checker.run(tree)
     if not checker.calls_set_epoch:
         for sampler in checker.samplers:
             checker.flag(sampler, "DDP510")

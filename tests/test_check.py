@@ -95,7 +95,7 @@ def test_exit_codes(project):
     assert invoke(project / "pkg").exit_code == 1
     assert invoke("--exit-zero", project / "pkg").exit_code == 0
     # Only files that can have findings are parsed (text pre-filter), so the error shows there.
-    (project / "bad.py").write_text("import torch.distributed\ndef (:\n")
+    (project / "bad.py").write_text("import torch.distributed\nprint(\n")
     assert invoke(project / "bad.py").exit_code == 2
     assert invoke("--output-format", "xml", project).exit_code == 2
 
