@@ -145,9 +145,9 @@ def check_file(path: Path, options=None) -> "FileFindings":
     return FileFindings(str(path), check_source(source, options or CheckOptions()))
 
 
-def check_files(jobs_and_options: list[tuple[Path, object]], jobs: int = 0) -> list:
+def check_files(pairs: list[tuple[Path, object]], jobs: int = 0) -> list:
     """Check (path, CheckOptions) pairs, in worker processes when there are many."""
-    return _map(_check_pair, jobs_and_options, jobs if len(jobs_and_options) > 8 else 1)
+    return _map(_check_pair, pairs, jobs if len(pairs) > 8 else 1)
 
 
 def _check_pair(pair: tuple[Path, object]):

@@ -52,14 +52,19 @@ def convert(
 ) -> None:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
     from ddpify import api
+    from ddpify.config import ConfigError, find_config
     from ddpify.files import discover
 
+    try:
+        config = find_config(paths)
+    except ConfigError as error:
+        _fail(str(error))
     files = discover(paths)
     if output is not None and len(files) != 1:
         _fail("-o/--output takes exactly one input file")
     if not files:
         _fail("no Python files found")
-    options = ConvertOptions(per_process_batch=per_process_batch)
+    options = ConvertOptions(per_process_batch=per_process_batch or config.per_process_batch)
     results = api.convert_files(files, options, jobs)
     status = EXIT_OK
     for result in results:
@@ -73,10 +78,10 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
     if result.error and not result.diagnostics:
         typer.echo(f"{result.path}: error: {result.error}", err=True)
         return EXIT_ERROR
-    stream_is_diff = diff
     if diff and result.changed:
         typer.echo(_unified_diff(result), nl=False)
-    say = (lambda text: typer.echo(text, err=True)) if stream_is_diff else typer.echo
+    # With --diff, stdout carries only the diff (for `| git apply`); the summary goes to stderr.
+    say = (lambda text: typer.echo(text, err=True)) if diff else typer.echo
     if result.error:
         say(f"{result.path}: not converted (file left untouched)")
         for diagnostic in result.diagnostics:

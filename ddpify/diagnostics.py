@@ -7,7 +7,7 @@ either.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class Severity(str, enum.Enum):
@@ -63,4 +63,3 @@ class ConvertOptions:
     # DataParallel's batch size is global. By default each process gets its share so the
     # global batch (and so the training) stays the same; True keeps the number per process.
     per_process_batch: bool = False
-    extra: dict = field(default_factory=dict, compare=False, hash=False)

@@ -119,3 +119,10 @@ def test_cli_start_up_imports_neither_torch_nor_libcst():
 def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "ddpify", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("ddpify ")
+
+
+def test_pyproject_sets_the_convert_default(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.ddpify]\nper-process-batch = true\n")
+    path = write(tmp_path, "t.py", (FIXTURES / "loaders" / "shuffle_drop_last.py").read_text())
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 0 and "DDP402" in result.output
