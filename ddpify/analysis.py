@@ -99,8 +99,6 @@ class Facts:
     setup_anchor: cst.CSTNode | None = None  # first top-level statement that does work
     problems: list[Problem] = field(default_factory=list)  # refuse the file
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
-    warnings: list[Problem] = field(default_factory=list)  # converted, but look here
-    unresolved_training_loops: list[Loop] = field(default_factory=list)
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
@@ -200,8 +198,6 @@ class Analyzer(cst.CSTVisitor):
     def problem(self, node: cst.CSTNode, code: str, message: str) -> None:
         self.facts.problems.append(Problem(node, code, message))
 
-    def warn(self, node: cst.CSTNode, code: str, message: str) -> None:
-        self.facts.warnings.append(Problem(node, code, message))
 
     # -- scopes ------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:

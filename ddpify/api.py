@@ -47,8 +47,6 @@ def convert_source(source: str, options: ConvertOptions = ConvertOptions(), path
         transform.check()
     if context.has_errors:
         return _refused(path, source, context.diagnostics)
-    for warning in facts.warnings:
-        context.report(warning.node, warning.code, warning.message, Severity.WARNING)
     converted = module.visit(Pipeline(context, transforms))
     return FileResult(
         path,

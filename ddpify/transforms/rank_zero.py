@@ -52,7 +52,7 @@ class RankZeroTransform(Transform):
         if len(original.body) > 1:
             self._report_inline(original, calls)
             return False
-        unsafe = [call for call in calls_in(original) if self._reaches_model(call, original)]
+        unsafe = [call for call in calls_in(original) if self._reaches_model(call)]
         if unsafe:
             self.context.report(
                 original,
@@ -70,7 +70,7 @@ class RankZeroTransform(Transform):
             node, "DDP603", f"{name}() shares its line with other statements: put it on its own line", Severity.WARNING
         )
 
-    def _reaches_model(self, call: cst.Call, statement: cst.CSTNode) -> bool:
+    def _reaches_model(self, call: cst.Call) -> bool:
         function = self.facts.contexts.get(call)
         params = set()
         if function is not None and function.function is not None:

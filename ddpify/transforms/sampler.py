@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import LoaderSite
+from ddpify.analysis import LoaderSite, first_positional
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
@@ -62,7 +62,7 @@ class SamplerTransform(Transform):
             return "arguments are unpacked with * or **"
         if len(positional_args(call)) > 2:
             return "pass shuffle/sampler options by keyword"
-        dataset = _dataset(call)
+        dataset = first_positional(call, "dataset")
         if dataset is None:
             return "no dataset argument"
         if not isinstance(dataset, REPEATABLE):
@@ -89,7 +89,7 @@ class SamplerTransform(Transform):
         sampler = cst.Call(
             func=cst.Name("DistributedSampler"),
             args=[
-                cst.Arg(_dataset(updated_node).deep_clone(), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(first_positional(updated_node, "dataset").deep_clone()),
                 keyword("shuffle", shuffle_value),
             ],
         )
@@ -103,10 +103,3 @@ class SamplerTransform(Transform):
             return replace_arg(updated_node, shuffle, keyword("sampler", sampler))
         return append_arg(updated_node, keyword("sampler", sampler))
 
-
-def _dataset(call: cst.Call) -> cst.BaseExpression | None:
-    positional = positional_args(call)
-    if positional:
-        return positional[0].value
-    arg = keyword_arg(call, "dataset")
-    return arg.value if arg else None

@@ -39,7 +39,7 @@ class SetEpochTransform(Transform):
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         block = self._add_counters(block)
         hook = self.facts.epoch_hooks.get(owner)
-        if hook is None or not self._loaders(hook) or block is None:
+        if hook is None or not self._loaders(hook):
             return block
         epoch = _epoch_variable(owner)
         statements: Block = []

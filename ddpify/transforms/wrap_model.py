@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in
+from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, first_positional
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform
+from ddpify.transforms.base import Transform, keyword
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
 
@@ -77,7 +77,7 @@ class WrapModelTransform(Transform):
 
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
-        module = _module_argument(dp_call)
+        module = first_positional(dp_call, "module")
         if site.move is not None:
             placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module)))
         else:
@@ -94,14 +94,7 @@ class WrapModelTransform(Transform):
         self.context.add_import(*DDP_IMPORT)
         return cst.Call(
             func=cst.Name("DistributedDataParallel"),
-            args=[
-                cst.Arg(placed, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(
-                    cst.parse_expression("ddp_device_ids()"),
-                    keyword=cst.Name("device_ids"),
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
-                ),
-            ],
+            args=[cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))],
         )
 
     def _reference(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:
@@ -116,13 +109,6 @@ class WrapModelTransform(Transform):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
         return self._reference(original_node, updated_node)
-
-
-def _module_argument(call: cst.Call) -> cst.BaseExpression:
-    for arg in call.args:
-        if arg.keyword is None and not arg.star:
-            return arg.value
-    return next(arg.value for arg in call.args if arg.keyword and arg.keyword.value == "module")
 
 
 def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
