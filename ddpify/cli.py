@@ -159,6 +159,40 @@ def check(
     raise typer.Exit(EXIT_FINDINGS if found and not exit_zero else EXIT_OK)
 
 
+@app.command()
+def verify(
+    original: Path = typer.Argument(..., help="The DataParallel script (or a DDP script to check as it is)."),
+    script_args: Optional[List[str]] = typer.Argument(None, help="Arguments for the script, after `--`."),
+    converted: Optional[Path] = typer.Option(None, "--converted", help="The converted script (default: convert in memory)."),
+    nproc: int = typer.Option(2, "--nproc", help="Processes (ranks) to launch."),
+    backend: str = typer.Option("auto", "--backend", help="auto (NCCL when there are enough GPUs), gloo or nccl."),
+    nnodes_sim: int = typer.Option(1, "--nnodes-sim", help="Simulate this many nodes: one torchrun launcher each, on loopback."),
+    launcher: str = typer.Option("torchrun", "--launcher", help="torchrun, or slurm-sim (plain processes with Slurm's variables)."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds before a hung world is killed."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop each rank after this many optimizer steps."),
+    equivalence: bool = typer.Option(False, "--equivalence", help="Also run the original as one process and compare final weights."),
+    cwd: Optional[Path] = typer.Option(None, "--cwd", help="Run the script here (default: a fresh temporary folder)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Run a converted script under torch.distributed and check what it did. Exit 1 if a check fails."""
+    from ddpify.verify.report import render_text
+    from ddpify.verify.runner import VerifyOptions
+    from ddpify.verify.runner import verify as run_verify
+
+    options = VerifyOptions(
+        nproc=nproc, backend=backend, nnodes_sim=nnodes_sim, launcher=launcher, timeout=timeout,
+        max_steps=max_steps, equivalence=equivalence, cwd=cwd, script_args=tuple(script_args or ()),
+    )
+    report = run_verify(original, converted, options)
+    if json_output:
+        typer.echo(report.to_json())
+    elif report.error:
+        typer.echo(f"error: {report.error}", err=True)
+    else:
+        typer.echo(render_text(report), nl=False)
+    raise typer.Exit(report.exit_code)
+
+
 def _codes(values: List[str]) -> tuple[str, ...]:
     return tuple(code.strip() for value in values for code in value.split(",") if code.strip())
 

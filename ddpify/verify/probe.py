@@ -3,56 +3,321 @@
     python -m ddpify.verify.probe SCRIPT [ARGS...]
     python -m torch.distributed.run --nproc-per-node=2 -m ddpify.verify.probe SCRIPT [ARGS...]
 
-The script runs unmodified (``runpy``, as ``__main__``). The probe records every optimizer
-the script creates and, when the script ends, writes ``rank<RANK>.pt`` into
-``$DDPIFY_PROBE_DIR`` with each optimizer's final parameters and the ``set_epoch`` values
-each DistributedSampler received. Parameters are read through the optimizers so that a
-DataParallel run, a plain run and a DDP run are compared parameter by parameter.
+The script runs unmodified (``runpy``, as ``__main__``); nothing on disk is edited. The
+probe patches a few torch and builtin entry points first and, when the script ends, writes
+into ``$DDPIFY_PROBE_DIR``:
+
+- ``rank<R>.json``: what this rank did: process group and DistributedDataParallel
+  creation, the indices every sampler yielded per pass, ``set_epoch`` values, the user
+  lines that printed or logged, ``torch.save`` paths, files opened for writing, optimizer
+  steps, a hash of the final parameters, exit status and wall time;
+- ``rank<R>.pt``: the final parameters themselves (for the equivalence comparison).
+
+Parameters are read through the optimizers, so that a DataParallel run, a plain run and a
+DDP run are compared parameter by parameter.
+
+Settings, all optional, by environment variable:
+``DDPIFY_PROBE_MAX_STEPS`` stops the script cleanly after that many optimizer steps;
+``DDPIFY_PROBE_NO_SHUFFLE`` forces shuffling off in every DataLoader and DistributedSampler;
+``DDPIFY_PROBE_SEED`` seeds torch and ``random`` before the script starts;
+``DDPIFY_PROBE_PATH`` is prepended to ``sys.path`` (the original script's folder).
 
 This module imports torch; only launched processes import it, never the CLI.
 """
 
 from __future__ import annotations
 
+import builtins
+import hashlib
+import itertools
+import json
 import os
+import random
 import runpy
 import sys
+import time
+import traceback
 
 import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+# Frames this deep are searched for the user's line behind a write (print -> file.write is
+# one level; logging, pathlib and torch.save a few more).
+USER_FRAME_DEPTH = 20
+_original_open = builtins.open
+_original_save = torch.save
 
 
-def _record_optimizers(optimizers: list) -> None:
+# Steps past --max-steps that training not driven by a DataLoader may take before the probe
+# stops the script outright.
+HARD_STOP_MARGIN = 64
+
+
+class StopTraining(BaseException):
+    """Raised when training goes on well past ``--max-steps`` without a DataLoader to end
+    (a BaseException so that a script's own ``except Exception`` cannot swallow it)."""
+
+
+class Recorder:
+    """Everything one rank did, kept as plain data (it becomes ``rank<R>.json``)."""
+
+    def __init__(self, script: str, user_dirs: list[str]) -> None:
+        self.user_dirs = tuple(os.path.join(os.path.abspath(d), "") for d in user_dirs)
+        self.started = time.monotonic()
+        self.optimizers: list = []
+        self.ddp_models: list = []
+        self.data = {
+            "script": os.path.abspath(script),
+            "process_group": None,
+            "ddp_models": 0,
+            "samplers": [],
+            "steps": 0,
+            "outputs": {},
+            "saves": [],
+            "written_files": [],
+            "status": None,
+            "error": None,
+            "stopped_at_max_steps": False,
+        }
+        self._sampler_ids = itertools.count()
+        self.max_steps: int | None = None
+        # Loops (by site) in which an optimizer stepped: these are the ones --max-steps ends.
+        self.training_sites: set[str] = set()
+
+    def training_is_over(self, record: dict) -> bool:
+        over = self.max_steps is not None and self.data["steps"] >= self.max_steps
+        return over and record["site"] in self.training_sites
+
+    # -- where a call came from ----------------------------------------------------------
+    def user_site(self, depth: int = 2) -> str | None:
+        """``file:line`` of the nearest frame in the user's code (the script's folders)."""
+        frame = sys._getframe(depth)
+        for _ in range(USER_FRAME_DEPTH):
+            if frame is None:
+                return None
+            name = frame.f_code.co_filename
+            if name.startswith(self.user_dirs) and "site-packages" not in name and name != __file__:
+                return f"{os.path.basename(name)}:{frame.f_lineno}"
+            frame = frame.f_back
+        return None
+
+    def output(self, stream: str, text: str) -> None:
+        if not text.strip():
+            return  # print's separators and line ends
+        site = self.user_site(depth=3)
+        if site is not None:
+            key = f"{stream} {site}"
+            self.data["outputs"][key] = self.data["outputs"].get(key, 0) + 1
+
+    # -- samplers --------------------------------------------------------------------------
+    def sampler_pass(self, sampler) -> dict:
+        if not hasattr(sampler, "_ddpify_id"):
+            sampler._ddpify_id = next(self._sampler_ids)
+        distributed = isinstance(sampler, DistributedSampler)
+        record = {
+            "sampler": sampler._ddpify_id,
+            # The user's loop that drew from it: ranks agree on it even where one rank
+            # iterates an extra loader (evaluation on rank 0), so passes are matched by it.
+            "site": self.user_site(depth=2) or f"sampler {sampler._ddpify_id}",
+            "kind": type(sampler).__name__,
+            "distributed": distributed,
+            "dataset_size": _size(sampler),
+            "num_replicas": getattr(sampler, "num_replicas", 1) if distributed else 1,
+            "shuffle": bool(getattr(sampler, "shuffle", False)) if distributed else type(sampler).__name__ == "RandomSampler",
+            "drop_last": bool(getattr(sampler, "drop_last", False)) if distributed else False,
+            "epoch": getattr(sampler, "epoch", None) if distributed else None,
+            "indices": [],
+            "complete": False,
+            "steps_at_start": self.data["steps"],
+            "steps_at_end": self.data["steps"],
+        }
+        self.data["samplers"].append(record)
+        return record
+
+    def finish(self, status: int, error: str | None) -> None:
+        self.data["status"] = status
+        self.data["error"] = error
+        self.data["seconds"] = round(time.monotonic() - self.started, 3)
+        params = self.final_parameters()
+        digest = hashlib.sha256()
+        for tensor in params:
+            digest.update(tensor.numpy().tobytes())
+        self.data["param_hash"] = digest.hexdigest() if params else None
+        self.data["param_count"] = sum(t.numel() for t in params)
+        self.data.setdefault("rank", _env_int("RANK", _env_int("SLURM_PROCID", 0)))
+        directory = os.environ.get("DDPIFY_PROBE_DIR")
+        if not directory:
+            return
+        rank = self.data["rank"]
+        groups = [[p.detach().cpu().clone() for g in o.param_groups for p in g["params"]] for o in self.optimizers]
+        set_epoch = list(self.data.get("set_epoch_calls", []))
+        _original_save({"params": groups, "set_epoch": set_epoch}, os.path.join(directory, f"rank{rank}.pt"))
+        with _original_open(os.path.join(directory, f"rank{rank}.json"), "w") as handle:
+            json.dump(self.data, handle)
+
+    def final_parameters(self) -> list:
+        if self.optimizers:
+            tensors = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        else:
+            tensors = [p for m in self.ddp_models for p in m.parameters()]
+        return [t.detach().cpu().contiguous().float() for t in tensors]
+
+
+def _size(sampler) -> int | None:
+    source = getattr(sampler, "dataset", None) or getattr(sampler, "data_source", None)
+    try:
+        return len(source) if source is not None else len(sampler)
+    except TypeError:
+        return None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value and value.isdigit() else default
+
+
+# -- patches -------------------------------------------------------------------------------
+
+
+def patch_optimizers(recorder: Recorder, max_steps: int | None) -> None:
     original_init = torch.optim.Optimizer.__init__
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        optimizers.append(self)
+        recorder.optimizers.append(self)
 
+    def after_step(optimizer, args, kwargs):
+        recorder.data["steps"] += 1
+        # The loop being trained is the latest pass still open (an earlier open one is a
+        # loop that was left with `break`).
+        record = next((r for r in reversed(recorder.data["samplers"]) if not r["complete"]), None)
+        if record is not None:
+            record["steps_at_end"] = recorder.data["steps"]
+            recorder.training_sites.add(record["site"])
+        if max_steps is not None and recorder.data["steps"] >= max_steps + HARD_STOP_MARGIN:
+            raise StopTraining
+
+    recorder.max_steps = max_steps
     torch.optim.Optimizer.__init__ = init
+    register_optimizer_step_post_hook(after_step)
 
 
-def _record_set_epoch(epochs: list) -> None:
-    from torch.utils.data.distributed import DistributedSampler
-
-    original = DistributedSampler.set_epoch
+def patch_samplers(recorder: Recorder, no_shuffle: bool) -> None:
+    recorder.data["set_epoch_calls"] = []
+    original_set_epoch = DistributedSampler.set_epoch
+    original_sampler_init = DistributedSampler.__init__
+    original_loader_init = DataLoader.__init__
 
     def set_epoch(self, epoch):
-        epochs.append(int(epoch))
-        return original(self, epoch)
+        recorder.data["set_epoch_calls"].append(int(epoch))
+        return original_set_epoch(self, epoch)
+
+    def sampler_init(self, *args, **kwargs):
+        original_sampler_init(self, *args, **kwargs)
+        if no_shuffle:
+            self.shuffle = False
+
+    def loader_init(self, *args, **kwargs):
+        if no_shuffle and kwargs.get("shuffle"):
+            kwargs["shuffle"] = False
+        if no_shuffle and len(args) >= 3 and args[2] is True:
+            args = (*args[:2], False, *args[3:])
+        original_loader_init(self, *args, **kwargs)
 
     DistributedSampler.set_epoch = set_epoch
+    DistributedSampler.__init__ = sampler_init
+    DataLoader.__init__ = loader_init
+    for cls in _sampler_classes():
+        cls.__iter__ = _recording_iter(recorder, cls.__iter__)
 
 
-def _dump(optimizers: list, epochs: list) -> None:
-    directory = os.environ.get("DDPIFY_PROBE_DIR")
-    if not directory:
-        return
-    params = [
-        [p.detach().cpu().clone() for group in optimizer.param_groups for p in group["params"]]
-        for optimizer in optimizers
-    ]
-    rank = os.environ.get("RANK", "0")
-    torch.save({"params": params, "set_epoch": epochs}, os.path.join(directory, f"rank{rank}.pt"))
+def _sampler_classes() -> list:
+    """Every sampler class torch defines (subclasses the user defines are not traced)."""
+    from torch.utils.data import sampler as module
+
+    classes = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Sampler)]
+    return [c for c in classes + [DistributedSampler] if "__iter__" in vars(c) and c.__name__ != "BatchSampler"]
+
+
+def _recording_iter(recorder: Recorder, original):
+    def __iter__(self):
+        record = recorder.sampler_pass(self)
+        for index in original(self):
+            if recorder.training_is_over(record):
+                # --max-steps: the training loop ends here, as if its data ran out; the
+                # rest of the script (evaluation, saves, prints) still runs.
+                record["truncated"] = True
+                return
+            record["indices"].append(int(index))
+            yield index
+        record["complete"] = True
+        record["steps_at_end"] = recorder.data["steps"]
+
+    return __iter__
+
+
+def patch_distributed(recorder: Recorder) -> None:
+    original_init = dist.init_process_group
+    original_ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+
+    def init_process_group(*args, **kwargs):
+        result = original_init(*args, **kwargs)
+        recorder.data["process_group"] = {
+            "backend": str(dist.get_backend()),
+            "rank": dist.get_rank(),
+            "world_size": dist.get_world_size(),
+            "local_rank": _env_int("LOCAL_RANK", 0),
+        }
+        recorder.data["rank"] = dist.get_rank()
+        return result
+
+    def ddp_init(self, *args, **kwargs):
+        original_ddp_init(self, *args, **kwargs)
+        recorder.data["ddp_models"] += 1
+        recorder.ddp_models.append(self)
+
+    dist.init_process_group = init_process_group
+    torch.nn.parallel.DistributedDataParallel.__init__ = ddp_init
+
+
+def patch_files(recorder: Recorder) -> None:
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            recorder.data["saves"].append({"path": os.path.abspath(f), "site": recorder.user_site()})
+        return _original_save(obj, f, *args, **kwargs)
+
+    def open_(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(flag in mode for flag in "wax+"):
+            site = recorder.user_site()
+            if site is not None:
+                recorder.data["written_files"].append({"path": os.path.abspath(file), "site": site})
+        return _original_open(file, mode, *args, **kwargs)
+
+    torch.save = save
+    builtins.open = open_
+
+
+class RecordingStream:
+    """Wraps sys.stdout / sys.stderr: passes everything through, notes the user line behind it."""
+
+    def __init__(self, stream, name: str, recorder: Recorder) -> None:
+        self._stream, self._name, self._recorder = stream, name, recorder
+
+    def write(self, text):
+        self._recorder.output(self._name, text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def seed(value: str | None) -> None:
+    if value is not None:
+        torch.manual_seed(int(value))
+        random.seed(int(value))
 
 
 def main() -> None:
@@ -60,15 +325,35 @@ def main() -> None:
         raise SystemExit("usage: python -m ddpify.verify.probe SCRIPT [ARGS...]")
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    optimizers: list = []
-    epochs: list = []
-    _record_optimizers(optimizers)
-    _record_set_epoch(epochs)
+    user_dirs = [os.path.dirname(os.path.abspath(script))]
+    if os.environ.get("DDPIFY_PROBE_PATH"):
+        user_dirs.insert(0, os.environ["DDPIFY_PROBE_PATH"])
+    sys.path[:0] = user_dirs
+    max_steps = os.environ.get("DDPIFY_PROBE_MAX_STEPS")
+    recorder = Recorder(script, user_dirs)
+    patch_optimizers(recorder, int(max_steps) if max_steps else None)
+    patch_samplers(recorder, bool(os.environ.get("DDPIFY_PROBE_NO_SHUFFLE")))
+    patch_distributed(recorder)
+    patch_files(recorder)
+    seed(os.environ.get("DDPIFY_PROBE_SEED"))
+    sys.stdout = RecordingStream(sys.stdout, "stdout", recorder)
+    sys.stderr = RecordingStream(sys.stderr, "stderr", recorder)
+    status, error = 0, None
     try:
         runpy.run_path(script, run_name="__main__")
+    except StopTraining:
+        recorder.data["stopped_at_max_steps"] = True
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        error = None if status == 0 else str(stop.code)
+    except BaseException:
+        status, error = 1, traceback.format_exc(limit=-3)
+        raise
     finally:
-        _dump(optimizers, epochs)
+        if dist.is_initialized():
+            dist.destroy_process_group()  # a stop at --max-steps skipped the script's clean-up
+        recorder.finish(status, error)
+    raise SystemExit(status)
 
 
 if __name__ == "__main__":
