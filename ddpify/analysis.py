@@ -144,6 +144,49 @@ def calls_in(node: cst.CSTNode) -> list[cst.Call]:
     return found
 
 
+# Module-level calls that only configure (safe before the process group exists).
+CONFIGURATION_CALLS = (
+    "logging.", "warnings.", "argparse.", "os.path.", "os.environ", "os.getenv", "random.seed",
+    "numpy.random.seed", "torch.manual_seed", "torch.backends.", "torch.set_", "builtins.int", "builtins.float",
+)
+# Calls whose results are the same on every rank inside a condition (same_on_every_rank).
+UNIFORM_CALLS = {"len", "range", "int", "min", "max"}
+
+
+def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
+    """Is this condition the same on every rank of a converted DataParallel script?
+
+    Loop counters, attributes (``args.log_interval``), CONSTANTS, literals and ``len()``
+    are; a loss, an output or any other data-derived value may not be.
+    """
+    for call in calls_in(test):
+        if dotted(call.func) not in UNIFORM_CALLS:
+            return False
+    attribute_roots = {id(part) for n in walk(test) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
+    for name in names_in(test):
+        if id(name) in attribute_roots or name.value in UNIFORM_CALLS or name.value in ("True", "False", "None"):
+            continue
+        if name.value not in loop_names and not name.value.isupper():
+            return False
+    return True
+
+
+def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    found: list[cst.CSTNode] = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            found.append(visited)
+            return True
+
+    node.visit(Collect())
+    return found
+
+
+def names_in(node: cst.CSTNode) -> list[cst.Name]:
+    return [n for n in walk(node) if isinstance(n, cst.Name)]
+
+
 def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
     """Is `node` inside an `if` whose test reads a rank (``if rank == 0:``, ``if is_main_process():``)?"""
     while node is not None and not isinstance(node, cst.Module):
@@ -349,7 +392,13 @@ class Analyzer(cst.CSTVisitor):
         self._find_unsafe_functions()
 
     def _setup_anchor(self, module: cst.Module) -> cst.CSTNode | None:
-        """The first top-level statement that does work: set-up must run before it."""
+        """The first top-level statement that does work: set-up must run before it.
+
+        With a `__main__` block, configuration above it (logging, warnings, argparse,
+        seeds) may run before set-up: set-up goes into the `__main__` block instead of
+        moving the whole module into `try`.
+        """
+        configuration: set[str] = set()  # names bound to configuration objects (parsers, loggers)
         for statement in module.body:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 continue
@@ -357,8 +406,23 @@ class Analyzer(cst.CSTVisitor):
                 return statement
             if isinstance(statement, cst.SimpleStatementLine) and self._is_declaration(statement):
                 continue
+            if self.facts.main_guard is not None and self._is_configuration(statement, configuration):
+                continue
             return statement
         return None
+
+    def _is_configuration(self, statement: cst.CSTNode, configuration: set[str]) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        for call in calls_in(statement):
+            names = {q.name for q in self.get_metadata(QualifiedNameProvider, call.func, set())}
+            base = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+            if not (any(n.startswith(CONFIGURATION_CALLS) for n in names) or base in configuration):
+                return False
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                configuration.update(filter(None, (dotted(t.target) for t in small.targets)))
+        return True
 
     def _is_declaration(self, line: cst.SimpleStatementLine) -> bool:
         """Imports, docstrings and assignments without calls: safe before set-up."""

@@ -117,3 +117,44 @@ def test_world_of_one_matches_the_original(runs):
 def test_two_ranks_match_the_original_when_not_shuffling(runs):
     skip_if_shuffled(runs)
     assert_same(params(runs["dir"] / "p-ddp"), params(runs["dir"] / "p-original"))
+
+
+def only_for(runs, name: str) -> None:
+    if runs["case"].stem != name:
+        pytest.skip(f"asserted on the {name} fixture")
+
+
+def lines_with(text: str, fragment: str) -> list[str]:
+    return [line for line in text.splitlines() if fragment in line]
+
+
+def test_evaluation_on_an_odd_sized_set_reports_exactly_what_the_original_did(runs):
+    only_for(runs, "side_effects")
+    original = lines_with(runs["original"].stdout, "eval loss")
+    assert len(original) == 3 and "of 37" in original[0]
+    assert lines_with(runs["ddp"].stdout, "eval loss") == original
+    assert lines_with(runs["single"].stdout, "eval loss") == original
+
+
+def test_log_records_and_files_are_written_once(runs):
+    only_for(runs, "side_effects")
+    for run in ("original", "ddp"):
+        assert len(lines_with(runs[run].stderr, "eval correct")) == 3, runs[run].stderr
+    for folder in (runs["dir"] / "original", runs["dir"]):
+        rows = (folder / "logs" / "metrics.csv").read_text().splitlines()
+        assert len(rows) == 4 and rows[0].startswith("epoch,")
+    assert (runs["dir"] / "logs" / "metrics.csv").read_text() == (runs["dir"] / "original" / "logs" / "metrics.csv").read_text()
+
+
+def test_checkpoint_keeps_the_dataparallel_key_layout(runs):
+    only_for(runs, "side_effects")
+    original = torch.load(runs["dir"] / "original" / "checkpoint.pt")
+    converted = torch.load(runs["dir"] / "checkpoint.pt")
+    assert list(original) == list(converted) and all(key.startswith("module.") for key in converted)
+    assert lines_with(runs["ddp"].stdout, "checkpoint keys") == ["checkpoint keys start with module.0.bias"]
+
+
+def test_progress_bar_drawn_by_one_rank(runs):
+    only_for(runs, "side_effects")
+    bars = lambda text: len(lines_with(text.replace("\r", "\n"), "epoch 0: 100%"))  # noqa: E731
+    assert bars(runs["ddp"].stderr) == bars(runs["original"].stderr) >= 1

@@ -9,6 +9,7 @@ Names here are prefixed ``ddp_`` so that they cannot be mistaken for the user's 
 converter refuses a file that already binds one of them to something else.
 """
 
+import logging
 import os
 
 import torch
@@ -42,6 +43,9 @@ def ddp_setup():
     else:
         # No launcher: an in-process store makes a world of one without any port.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if dist.get_rank() != 0:
+        # Info and debug records would repeat rank 0's; warnings and errors still show.
+        logging.disable(logging.INFO)
 
 
 def ddp_first_slurm_host(nodelist):
@@ -81,6 +85,17 @@ def ddp_local_batch_size(global_batch_size):
             "processes: launch a number of processes that divides it"
         )
     return global_batch_size // world_size
+
+
+def ddp_mean(value):
+    """The mean of a loss over all processes, for printing: every process must call it."""
+    if torch.is_tensor(value):
+        total = value.detach().clone()
+        dist.all_reduce(total)
+        return total / dist.get_world_size()
+    total = torch.tensor(float(value), dtype=torch.float64, device=ddp_device())
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
 
 
 # ddpify:end

@@ -9,6 +9,7 @@ transform has scheduled what it needs.
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.devices import DevicesTransform
 from ddpify.transforms.imports import ImportsTransform
+from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.sampler import SamplerTransform
@@ -21,6 +22,7 @@ TRANSFORMS = (
     SamplerTransform,
     BatchSizeTransform,
     SetEpochTransform,
+    NoSyncTransform,
     RankZeroTransform,
     ProcessGroupTransform,
     ImportsTransform,

@@ -53,6 +53,7 @@ class ConversionContext:
     imports_to_add: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     sharded_loaders: set[cst.Call] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
+    helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -80,6 +81,9 @@ class ConversionContext:
     def add_import(self, module: str, name: str | None = None, alias: str | None = None) -> None:
         if (module, name, alias) not in self.imports_to_add:
             self.imports_to_add.append((module, name, alias))
+
+    def use_helper(self, name: str) -> None:
+        self.helpers_used.add(name)
 
     @property
     def has_errors(self) -> bool:

@@ -21,6 +21,11 @@ DDP703  in-script ``CUDA_VISIBLE_DEVICES`` removed; GPUs are chosen on the launc
     # ddpify: removed os.environ["CUDA_VISIBLE_DEVICES"] = "0,3"; choose GPUs on the launch
     # line: CUDA_VISIBLE_DEVICES=0,3 torchrun --standalone --nproc-per-node=2 train.py
 
+DDP705  ``torch.load`` without ``map_location`` loads onto the device it was saved from
+(usually GPU 0, for every rank): it gets this process's device::
+
+    state = torch.load("model.pt")  ->  state = torch.load("model.pt", map_location=ddp_device())
+
 DDP704  (warning) the script calls ``torch.cuda.set_device`` itself: that overrides the
 process's GPU chosen by set-up; left alone.
 """
@@ -32,7 +37,7 @@ import re
 import libcst as cst
 
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Block, Transform, positional_args
+from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
 CUDA_INDEX = re.compile(r"cuda:\d+")
 
@@ -56,6 +61,10 @@ class DevicesTransform(Transform):
             if len(original_node.args) == 1 and len(args) == 1 and isinstance(args[0].value, cst.Integer):
                 self.context.report(original_node, "DDP702", f".cuda({args[0].value.value}) -> .cuda(): this process's GPU")
                 return updated_node.with_changes(args=[])
+        if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None:
+            if len(positional_args(original_node)) < 2:
+                self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
+                return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))
         if "torch.cuda.set_device" in self.context.qualified(func):
             self.context.report(
                 original_node,

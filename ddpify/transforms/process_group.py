@@ -34,7 +34,7 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform
 from ddpify.transforms.imports import is_header
 
-TEMPLATE_IMPORTS = (("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
+TEMPLATE_IMPORTS = (("logging", None, None), ("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_first_slurm_host",
@@ -42,7 +42,10 @@ TEMPLATE_NAMES = (
     "ddp_device",
     "ddp_device_ids",
     "ddp_local_batch_size",
+    "ddp_mean",
 )
+# Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
+OPTIONAL_HELPERS = {"ddp_mean"}
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {
     **{name: None for name in TEMPLATE_NAMES},
@@ -51,6 +54,7 @@ RESERVED = {
     "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "os": "os",
+    "logging": "logging",
     "torch": "torch",
 }
 BEGIN, END = "# ddpify:begin", "# ddpify:end"
@@ -62,10 +66,15 @@ def template_source() -> str:
     return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
 
 
-def template_statements() -> list[cst.BaseStatement]:
-    """The helper block as statements, its header comment on the first one."""
+def template_statements(used: frozenset[str] = frozenset()) -> list[cst.BaseStatement]:
+    """The helper block as statements, its header comment on the first one; optional
+    helpers only if ``used``."""
     parsed = cst.parse_module(template_source())
-    first, *rest = parsed.body
+    first, *rest = [
+        statement
+        for statement in parsed.body
+        if not (isinstance(statement, cst.FunctionDef) and statement.name.value in OPTIONAL_HELPERS - used)
+    ]
     lines = [cst.EmptyLine(), cst.EmptyLine(), *parsed.header, *first.leading_lines]
     return [first.with_changes(leading_lines=lines), *rest]
 
@@ -146,7 +155,7 @@ class ProcessGroupTransform(Transform):
         at = 0
         while at < len(block) and is_header(block[at][1]):
             at += 1
-        helpers: list[Pair] = [(None, statement) for statement in template_statements()]
+        helpers: list[Pair] = [(None, statement) for statement in template_statements(frozenset(self.context.helpers_used))]
         rest = block[at:]
         if rest:
             original, statement = rest[0]

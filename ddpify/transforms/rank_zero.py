@@ -1,12 +1,18 @@
 """DDP6xx: side effects run once, on global rank 0.
 
-Statements that only print or save are wrapped in ``if dist.get_rank() == 0:``; runs of
-them share one guard. A guard never wraps a statement that calls the model, a
-``torch.distributed`` collective, ``backward()``, or a function that does any of these:
-only rank 0 would reach the collective and the others would hang. Such a statement is
-left alone and reported.
+Statements that only print, log to a tracker, save or touch files are wrapped in
+``if dist.get_rank() == 0:``; runs of them share one guard. A guard never wraps a
+statement that calls the model, a ``torch.distributed`` collective, ``backward()``, or a
+function that does any of these: only rank 0 would reach the collective and the others
+would hang. Such a statement is left alone and reported.
 
-DDP601  guarded::
+Side effects: ``print``, ``sys.stdout/stderr.write``, ``tqdm.write``, ``torch.save``,
+``shutil`` copies/moves/removals, ``os.remove/unlink/rename/replace/mkdir/rmdir``,
+``wandb.init/log/save/watch/finish`` statements, method calls on a tensorboard
+``SummaryWriter``, and ``with open(path, "w"/"a"/"x") as f:`` blocks.
+
+DDP601  guarded; after a guarded ``torch.save`` the other ranks wait at a barrier, so
+nothing reads a half-written checkpoint::
 
     print(f"loss: {loss:>7f}")
     torch.save(model.state_dict(), "model.pt")
@@ -14,37 +20,127 @@ DDP601  guarded::
     if dist.get_rank() == 0:
         print(f"loss: {loss:>7f}")
         torch.save(model.state_dict(), "model.pt")
+    dist.barrier()
 
 DDP602  (warning) not guarded: the statement also calls the model, a collective, or a
 function that does; split it so that only the side effect is guarded.
 
 DDP603  (warning) not guarded: the statement shares a line with others (``if x: print(y)``
 or ``a = 1; print(a)``); put it on its own line.
+
+DDP604  tqdm progress bars are disabled on the other ranks (the loop still runs there)::
+
+    for x, y in tqdm(loader):       ->   for x, y in tqdm(loader, disable=dist.get_rank() != 0):
+
+DDP605  ``os.makedirs(path)`` gets ``exist_ok=True``: every rank may create it, no race.
+
+DDP606  a tensorboard ``SummaryWriter`` is constructed on rank 0 only (None elsewhere);
+its method-call statements are guarded (DDP601)::
+
+    writer = SummaryWriter("runs")  ->  writer = SummaryWriter("runs") if dist.get_rank() == 0 else None
+
+DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
+ranks build it after rank 0 is done (no two processes write the same files)::
+
+    train_set = datasets.MNIST("data", train=True, download=True)
+    # becomes
+    if dist.get_rank() != 0:
+        dist.barrier()  # rank 0 downloads first
+    train_set = datasets.MNIST("data", train=True, download=True)
+    if dist.get_rank() == 0:
+        dist.barrier()
+
+DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
+global batch, each DDP rank only has its share. The reduction runs on every rank, just
+before the guard, and only where every rank surely reaches it (conditions on loop
+counters and settings, no exception handler); elsewhere rank 0's own value is printed
+and a warning says so::
+
+    if i % 100 == 99:
+        print(f"loss: {loss.item():.3f}")
+    # becomes
+    if i % 100 == 99:
+        loss_mean = ddp_mean(loss.item())
+        if dist.get_rank() == 0:
+            print(f"loss: {loss_mean:.3f}")
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, under_rank_guard
+from ddpify.analysis import calls_in, dotted, names_in, same_on_every_rank, under_rank_guard, walk
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Block, Pair, Transform, move_leading_lines
+from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
-SIDE_EFFECTS = {"builtins.print", "torch.save"}
+SIDE_EFFECTS = {
+    "builtins.print",
+    "sys.stdout.write",
+    "sys.stderr.write",
+    "torch.save",
+    *(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std.")),
+    *(f"shutil.{name}" for name in ("copy", "copy2", "copyfile", "copytree", "move", "rmtree")),
+    *(f"os.{name}" for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir")),
+    *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
+}
+PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
+SUMMARY_WRITERS = {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
+OPEN = {"builtins.open", "io.open"}
 GUARD = "dist.get_rank() == 0"
+OTHER_RANKS = "dist.get_rank() != 0"
 
 
 class RankZeroTransform(Transform):
     CODE_PREFIX = "DDP6"
 
+    def check(self) -> None:
+        self._writers = self._summary_writer_targets()
+
+    # -- what is a side effect ------------------------------------------------------------
+
+    def _summary_writer_targets(self) -> set[str]:
+        """``writer`` / ``self.writer``: targets bound to a SummaryWriter(...) anywhere."""
+        found: set[str] = set()
+        qualified = self.context.qualified
+
+        class Collect(cst.CSTVisitor):
+            def visit_Assign(self, node: cst.Assign) -> None:
+                if isinstance(node.value, cst.Call) and qualified(node.value.func) & SUMMARY_WRITERS:
+                    found.update(filter(None, (dotted(target.target) for target in node.targets)))
+
+        self.context.module.visit(Collect())
+        return found
+
     def _side_effect(self, statement: cst.CSTNode) -> cst.Call | None:
-        if isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call):
-            if self.context.qualified(statement.value.func) & SIDE_EFFECTS:
-                return statement.value
+        if not (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)):
+            return None
+        call = statement.value
+        if self.context.qualified(call.func) & SIDE_EFFECTS:
+            return call
+        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self._writers:
+            return call
         return None
 
+    def _writes_file(self, statement: cst.CSTNode) -> bool:
+        """``with open(path, "w") as f:`` (every item opens a file for writing)."""
+        if not isinstance(statement, cst.With):
+            return False
+        return all(self._opens_for_writing(item.item) for item in statement.items)
+
+    def _opens_for_writing(self, node: cst.BaseExpression) -> bool:
+        if not isinstance(node, cst.Call) or not self.context.qualified(node.func) & OPEN:
+            return False
+        positional = [arg for arg in node.args if arg.keyword is None]
+        mode = keyword_arg(node, "mode") or (positional[1] if len(positional) > 1 else None)
+        value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
+        return isinstance(value, str) and any(flag in value for flag in "wax+")
+
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
-        if not isinstance(original, cst.SimpleStatementLine) or self._under_rank_guard(original):
+        if original is None or self._under_rank_guard(original):
+            return False
+        if self._writes_file(original):
+            return self._safe_to_guard(original)
+        if not isinstance(original, cst.SimpleStatementLine):
             return False
         calls = [self._side_effect(small) for small in original.body]
         if not any(calls):
@@ -52,6 +148,9 @@ class RankZeroTransform(Transform):
         if len(original.body) > 1:
             self._report_inline(original, calls)
             return False
+        return self._safe_to_guard(original)
+
+    def _safe_to_guard(self, original: cst.BaseStatement) -> bool:
         unsafe = [call for call in calls_in(original) if self._reaches_model(call)]
         if unsafe:
             self.context.report(
@@ -61,8 +160,7 @@ class RankZeroTransform(Transform):
                 "the model or a collective that every rank must reach",
                 Severity.WARNING,
             )
-            return False
-        return True
+        return not unsafe
 
     def _report_inline(self, node: cst.CSTNode, calls: list) -> None:
         name = self.context.code(next(call for call in calls if call).func)
@@ -80,32 +178,248 @@ class RankZeroTransform(Transform):
     def _under_rank_guard(self, node: cst.CSTNode) -> bool:
         return under_rank_guard(node, self.context.parent, self.context.code)
 
+    # -- expressions: progress bars, makedirs, SummaryWriter --------------------------------
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        names = self.context.qualified(original_node.func)
+        if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
+            return self._quiet_progress_bar(original_node, updated_node)
+        if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None:
+            self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
+            return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
+        return updated_node
+
+    def _quiet_progress_bar(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        existing = keyword_arg(updated, "disable")
+        if existing is not None and "get_rank" in self.context.code(existing.value):
+            return updated
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(original, "DDP604", "progress bar shown by rank 0 only (disable= on the others)")
+        if existing is None:
+            return append_arg(updated, keyword("disable", cst.parse_expression(OTHER_RANKS)))
+        text = cst.Module([]).code_for_node(existing.value)
+        atomic = isinstance(existing.value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
+        combined = cst.parse_expression(f"{text if atomic else f'({text})'} or {OTHER_RANKS}")
+        return updated.with_changes(
+            args=[arg.with_changes(value=combined) if arg is existing else arg for arg in updated.args]
+        )
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        value = original_node.value
+        if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & SUMMARY_WRITERS):
+            return updated_node
+        if self._under_rank_guard(original_node):
+            return updated_node
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(original_node, "DDP606", "SummaryWriter created on rank 0 only (None on the others)")
+        return updated_node.with_changes(
+            value=cst.IfExp(
+                test=cst.parse_expression(GUARD),
+                body=updated_node.value,
+                orelse=cst.Name("None"),
+                whitespace_before_if=cst.SimpleWhitespace(" "),
+                whitespace_after_if=cst.SimpleWhitespace(" "),
+                whitespace_before_else=cst.SimpleWhitespace(" "),
+                whitespace_after_else=cst.SimpleWhitespace(" "),
+            )
+        )
+
     def leave_SimpleStatementSuite(self, original_node, updated_node):
         calls = [self._side_effect(small) for small in original_node.body]
         if any(calls):
             self._report_inline(original_node, calls)
         return updated_node
 
+    # -- statements ---------------------------------------------------------------------------
+
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         result: Block = []
-        run: list[Pair] = []
+        run: list[Pair] = []  # consecutive statements of one kind share one guard
+        kind = None
         for pair in [*block, (None, None)]:
-            if pair[1] is not None and self._guardable(pair[0]):
-                run.append(pair)
-                continue
-            if run:
-                result.append(self._guard(run))
-                run = []
+            current = None
             if pair[1] is not None:
+                current = "guard" if self._guardable(pair[0]) else "download" if self._downloads(owner, pair[0]) else None
+            if run and current != kind:
+                result.extend(self._guard(run) if kind == "guard" else self._download_first_on_rank_zero(run))
+                run = []
+            kind = current
+            if current is not None:
+                run.append(pair)
+            elif pair[1] is not None:
                 result.append(pair)
         return result
 
-    def _guard(self, run: list[Pair]) -> Pair:
-        for original, _ in run:
-            call = next(self._side_effect(small) for small in original.body if self._side_effect(small))
-            self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only")
+    def _downloads(self, owner: cst.CSTNode, original: cst.BaseStatement | None) -> bool:
+        if not isinstance(original, cst.SimpleStatementLine) or self._under_rank_guard(original):
+            return False
+        downloading = any(
+            arg.keyword is not None and arg.keyword.value == "download" and self.context.code(arg.value) == "True"
+            for call in calls_in(original)
+            for arg in call.args
+        )
+        if downloading and isinstance(owner, cst.Module) and self.facts.main_guard is not None:
+            # Module-level code above the `__main__` block runs before ddp_setup().
+            self.context.report(
+                original, "DDP607", "download=True at import time runs on every rank: move it into main()", Severity.WARNING
+            )
+            return False
+        return downloading
+
+    def _download_first_on_rank_zero(self, run: list[Pair]) -> Block:
         self.context.add_import("torch.distributed", None, "dist")
-        first, rest = run[0][1], [statement for _, statement in run[1:]]
-        guard = cst.If(test=cst.parse_expression(GUARD), body=cst.IndentedBlock(body=[first, *rest]))
-        first, guard = move_leading_lines(first, guard)
-        return (None, guard.with_changes(body=guard.body.with_changes(body=[first, *rest])))
+        for original, _ in run:
+            self.context.report(original, "DDP607", "rank 0 downloads first; the other ranks wait, then read its files")
+        (first_original, first), rest = run[0], run[1:]
+        before = cst.parse_statement(f"if {OTHER_RANKS}:\n    dist.barrier()  # rank 0 downloads first\n")
+        after = cst.parse_statement(f"if {GUARD}:\n    dist.barrier()\n")
+        before = before.with_changes(leading_lines=first.leading_lines)
+        return [(None, before), (first_original, first.with_changes(leading_lines=[])), *rest, (None, after)]
+
+    def _guard(self, run: list[Pair]) -> Block:
+        saves = [self._report_guarded(original) for original, _ in run]
+        self.context.add_import("torch.distributed", None, "dist")
+        reductions, statements = self._loss_means(run)
+        # The comments above the first statement stay above everything emitted for it.
+        comments = statements[0].leading_lines
+        statements[0] = statements[0].with_changes(leading_lines=[])
+        emitted = [*reductions, cst.If(test=cst.parse_expression(GUARD), body=cst.IndentedBlock(body=statements))]
+        emitted[0] = emitted[0].with_changes(leading_lines=[*comments, *emitted[0].leading_lines])
+        if any(saves) and self._same_path_on_every_rank(run[0][0]):
+            # Nothing may read the checkpoint before rank 0 has finished writing it.
+            emitted.append(cst.parse_statement("dist.barrier()"))
+        return [(None, statement) for statement in emitted]
+
+    def _report_guarded(self, original: cst.BaseStatement) -> bool:
+        """Report DDP601 for one guarded statement; True if it saves a checkpoint."""
+        if isinstance(original, cst.With):
+            self.context.report(original, "DDP601", "file written by rank 0 only (`with open(...)` block)")
+            return False
+        call = next(self._side_effect(small) for small in original.body if self._side_effect(small))
+        saves = "torch.save" in self.context.qualified(call.func)
+        after = "; the other ranks wait at a barrier" if saves and self._same_path_on_every_rank(original) else ""
+        self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after}")
+        return saves
+
+    # -- printed losses -------------------------------------------------------------------------
+
+    def _loss_means(self, run: list[Pair]) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]]:
+        """Statements computing the cross-rank mean of printed losses, and the run using them."""
+        reductions: dict[str, cst.BaseStatement] = {}
+        statements = []
+        for original, updated in run:
+            losses = self._printed_losses(original)
+            if losses and not self._same_path_on_every_rank(original):
+                self.context.report(
+                    original,
+                    "DDP608",
+                    f"prints rank 0's own {losses[0]} (a mean across ranks needs a collective that every rank reaches, "
+                    "and this line's conditions may differ between ranks)",
+                    Severity.WARNING,
+                )
+                losses = []
+            for name in losses:
+                reductions.setdefault(name, self._reduction(name, original))
+            statements.append(_ReplaceLosses(losses).visit_statement(updated) if losses else updated)
+        if reductions:
+            self.context.use_helper("ddp_mean")
+        return list(reductions.values()), statements
+
+    def _printed_losses(self, original: cst.BaseStatement) -> list[str]:
+        if not isinstance(original, cst.SimpleStatementLine):
+            return []
+        call = self._side_effect(original.body[0])
+        if call is None or "builtins.print" not in self.context.qualified(call.func):
+            return []
+        names = []
+        for node in _lossnames_in(call):
+            if node not in names:
+                names.append(node)
+        return names
+
+    def _reduction(self, name: str, original: cst.BaseStatement) -> cst.BaseStatement:
+        self.context.report(original, "DDP608", f"prints the mean of `{name}` across ranks, as DataParallel printed the global batch's")
+        argument = f"{name}.item()" if name in _itemnames_in(original) else name
+        return cst.parse_statement(f"{name}_mean = ddp_mean({argument})")
+
+    def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
+        """Does every rank surely reach this statement when rank 0 does?
+
+        DataParallel scripts have no rank-dependent code, so only data can make ranks
+        diverge: an ``if``/``while`` on a loss or output, or an exception handler.
+        Conditions on loop counters, attributes (``args.log_interval``), constants and
+        ``len()`` are the same on every rank.
+        """
+        loop_names: set[str] = set()
+        chain = []
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            chain.append(parent)
+            if isinstance(parent, cst.For):
+                loop_names |= {n.value for n in names_in(parent.target)}
+            parent = self.context.parent(parent)
+        for parent in chain:
+            if isinstance(parent, cst.ExceptHandler):
+                return False
+            if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
+                return False
+        return True
+
+
+def _is_loss(name: str) -> bool:
+    return "loss" in name.lower()
+
+
+def _lossnames_in(call: cst.Call) -> list[str]:
+    """Names of losses a print shows: ``loss.item()`` and bare ``running_loss``."""
+    nodes = walk(call)
+    not_variables = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}
+    not_variables |= {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+    not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
+    items = [n.func.value.value for n in nodes if _is_item_call(n)]
+    bare = [n.value for n in nodes if isinstance(n, cst.Name) and id(n) not in not_variables]
+    return [name for name in [*items, *bare] if _is_loss(name)]
+
+
+def _is_item_call(node: cst.CSTNode) -> bool:
+    return (
+        isinstance(node, cst.Call)
+        and not node.args
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "item"
+        and isinstance(node.func.value, cst.Name)
+    )
+
+
+def _itemnames_in(statement: cst.CSTNode) -> set[str]:
+    return {n.func.value.value for n in walk(statement) if _is_item_call(n)}
+
+
+class _ReplaceLosses(cst.CSTTransformer):
+    """``loss.item()`` and bare ``loss`` -> ``loss_mean`` inside one printed statement."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self.names = set(names)
+
+    def visit_statement(self, statement: cst.BaseStatement) -> cst.BaseStatement:
+        return statement.visit(self)
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return not (_is_item_call(node) and node.func.value.value in self.names)
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if _is_item_call(original_node) and original_node.func.value.value in self.names:
+            return cst.Name(f"{original_node.func.value.value}_mean")
+        return updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)  # `self.loss` is not the variable
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        if original_node.value in self.names:
+            return updated_node.with_changes(value=f"{original_node.value}_mean")
+        return updated_node
