@@ -50,6 +50,9 @@ ranks build it after rank 0 is done (no two processes write the same files)::
     if dist.get_rank() == 0:
         dist.barrier()
 
+DDP609  (warning) ``f = open(path, "w")`` outside a ``with`` block: every rank opens
+(and truncates) the file; left alone, reported.
+
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
 before the guard, and only where every rank surely reaches it (conditions on loop
@@ -184,6 +187,15 @@ class RankZeroTransform(Transform):
         names = self.context.qualified(original_node.func)
         if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
             return self._quiet_progress_bar(original_node, updated_node)
+        if names & OPEN and self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
+            if not isinstance(self.context.parent(original_node), cst.WithItem):
+                self.context.report(
+                    original_node,
+                    "DDP609",
+                    "file opened for writing on every rank: write it in a `with open(...)` block "
+                    "(which ddpify limits to rank 0) or under `if dist.get_rank() == 0:`",
+                    Severity.WARNING,
+                )
         if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None:
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
