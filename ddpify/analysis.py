@@ -27,7 +27,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER, SUMMARY_WRITERS
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
 DEVICE_COUNT = "torch.cuda.device_count"
@@ -101,6 +101,7 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
+    summary_writers: set[str] = field(default_factory=set)  # `writer` / `self.writer` targets
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
 
     @property
@@ -134,14 +135,7 @@ def is_main_guard(node: cst.CSTNode) -> bool:
 
 def calls_in(node: cst.CSTNode) -> list[cst.Call]:
     """Every call inside `node`, in source order (a cheap stand-in for matchers.findall)."""
-    found: list[cst.Call] = []
-
-    class Collect(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(Collect())
-    return found
+    return [found for found in walk(node) if isinstance(found, cst.Call)]
 
 
 # Module-level calls that only configure (safe before the process group exists).
@@ -162,16 +156,27 @@ def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
     for call in calls_in(test):
         if dotted(call.func) not in UNIFORM_CALLS:
             return False
-    attribute_roots = {id(part) for n in walk(test) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
+    in_attributes = {id(part) for n in walk(test) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
     for name in names_in(test):
-        if id(name) in attribute_roots or name.value in UNIFORM_CALLS or name.value in ("True", "False", "None"):
+        if id(name) in in_attributes or name.value in UNIFORM_CALLS or name.value in ("True", "False", "None"):
             continue
         if name.value not in loop_names and not name.value.isupper():
             return False
     return True
 
 
+def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
+    """Targets of the `for` loops around `node` (up to its function): rank-uniform counters."""
+    names: set[str] = set()
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.For):
+            names |= {name.value for name in names_in(node.target)}
+        node = parent_of(node)
+    return names
+
+
 def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node` and everything below it, in source order."""
     found: list[cst.CSTNode] = []
 
     class Collect(cst.CSTVisitor):
@@ -296,6 +301,8 @@ class Analyzer(cst.CSTVisitor):
             self.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
         elif names & DATA_LOADER:
             self._record_loader(node)
+        elif names & SUMMARY_WRITERS and isinstance(assignment := self.parent(node), cst.Assign):
+            self.facts.summary_writers.update(filter(None, (dotted(t.target) for t in assignment.targets)))
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
             self.facts.has_training_step = True
             for loop in self._loops[-1]:

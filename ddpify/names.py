@@ -15,5 +15,12 @@ DDP = {
 }
 SAMPLER = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 DATA_LOADER = {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
+SUMMARY_WRITERS = {
+    "torch.utils.tensorboard.SummaryWriter",
+    "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter",
+}
+# Mode letters of open() that write (shared by the converter and the verify probe).
+WRITE_MODES = "wax+"
 # Names in an `if` test that show the code below is already limited to one rank.
 RANK_WORDS = ("rank", "main_process", "is_master", "is_main")

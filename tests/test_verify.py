@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ def test_equivalence_fails_when_the_global_batch_changes(tmp_path):
     ids=["two-simulated-nodes", "slurm-sim"],
 )
 def test_other_launchers(options):
-    report = verify(FIXTURES / "e2e" / "trainer_main.py", options=VerifyOptions(**{**options.__dict__, "max_steps": 6}))
+    report = verify(FIXTURES / "e2e" / "trainer_main.py", options=replace(options, max_steps=6))
     assert report.exit_code == 0, reasons(report)
     assert [(row["rank"], row["steps"]) for row in report.ranks] == [(0, 6), (1, 6)]
     local_ranks = [row["local_rank"] for row in report.ranks]

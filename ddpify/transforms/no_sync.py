@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, names_in, same_on_every_rank
+from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank
 from ddpify.transforms.base import Block, Transform
 
 
@@ -44,7 +44,7 @@ class NoSyncTransform(Transform):
             return block
         for index, (original, _) in enumerate(block):
             if index and isinstance(original, cst.If) and self._steps_optimizer(original):
-                return self._wrap_micro_step(owner, block, index)
+                return self._wrap_micro_step(block, index)
         return block
 
     def _steps_optimizer(self, statement: cst.If) -> bool:
@@ -53,7 +53,7 @@ class NoSyncTransform(Transform):
             for call in calls_in(statement.body)
         )
 
-    def _wrap_micro_step(self, loop: cst.For, block: Block, index: int) -> Block:
+    def _wrap_micro_step(self, block: Block, index: int) -> Block:
         update = block[index][0]
         micro_step = [original for original, _ in block[:index]]
         if any(original is None for original in micro_step):
@@ -61,7 +61,7 @@ class NoSyncTransform(Transform):
         calls = [call for statement in micro_step for call in calls_in(statement)]
         models = {dotted(call.func) for call in calls} & self.facts.model_names
         backward = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward" for c in calls)
-        if len(models) != 1 or not backward or not same_on_every_rank(update.test, self._loop_names(loop)):
+        if len(models) != 1 or not backward or not same_on_every_rank(update.test, loop_names_around(update, self.context.parent)):
             return block
         model = models.pop()
         self.context.add_import("contextlib")
@@ -72,12 +72,3 @@ class NoSyncTransform(Transform):
         wrapped = cst.parse_statement(f"with {model}.no_sync() if not ({condition}) else contextlib.nullcontext():\n    pass\n")
         wrapped = wrapped.with_changes(body=cst.IndentedBlock(body=body), leading_lines=first.leading_lines)
         return [(None, wrapped), *block[index:]]
-
-    def _loop_names(self, loop: cst.For) -> set[str]:
-        names: set[str] = set()
-        node: cst.CSTNode | None = loop
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.For):
-                names |= {name.value for name in names_in(node.target)}
-            node = self.context.parent(node)
-        return names

@@ -72,7 +72,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, names_in, same_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, under_rank_guard, walk
+from ddpify.names import SUMMARY_WRITERS, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
@@ -87,7 +88,6 @@ SIDE_EFFECTS = {
     *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
 }
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
-SUMMARY_WRITERS = {"torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", "tensorboardX.SummaryWriter"}
 OPEN = {"builtins.open", "io.open"}
 GUARD = "dist.get_rank() == 0"
 OTHER_RANKS = "dist.get_rank() != 0"
@@ -96,23 +96,7 @@ OTHER_RANKS = "dist.get_rank() != 0"
 class RankZeroTransform(Transform):
     CODE_PREFIX = "DDP6"
 
-    def check(self) -> None:
-        self._writers = self._summary_writer_targets()
-
     # -- what is a side effect ------------------------------------------------------------
-
-    def _summary_writer_targets(self) -> set[str]:
-        """``writer`` / ``self.writer``: targets bound to a SummaryWriter(...) anywhere."""
-        found: set[str] = set()
-        qualified = self.context.qualified
-
-        class Collect(cst.CSTVisitor):
-            def visit_Assign(self, node: cst.Assign) -> None:
-                if isinstance(node.value, cst.Call) and qualified(node.value.func) & SUMMARY_WRITERS:
-                    found.update(filter(None, (dotted(target.target) for target in node.targets)))
-
-        self.context.module.visit(Collect())
-        return found
 
     def _side_effect(self, statement: cst.CSTNode) -> cst.Call | None:
         if not (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)):
@@ -120,7 +104,7 @@ class RankZeroTransform(Transform):
         call = statement.value
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
-        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self._writers:
+        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self.facts.summary_writers:
             return call
         return None
 
@@ -136,7 +120,7 @@ class RankZeroTransform(Transform):
         positional = [arg for arg in node.args if arg.keyword is None]
         mode = keyword_arg(node, "mode") or (positional[1] if len(positional) > 1 else None)
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
-        return isinstance(value, str) and any(flag in value for flag in "wax+")
+        return isinstance(value, str) and any(flag in value for flag in WRITE_MODES)
 
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original):
@@ -209,7 +193,7 @@ class RankZeroTransform(Transform):
         self.context.report(original, "DDP604", "progress bar shown by rank 0 only (disable= on the others)")
         if existing is None:
             return append_arg(updated, keyword("disable", cst.parse_expression(OTHER_RANKS)))
-        text = cst.Module([]).code_for_node(existing.value)
+        text = self.context.code(existing.value)
         atomic = isinstance(existing.value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
         combined = cst.parse_expression(f"{text if atomic else f'({text})'} or {OTHER_RANKS}")
         return updated.with_changes(
@@ -224,17 +208,8 @@ class RankZeroTransform(Transform):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original_node, "DDP606", "SummaryWriter created on rank 0 only (None on the others)")
-        return updated_node.with_changes(
-            value=cst.IfExp(
-                test=cst.parse_expression(GUARD),
-                body=updated_node.value,
-                orelse=cst.Name("None"),
-                whitespace_before_if=cst.SimpleWhitespace(" "),
-                whitespace_after_if=cst.SimpleWhitespace(" "),
-                whitespace_before_else=cst.SimpleWhitespace(" "),
-                whitespace_after_else=cst.SimpleWhitespace(" "),
-            )
-        )
+        on_rank_zero = cst.parse_expression(f"_ if {GUARD} else None").with_changes(body=updated_node.value)
+        return updated_node.with_changes(value=on_rank_zero)
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
         calls = [self._side_effect(small) for small in original_node.body]
@@ -289,7 +264,9 @@ class RankZeroTransform(Transform):
         return [(None, before), (first_original, first.with_changes(leading_lines=[])), *rest, (None, after)]
 
     def _guard(self, run: list[Pair]) -> Block:
-        saves = [self._report_guarded(original) for original, _ in run]
+        # A barrier only where every rank reaches it, else it would hang.
+        barrier = self._same_path_on_every_rank(run[0][0])
+        saves = [self._report_guarded(original, barrier) for original, _ in run]
         self.context.add_import("torch.distributed", None, "dist")
         reductions, statements = self._loss_means(run)
         # The comments above the first statement stay above everything emitted for it.
@@ -297,19 +274,19 @@ class RankZeroTransform(Transform):
         statements[0] = statements[0].with_changes(leading_lines=[])
         emitted = [*reductions, cst.If(test=cst.parse_expression(GUARD), body=cst.IndentedBlock(body=statements))]
         emitted[0] = emitted[0].with_changes(leading_lines=[*comments, *emitted[0].leading_lines])
-        if any(saves) and self._same_path_on_every_rank(run[0][0]):
+        if any(saves) and barrier:
             # Nothing may read the checkpoint before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
         return [(None, statement) for statement in emitted]
 
-    def _report_guarded(self, original: cst.BaseStatement) -> bool:
+    def _report_guarded(self, original: cst.BaseStatement, barrier: bool) -> bool:
         """Report DDP601 for one guarded statement; True if it saves a checkpoint."""
         if isinstance(original, cst.With):
             self.context.report(original, "DDP601", "file written by rank 0 only (`with open(...)` block)")
             return False
-        call = next(self._side_effect(small) for small in original.body if self._side_effect(small))
+        call = self._side_effect(original.body[0])  # guarded lines hold one statement
         saves = "torch.save" in self.context.qualified(call.func)
-        after = "; the other ranks wait at a barrier" if saves and self._same_path_on_every_rank(original) else ""
+        after = "; the other ranks wait at a barrier" if saves and barrier else ""
         self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after}")
         return saves
 
@@ -332,7 +309,7 @@ class RankZeroTransform(Transform):
                 losses = []
             for name in losses:
                 reductions.setdefault(name, self._reduction(name, original))
-            statements.append(_ReplaceLosses(losses).visit_statement(updated) if losses else updated)
+            statements.append(updated.visit(_ReplaceLosses(losses)) if losses else updated)
         if reductions:
             self.context.use_helper("ddp_mean")
         return list(reductions.values()), statements
@@ -343,15 +320,11 @@ class RankZeroTransform(Transform):
         call = self._side_effect(original.body[0])
         if call is None or "builtins.print" not in self.context.qualified(call.func):
             return []
-        names = []
-        for node in _lossnames_in(call):
-            if node not in names:
-                names.append(node)
-        return names
+        return list(dict.fromkeys(_loss_names(call)))
 
     def _reduction(self, name: str, original: cst.BaseStatement) -> cst.BaseStatement:
         self.context.report(original, "DDP608", f"prints the mean of `{name}` across ranks, as DataParallel printed the global batch's")
-        argument = f"{name}.item()" if name in _itemnames_in(original) else name
+        argument = f"{name}.item()" if name in _item_names(original) else name
         return cst.parse_statement(f"{name}_mean = ddp_mean({argument})")
 
     def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
@@ -362,19 +335,14 @@ class RankZeroTransform(Transform):
         Conditions on loop counters, attributes (``args.log_interval``), constants and
         ``len()`` are the same on every rank.
         """
-        loop_names: set[str] = set()
-        chain = []
+        loop_names = loop_names_around(node, self.context.parent)
         parent = self.context.parent(node)
         while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-            chain.append(parent)
-            if isinstance(parent, cst.For):
-                loop_names |= {n.value for n in names_in(parent.target)}
-            parent = self.context.parent(parent)
-        for parent in chain:
             if isinstance(parent, cst.ExceptHandler):
                 return False
             if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
                 return False
+            parent = self.context.parent(parent)
         return True
 
 
@@ -382,7 +350,7 @@ def _is_loss(name: str) -> bool:
     return "loss" in name.lower()
 
 
-def _lossnames_in(call: cst.Call) -> list[str]:
+def _loss_names(call: cst.Call) -> list[str]:
     """Names of losses a print shows: ``loss.item()`` and bare ``running_loss``."""
     nodes = walk(call)
     not_variables = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}
@@ -403,7 +371,7 @@ def _is_item_call(node: cst.CSTNode) -> bool:
     )
 
 
-def _itemnames_in(statement: cst.CSTNode) -> set[str]:
+def _item_names(statement: cst.CSTNode) -> set[str]:
     return {n.func.value.value for n in walk(statement) if _is_item_call(n)}
 
 
@@ -413,9 +381,6 @@ class _ReplaceLosses(cst.CSTTransformer):
     def __init__(self, names: list[str]) -> None:
         super().__init__()
         self.names = set(names)
-
-    def visit_statement(self, statement: cst.BaseStatement) -> cst.BaseStatement:
-        return statement.visit(self)
 
     def visit_Call(self, node: cst.Call) -> bool:
         return not (_is_item_call(node) and node.func.value.value in self.names)

@@ -209,29 +209,26 @@ def _written_files(reports: dict[int, dict]) -> dict[str, set[int]]:
 
 
 def written_once(name: str, writers: dict[str, set[int]], what: str) -> Check:
-    if not writers:
-        return Check(name, None, f"no {what} written")
-    shared = {path: ranks for path, ranks in writers.items() if len(ranks) > 1}
-    if shared:
-        path, ranks = sorted(shared.items())[0]
-        more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
-        return Check(name, False, f"{path} written by ranks {_list(sorted(ranks))}{more}")
-    return Check(name, True, f"{len(writers)} {what}(s), each by one rank")
+    return _one_rank_each(name, writers, what, "written by", f"no {what} written")
 
 
 def lines_printed_once(reports: dict[int, dict]) -> Check:
-    name = "no line printed by more than one rank"
     printers: dict[str, set[int]] = defaultdict(set)
     for rank, report in reports.items():
-        for site in report["outputs"]:
-            printers[site].add(rank)
-    if not printers:
-        return Check(name, None, "nothing printed")
-    shared = sorted(site for site, ranks in printers.items() if len(ranks) > 1)
+        for key in report["outputs"]:  # "stdout file:line"
+            printers[key.split(" ", 1)[1]].add(rank)
+    return _one_rank_each("no line printed by more than one rank", printers, "printing line", "printed on", "nothing printed")
+
+
+def _one_rank_each(name: str, owners: dict[str, set[int]], what: str, verb: str, nothing: str) -> Check:
+    """PASS when each path / line belongs to one rank; FAIL names the first shared one."""
+    if not owners:
+        return Check(name, None, nothing)
+    shared = sorted(key for key, ranks in owners.items() if len(ranks) > 1)
     if shared:
         more = f" (and {len(shared) - 1} more)" if len(shared) > 1 else ""
-        return Check(name, False, f"{shared[0].split(' ', 1)[1]} printed on ranks {_list(sorted(printers[shared[0]]))}{more}")
-    return Check(name, True, f"{len(printers)} printing line(s), each on one rank")
+        return Check(name, False, f"{shared[0]} {verb} ranks {_list(sorted(owners[shared[0]]))}{more}")
+    return Check(name, True, f"{len(owners)} {what}(s), each by one rank")
 
 
 def _list(ranks) -> str:

@@ -44,6 +44,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from ddpify.names import WRITE_MODES
+
 # Frames this deep are searched for the user's line behind a write (print -> file.write is
 # one level; logging, pathlib and torch.save a few more).
 USER_FRAME_DEPTH = 20
@@ -81,6 +83,7 @@ class Recorder:
             "status": None,
             "error": None,
             "stopped_at_max_steps": False,
+            "set_epoch_calls": [],
         }
         self._sampler_ids = itertools.count()
         self.max_steps: int | None = None
@@ -152,17 +155,18 @@ class Recorder:
         if not directory:
             return
         rank = self.data["rank"]
-        groups = [[p.detach().cpu().clone() for g in o.param_groups for p in g["params"]] for o in self.optimizers]
-        set_epoch = list(self.data.get("set_epoch_calls", []))
-        _original_save({"params": groups, "set_epoch": set_epoch}, os.path.join(directory, f"rank{rank}.pt"))
+        groups = [[p.detach().cpu().clone() for p in group] for group in self.optimizer_parameters()]
+        _original_save({"params": groups, "set_epoch": self.data["set_epoch_calls"]}, os.path.join(directory, f"rank{rank}.pt"))
         with _original_open(os.path.join(directory, f"rank{rank}.json"), "w") as handle:
             json.dump(self.data, handle)
 
+    def optimizer_parameters(self) -> list[list]:
+        """Each optimizer's parameters, in order."""
+        return [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
+
     def final_parameters(self) -> list:
-        if self.optimizers:
-            tensors = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
-        else:
-            tensors = [p for m in self.ddp_models for p in m.parameters()]
+        tensors = [p for group in self.optimizer_parameters() for p in group]
+        tensors = tensors or [p for m in self.ddp_models for p in m.parameters()]
         return [t.detach().cpu().contiguous().float() for t in tensors]
 
 
@@ -182,7 +186,7 @@ def _env_int(name: str, default: int) -> int:
 # -- patches -------------------------------------------------------------------------------
 
 
-def patch_optimizers(recorder: Recorder, max_steps: int | None) -> None:
+def patch_optimizers(recorder: Recorder) -> None:
     original_init = torch.optim.Optimizer.__init__
 
     def init(self, *args, **kwargs):
@@ -197,16 +201,14 @@ def patch_optimizers(recorder: Recorder, max_steps: int | None) -> None:
         if record is not None:
             record["steps_at_end"] = recorder.data["steps"]
             recorder.training_sites.add(record["site"])
-        if max_steps is not None and recorder.data["steps"] >= max_steps + HARD_STOP_MARGIN:
+        if recorder.max_steps is not None and recorder.data["steps"] >= recorder.max_steps + HARD_STOP_MARGIN:
             raise StopTraining
 
-    recorder.max_steps = max_steps
     torch.optim.Optimizer.__init__ = init
     register_optimizer_step_post_hook(after_step)
 
 
 def patch_samplers(recorder: Recorder, no_shuffle: bool) -> None:
-    recorder.data["set_epoch_calls"] = []
     original_set_epoch = DistributedSampler.set_epoch
     original_sampler_init = DistributedSampler.__init__
     original_loader_init = DataLoader.__init__
@@ -290,7 +292,7 @@ def patch_files(recorder: Recorder) -> None:
         return _original_save(obj, f, *args, **kwargs)
 
     def open_(file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(flag in mode for flag in "wax+"):
+        if isinstance(file, (str, os.PathLike)) and any(flag in mode for flag in WRITE_MODES):
             site = recorder.user_site()
             if site is not None:
                 recorder.data["written_files"].append({"path": os.path.abspath(file), "site": site})
@@ -331,7 +333,8 @@ def main() -> None:
     sys.path[:0] = user_dirs
     max_steps = os.environ.get("DDPIFY_PROBE_MAX_STEPS")
     recorder = Recorder(script, user_dirs)
-    patch_optimizers(recorder, int(max_steps) if max_steps else None)
+    recorder.max_steps = int(max_steps) if max_steps else None
+    patch_optimizers(recorder)
     patch_samplers(recorder, bool(os.environ.get("DDPIFY_PROBE_NO_SHUFFLE")))
     patch_distributed(recorder)
     patch_files(recorder)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ddpify.verify.checks import Check, LaunchOutcome, run_checks
@@ -292,7 +292,7 @@ def _equivalence(original: Path, main: Run, reports: dict, options: VerifyOption
     if not reports or any(r["status"] != 0 for r in reports.values()):
         return Check(name, None, "the converted run did not finish")
     quiet = {"DDPIFY_PROBE_NO_SHUFFLE": "1"}
-    single = VerifyOptions(**{**asdict(options), "nproc": 1, "nnodes_sim": 1, "launcher": "plain"})
+    single = replace(options, nproc=1, nnodes_sim=1, launcher="plain")
     reference = Run(original.resolve(), work / "probe-original", _cwd(options, work / "run-original"), quiet)
     outcome, original_reports = launch(reference, single, {**env, "DDPIFY_PROBE_PATH": ""})
     if outcome.timed_out or 0 not in original_reports or original_reports[0]["status"] != 0:
