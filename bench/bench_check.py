@@ -45,7 +45,12 @@ def main() -> None:
         rows.append(("`ruff check --select F401` torch tree", f"{baseline:.2f} s", f"ratio {check / baseline:.2f}x"))
     script = ROOT / "fixtures" / "e2e" / "fashion_mnist.py"
     rows.append(("`ddpify convert --diff` one file", f"{best_of([ddpify, 'convert', '--diff', str(script)], 5):.3f} s", "whole process"))
+    already = ROOT / "fixtures" / "noop" / "already_ddp.py"  # never says DataParallel: no libcst import
+    rows.append(("`ddpify convert --diff` DDP file", f"{best_of([ddpify, 'convert', '--diff', str(already)], 5):.3f} s", "whole process"))
+    rows.append(("`ddpify check` one file", f"{best_of([ddpify, 'check', '--exit-zero', str(script)], 5):.3f} s", "whole process"))
     rows.append(("`ddpify --help`", f"{best_of([ddpify, '--help'], 5):.3f} s", "whole process"))
+    engine = [sys.executable, "-c", "import ddpify.engine"]
+    rows.append(("`import ddpify.engine` (libcst)", f"{best_of(engine, 5):.3f} s", "whole process"))
     print("| measurement | time | note |\n|---|---|---|")
     for row in rows:
         print(f"| {row[0]} | {row[1]} | {row[2]} |")

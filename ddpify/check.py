@@ -14,16 +14,36 @@ formatting must survive and scopes matter.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, RANK_WORDS, SAMPLER
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, RANK_WORDS, SAMPLER, has_word
 from ddpify.rules import RULES
 
-# Text pre-filter: the words each rule needs in the file before it can fire.
-ANY_FILE = ("DataParallel", "CUDA_VISIBLE_DEVICES")  # DDP100, DDP711 (and DDP code using DDP)
-DDP_CODE = ("print", "save", "cuda", "DistributedSampler")  # DDP5xx-7xx, in torch.distributed code
+# Text pre-filter, per file: what the text must contain before any rule can fire there. Each
+# test is implied by its rules' conditions (tests/test_check.py checks the torch tree), so
+# skipping a file never loses a finding.
+FROM_TORCH_IMPORT_DISTRIBUTED = re.compile(r"from\s+torch\s+import\s+(?:\([^)]*|(?:[^\n]|\\\n)*)\bdistributed\b")
+CUDA_VISIBLE_DEVICES_SET = re.compile(
+    r"""environ\s*\[\s*['"]CUDA_VISIBLE_DEVICES['"]\s*\]\s*=(?!=)|setdefault\s*\(\s*['"]CUDA_VISIBLE_DEVICES"""
+)
+SHUFFLE_TRUE = re.compile(r"shuffle\s*=\s*True")
+# Each starts with a literal, which the regular expression engine finds fast; one pattern of
+# alternatives would be tried at every position.
+DDP_CODE_HAZARDS = tuple(
+    re.compile(pattern)
+    for pattern in (r"print\s*\(", r"save\s*\(", r"cuda:\d", r"cuda\s*\(\s*\d", "device_ids", "DistributedSampler",
+                    r"print\s+as\b", r"save\s+as\b")
+)
+# Per line: a finding's statement holds one of these words (or an import alias of a name the
+# rules look for); statements that do not are not walked, which is most of a large file.
+HAZARD_WORDS = ("DataParallel", "CUDA_VISIBLE_DEVICES", "cuda", "print", "save", "Sampler", "set_epoch", "shuffle",
+                "device_ids")
+DISTRIBUTED_WORDS = ("distributed", "DistributedDataParallel")  # references that make a file DDP code
+ALIASED = DATA_PARALLEL | DDP | SAMPLER | {"torch.save"}  # and torch.distributed.*
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -39,20 +59,70 @@ class CheckOptions:
         return not code.startswith(tuple(self.ignore)) if self.ignore else True
 
 
-def _statements(body: list[ast.stmt]):
-    """Every statement, nested ones too, without descending into expressions (cheap)."""
+BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+NESTED = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+def _statements(body: list[ast.stmt], lines: list[int] | None = None):
+    """Statements, nested ones too, without descending into expressions. With `lines` (sorted
+    line numbers), only those whose span holds one: a block that does not is skipped whole."""
     stack = list(body)
     while stack:
         statement = stack.pop()
+        if lines is not None and not _touches(statement, lines):
+            continue
         yield statement
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+        for field in BLOCKS:
             stack.extend(getattr(statement, field, ()))
 
 
-def _import_table(tree: ast.Module) -> dict[str, str]:
-    """Local name -> qualified name, from every import in the file."""
+def _is_compound(node: ast.AST) -> bool:
+    return any(hasattr(node, field) for field in BLOCKS)
+
+
+def _touches(node: ast.AST, lines: list[int], last: int | None = None) -> bool:
+    """Whether a line in `lines` falls in the node's span (decorators included), or up to `last`."""
+    first = getattr(node, "lineno", None)
+    if first is None:  # match_case has no position of its own
+        return True
+    decorators = getattr(node, "decorator_list", None)
+    if decorators:
+        first = min(first, decorators[0].lineno)
+    index = bisect.bisect_left(lines, first)
+    return index < len(lines) and lines[index] <= (last or node.end_lineno or node.lineno)
+
+
+def _header_end(statement: ast.AST) -> int | None:
+    """The line where a compound statement's first nested block begins (its header ends there)."""
+    nested = next(child for field in BLOCKS for child in getattr(statement, field, ()))
+    position = nested if hasattr(nested, "lineno") else getattr(nested, "pattern", None)
+    return getattr(position, "lineno", None)
+
+
+def _lines_with(source: str, words: Iterable[str]) -> list[int]:
+    """Sorted line numbers (as ast counts them) of lines containing any of the words."""
+    if "\r" in source:  # the parser also ends lines at \r\n and a lone \r
+        source = source.replace("\r\n", "\n").replace("\r", "\n")
+    offsets = []
+    for word in words:  # str.find beats one regular expression of alternatives several times
+        offset = source.find(word)
+        while offset != -1:
+            offsets.append(offset)
+            offset = source.find(word, offset + len(word))
+    lines: list[int] = []
+    line, counted = 1, 0
+    for offset in sorted(offsets):
+        line += source.count("\n", counted, offset)
+        counted = offset
+        if not lines or lines[-1] != line:
+            lines.append(line)
+    return lines
+
+
+def _import_table(tree: ast.Module, lines: list[int] | None = None) -> dict[str, str]:
+    """Local name -> qualified name, from every import in the file (on `lines`, when given)."""
     table: dict[str, str] = {}
-    for node in _statements(tree.body):
+    for node in _statements(tree.body, lines):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -67,23 +137,33 @@ def _import_table(tree: ast.Module) -> dict[str, str]:
 
 
 class Checker:
-    """One flat pass over the tree; rank-0 guards are line ranges found beforehand."""
+    """Flat passes over the statements on given lines; findings are deduplicated by the caller."""
 
-    def __init__(self, imports: dict[str, str], tree: ast.Module) -> None:
+    def __init__(self, imports: dict[str, str]) -> None:
         self.imports = imports
         self.findings: list[tuple[ast.AST, str, bool]] = []  # (node, code, only in DDP code)
-        self.uses_distributed = False
+        # DDP code: the file imports torch.distributed or DDP, or names them (found by run()).
+        self.uses_distributed = any(t.startswith("torch.distributed") or t in DDP for t in imports.values())
         self.samplers: list[ast.Call] = []
         self.calls_set_epoch = False
-        self.guarded = [
-            (node.body[0].lineno, node.end_lineno or node.lineno)
-            for node in _statements(tree.body)
-            if isinstance(node, ast.If) and _mentions_rank(node.test)
-        ]
+        self.guarded: list[tuple[int, int]] = []  # bodies of `if <rank test>:` seen so far
         self.inner_references: set[int] = set()  # `nn` inside `nn.DataParallel`: already qualified
 
-    def run(self, tree: ast.Module) -> None:
-        for node in ast.walk(tree):
+    def run(self, tree: ast.Module, lines: list[int] | None = None) -> None:
+        """Visit the expressions of statements on `lines` (sorted; None: every statement)."""
+        for statement in _statements(tree.body, lines):
+            if isinstance(statement, ast.If) and _mentions_rank(statement.test):
+                # An enclosing `if` comes out of _statements before what it holds.
+                self.guarded.append((statement.body[0].lineno, statement.end_lineno or statement.lineno))
+            if not _is_compound(statement):
+                self._visit_all(statement)
+            elif lines is None or _touches(statement, lines, last=_header_end(statement)):
+                for child in ast.iter_child_nodes(statement):  # headers: tests, iterables, decorators
+                    if not isinstance(child, NESTED):
+                        self._visit_all(child)
+
+    def _visit_all(self, root: ast.AST) -> None:
+        for node in ast.walk(root):
             kind = type(node)
             if kind is ast.Call:
                 self.visit_Call(node)
@@ -182,11 +262,25 @@ def _mentions_rank(test: ast.AST) -> bool:
 
 
 def could_have_findings(source: str) -> bool:
-    if any(word in source for word in ANY_FILE):
+    if has_word(source, "DataParallel"):  # DDP100 (not FullyShardedDataParallel)
         return True
-    if "sampler" in source and "shuffle" in source:  # DDP310
+    if "CUDA_VISIBLE_DEVICES" in source and CUDA_VISIBLE_DEVICES_SET.search(source):  # DDP711
         return True
-    return "distributed" in source and any(word in source for word in DDP_CODE)
+    if "sampler" in source and SHUFFLE_TRUE.search(source):  # DDP310
+        return True
+    return _may_use_distributed(source) and any(p.search(source) for p in DDP_CODE_HAZARDS)  # DDP5xx-7xx
+
+
+def _may_use_distributed(source: str) -> bool:
+    """Whether a name could resolve to torch.distributed or DDP (`Checker.uses_distributed`)."""
+    if "DistributedDataParallel" in source or ".distributed" in source:
+        return True
+    return "distributed" in source and FROM_TORCH_IMPORT_DISTRIBUTED.search(source) is not None
+
+
+def _aliases(imports: dict[str, str]) -> set[str]:
+    """Local names bound straight to a name the rules look for (`DP` in `... import X as DP`)."""
+    return {name for name, target in imports.items() if target in ALIASED}
 
 
 def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[Diagnostic, ...]:
@@ -198,8 +292,11 @@ def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[D
     except (SyntaxError, ValueError) as error:
         line, col = getattr(error, "lineno", 1) or 1, getattr(error, "offset", 1) or 1
         return (Diagnostic(line, col, "DDP001", f"cannot parse: {getattr(error, 'msg', error)}", Severity.ERROR),)
-    checker = Checker(_import_table(tree), tree)
-    checker.run(tree)
+    imports = _import_table(tree, _lines_with(source, ["import"]))
+    checker = Checker(imports)
+    if not checker.uses_distributed:  # `torch.distributed.…` through `import torch`
+        checker.run(tree, _lines_with(source, DISTRIBUTED_WORDS))
+    checker.run(tree, _lines_with(source, HAZARD_WORDS + tuple(_aliases(imports))))
     if not checker.calls_set_epoch:
         for sampler in checker.samplers:
             checker.flag(sampler, "DDP510")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,19 +32,31 @@ class Config:
 
     def excluded(self, path: Path) -> bool:
         """Glob match on the path relative to the project root, or on any of its parts."""
-        try:
-            relative = path.resolve().relative_to(self.root.resolve()).as_posix()
-        except ValueError:
-            relative = path.as_posix()
+        if not self.exclude:
+            return False
+        relative = self.relative(path)
         parts = relative.split("/")
         return any(fnmatch.fnmatch(relative, p) or any(fnmatch.fnmatch(part, p) for part in parts) for p in self.exclude)
 
     def ignores_for(self, path: Path) -> tuple[str, ...]:
-        try:
-            relative = path.resolve().relative_to(self.root.resolve()).as_posix()
-        except ValueError:
-            relative = path.as_posix()
+        if not self.per_file_ignores:
+            return ()
+        relative = self.relative(path)
         return tuple(code for pattern, codes in self.per_file_ignores.items() if fnmatch.fnmatch(relative, pattern) for code in codes)
+
+    def relative(self, path: Path) -> str:
+        """The path relative to the project root, posix style; as given when outside it."""
+        absolute = Path(os.path.abspath(path))  # no file-system calls for the usual case
+        if not absolute.is_relative_to(self.resolved_root):
+            absolute = path.resolve()  # reached through a symbolic link
+        try:
+            return absolute.relative_to(self.resolved_root).as_posix()
+        except ValueError:
+            return path.as_posix()
+
+    @functools.cached_property
+    def resolved_root(self) -> Path:
+        return self.root.resolve()
 
 
 KNOWN = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "per-process-batch"}

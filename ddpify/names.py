@@ -24,3 +24,15 @@ SUMMARY_WRITERS = {
 WRITE_MODES = "wax+"
 # Names in an `if` test that show the code below is already limited to one rank.
 RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
+
+
+def has_word(source: str, word: str) -> bool:
+    """`word` in the text with no identifier character right before or after it: the text
+    pre-filter for DataParallel (not DistributedDataParallel or FullyShardedDataParallel)."""
+    offset = source.find(word)
+    while offset != -1:
+        before, after = source[offset - 1 : offset], source[offset + len(word) : offset + len(word) + 1]
+        if not (before.isidentifier() or before.isdigit() or after.isidentifier() or after.isdigit()):
+            return True
+        offset = source.find(word, offset + 1)
+    return False

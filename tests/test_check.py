@@ -68,6 +68,79 @@ def test_converted_fixtures_check_clean_and_originals_do_not():
         assert "DDP100" in {d.code for d in check_source(expected.with_name(expected.name[:-7] + ".py").read_text())}
 
 
+# Each snippet has a finding on a line that says none of the rule words itself, or a layout the
+# line-selective walk must still reach (aliases, continuation lines, decorators, \r newlines).
+SELECTIVE_WALK_CASES = {
+    "alias": ("from torch.nn import DataParallel as DP\nm = DP(\n    net)\n", [(2, "DDP100")]),
+    "torch alias": (
+        "import torch as th\nth.distributed.init_process_group('gloo')\nif True:\n    print(1)\n",
+        [(4, "DDP611")],
+    ),
+    "parenthesised import": (
+        "from torch import (\n    distributed as d,\n)\nd.barrier()\nprint(2)\n", [(5, "DDP611")],
+    ),
+    "sampler alias": (
+        "import torch.distributed as dist\nfrom torch.utils.data import DistributedSampler as S\nx = S(ds)\n",
+        [(3, "DDP510")],
+    ),
+    "decorator": (
+        "import torch.distributed as dist\n@wrap(print('x'))\ndef f():\n    pass\n", [(2, "DDP611")],
+    ),
+    "lone carriage returns": ("import torch\rimport torch.distributed as dist\rx = 1\rprint(x)\r", [(4, "DDP611")]),
+    "guard far above": (
+        "import torch.distributed as dist\nif dist.get_rank() == 0:\n" + "    x = 1\n" * 50 + "    print(x)\n",
+        [],
+    ),
+    "match": (
+        "import torch.distributed as dist\nmatch x:\n    case [a]:\n        print(a)\n", [(4, "DDP611")],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", SELECTIVE_WALK_CASES)
+def test_selective_walk_finds_what_a_full_walk_finds(name):
+    source, expected = SELECTIVE_WALK_CASES[name]
+    assert sorted(set(codes(source))) == expected
+    assert _exhaustive(source) == expected
+
+
+def _exhaustive(source: str) -> list[tuple[int, str]]:
+    """Every statement walked, no text pre-filter: what check_source must agree with."""
+    import ast
+
+    from ddpify import check
+
+    tree = ast.parse(source)
+    checker = check.Checker(check._import_table(tree))
+    checker.run(tree)
+    for sampler in checker.samplers if not checker.calls_set_epoch else ():
+        checker.flag(sampler, "DDP510")
+    lines = source.splitlines()
+    found = {
+        (node.lineno, code)
+        for node, code, ddp_only in checker.findings
+        if (checker.uses_distributed or not ddp_only) and not check._suppressed(lines[node.lineno - 1], code)
+    }
+    return sorted(found)
+
+
+def test_pre_filter_and_selective_walk_agree_with_a_full_walk_on_real_code():
+    """On torch's own distributed, data and parallel code (findings of every kind), skipping
+    files and statements by their words never changes the findings."""
+    torch_root = Path(pytest.importorskip("torch").__file__).parent
+    folders = ["nn/parallel", "utils/data", "testing/_internal/distributed", "distributed/elastic", "distributed/fsdp"]
+    files = [f for folder in folders for f in sorted((torch_root / folder).rglob("*.py"))]
+    files += sorted(FIXTURES.rglob("*.py"))
+    assert len(files) > 100
+    total = 0
+    for path in files:
+        source = path.read_text(encoding="utf-8")
+        expected = _exhaustive(source)
+        total += len(expected)
+        assert sorted(set(codes(source))) == expected, path
+    assert total > 50  # the sample really exercises the rules
+
+
 def test_every_code_has_an_example_and_the_rule_command_shows_it():
     for code, rule in RULES.items():
         assert rule.before and rule.after and rule.summary

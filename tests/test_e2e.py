@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, fixture_inputs
+from conftest import fixture_inputs
 from ddpify.api import convert_source
 
 torch = pytest.importorskip("torch")

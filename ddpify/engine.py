@@ -1,0 +1,62 @@
+"""The conversion engine: libcst parse, analysis pass, transform pipeline.
+
+Kept apart from ``ddpify.api`` so that ``check`` and files with nothing to convert never
+import libcst (a third of a second on its own).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import analyze
+from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
+from ddpify.transforms import TRANSFORMS
+from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
+
+
+def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
+    """Parse, analyse and rewrite one script's text (see ddpify.api.convert_source)."""
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as error:
+        return _refused(path, source, [Diagnostic(error.raw_line, error.raw_column + 1, "DDP001", f"cannot parse: {error.message}", Severity.ERROR)])
+    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
+    facts = analyze(wrapper)
+    if not facts.wraps and not facts.dp_references and not facts.problems:
+        return FileResult(path, source, source)
+    context = ConversionContext(module, facts, options, MetadataView(wrapper))
+    for problem in facts.problems:
+        context.report(problem.node, problem.code, problem.message, Severity.ERROR)
+    transforms = [transform(context) for transform in TRANSFORMS]
+    for transform in transforms:
+        transform.check()
+    if context.has_errors:
+        return _refused(path, source, context.diagnostics)
+    converted = module.visit(Pipeline(context, transforms))
+    return FileResult(
+        path,
+        source,
+        converted.code,
+        tuple(sorted(set(context.diagnostics))),
+        launch_command(path, context),
+    )
+
+
+def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:
+    errors = sorted({d for d in diagnostics if d.severity is Severity.ERROR})
+    message = "; ".join(f"{d.line}:{d.col}: {d.code} {d.message}" for d in errors)
+    return FileResult(path, source, source, tuple(errors), None, f"not converted: {message}")
+
+
+def launch_command(path: str, context: ConversionContext) -> str:
+    """`torchrun --standalone --nproc-per-node=N path`, N as many GPUs as DataParallel used."""
+    counts = [site.device_count for site in context.facts.wraps if site.device_count]
+    visible = context.visible_devices
+    if counts:
+        nproc = str(max(counts))
+    elif visible and all(part.strip().isdigit() for part in visible.split(",")):
+        nproc = str(len(visible.split(",")))
+    else:
+        nproc = "gpu"  # torchrun: one process per visible GPU, as DataParallel used them all
+    prefix = f"CUDA_VISIBLE_DEVICES={visible} " if visible else ""
+    return f"{prefix}torchrun --standalone --nproc-per-node={nproc} {path}"
