@@ -47,3 +47,8 @@ def test_golden(case: Path, update_golden: bool) -> None:
     assert again.output == result.output, "converting twice must equal converting once"
     if result.error:
         assert result.output == source, "a refused file is left byte-identical"
+    assert _trailing_whitespace(result.output) <= _trailing_whitespace(source), "no new trailing whitespace"
+
+
+def _trailing_whitespace(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line != line.rstrip())

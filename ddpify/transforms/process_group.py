@@ -133,7 +133,7 @@ class ProcessGroupTransform(Transform):
 
     def _wrap(self, block: Block, start: int) -> Block:
         """Call set-up before block[start] and run block[start:] inside try/finally."""
-        body = [statement for _, statement in block[start:]]
+        body = [_without_indented_blanks(statement) for _, statement in block[start:]]
         first = body[0]
         blank = 0
         while blank < len(first.leading_lines) and first.leading_lines[blank].comment is None:
@@ -163,3 +163,12 @@ class ProcessGroupTransform(Transform):
             rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
         return [*block[:at], *helpers, *rest]
 
+
+def _without_indented_blanks(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """Module-level blank lines are marked as indented; one level down that would write the new
+    block's indentation as trailing whitespace. Keep them empty (comments stay indented)."""
+    lines = [
+        line.with_changes(indent=False) if line.comment is None and not line.whitespace.value else line
+        for line in statement.leading_lines
+    ]
+    return statement.with_changes(leading_lines=lines)
