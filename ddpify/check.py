@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, RANK_WORDS, SAMPLER, has_word
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, PROGRESS_BARS, RANK_WORDS, SAMPLER, SUMMARY_WRITERS, has_word
 from ddpify.rules import RULES
 
 # Text pre-filter, per file: what the text must contain before any rule can fire there. Each
@@ -36,14 +36,15 @@ SHUFFLE_TRUE = re.compile(r"shuffle\s*=\s*True")
 DDP_CODE_HAZARDS = tuple(
     re.compile(pattern)
     for pattern in (r"print\s*\(", r"save\s*\(", r"cuda:\d", r"cuda\s*\(\s*\d", "device_ids", "DistributedSampler",
-                    r"print\s+as\b", r"save\s+as\b")
+                    r"print\s+as\b", r"save\s+as\b", "tqdm", "SummaryWriter", "wandb")
 )
 # Per line: a finding's statement holds one of these words (or an import alias of a name the
 # rules look for); statements that do not are not walked, which is most of a large file.
 HAZARD_WORDS = ("DataParallel", "CUDA_VISIBLE_DEVICES", "cuda", "print", "save", "Sampler", "set_epoch", "shuffle",
-                "device_ids")
+                "device_ids", "tqdm", "trange", "SummaryWriter", "init(")
 DISTRIBUTED_WORDS = ("distributed", "DistributedDataParallel")  # references that make a file DDP code
-ALIASED = DATA_PARALLEL | DDP | SAMPLER | {"torch.save"}  # and torch.distributed.*
+TRACKERS = SUMMARY_WRITERS | {"wandb.init"}
+ALIASED = DATA_PARALLEL | DDP | SAMPLER | PROGRESS_BARS | TRACKERS | {"torch.save"}
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -147,6 +148,7 @@ class Checker:
         self.samplers: list[ast.Call] = []
         self.calls_set_epoch = False
         self.guarded: list[tuple[int, int]] = []  # bodies of `if <rank test>:` seen so far
+        self.guarded_nodes: set[int] = set()  # inside `x if <rank test> else y`
         self.inner_references: set[int] = set()  # `nn` inside `nn.DataParallel`: already qualified
 
     def run(self, tree: ast.Module, lines: list[int] | None = None) -> None:
@@ -173,9 +175,11 @@ class Checker:
                 self.visit_Constant(node)
             elif kind is ast.Assign:
                 self.visit_Assign(node)
+            elif kind is ast.IfExp and _mentions_rank(node.test):  # `SummaryWriter() if rank == 0 else None`
+                self.guarded_nodes.update(id(inner) for inner in ast.walk(node.body))
 
     def is_guarded(self, node: ast.AST) -> bool:
-        return any(start <= node.lineno <= end for start, end in self.guarded)
+        return id(node) in self.guarded_nodes or any(start <= node.lineno <= end for start, end in self.guarded)
 
     def qualify(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Name):
@@ -218,6 +222,10 @@ class Checker:
             self.flag(node, "DDP610")
         elif name == "builtins.print" and not self.is_guarded(node):
             self.flag(node, "DDP611")
+        elif name in PROGRESS_BARS and not self.is_guarded(node) and all(k.arg not in ("disable", None) for k in node.keywords):
+            self.flag(node, "DDP612")
+        elif name in TRACKERS and not self.is_guarded(node):
+            self.flag(node, "DDP613")
         elif name in DDP:
             self._check_device_ids(node)
         elif name == "os.environ.setdefault" and node.args and _string(node.args[0]) == "CUDA_VISIBLE_DEVICES":

@@ -204,10 +204,14 @@ def _with_ignores(base, extra: tuple[str, ...]):
 
 
 @app.command()
-def rule(code: str = typer.Argument(..., help="A code, e.g. DDP510.")) -> None:
-    """Explain a check code, with a before/after example."""
+def rule(code: Optional[str] = typer.Argument(None, help="A code, e.g. DDP510; none lists every code.")) -> None:
+    """Explain a check code, with a before/after example (no code: list them all)."""
     from ddpify.rules import RULES
 
+    if code is None:
+        for known in RULES.values():
+            typer.echo(f"{known.code}  {known.name:<28} {known.summary}{'  [fixable]' if known.fixable else ''}")
+        return
     found = RULES.get(code.upper())
     if found is None:
         _fail(f"unknown code {code}; known: {', '.join(RULES)}")

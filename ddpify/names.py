@@ -20,6 +20,7 @@ SUMMARY_WRITERS = {
     "torch.utils.tensorboard.writer.SummaryWriter",
     "tensorboardX.SummaryWriter",
 }
+PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
 # Mode letters of open() that write (shared by the converter and the verify probe).
 WRITE_MODES = "wax+"
 # Names in an `if` test that show the code below is already limited to one rank.

@@ -71,6 +71,25 @@ RULES: dict[str, Rule] = {
             "if dist.get_rank() == 0:\n    print(f'epoch {epoch} loss {loss:.4f}')\n",
         ),
         Rule(
+            "DDP612",
+            "progress-bar-on-every-rank",
+            "progress bar drawn by every rank: pass disable=dist.get_rank() != 0",
+            "Each process draws its own tqdm bar on the same terminal, so N bars overwrite each other.",
+            "for x, y in tqdm(loader):\n",
+            "for x, y in tqdm(loader, disable=dist.get_rank() != 0):\n",
+            fixable=True,
+        ),
+        Rule(
+            "DDP613",
+            "tracker-on-every-rank",
+            "experiment tracker started on every rank: create it on rank 0 only",
+            "A SummaryWriter or wandb.init() on every process writes N event files or starts N runs "
+            "for one training job.",
+            "writer = SummaryWriter('runs/exp')\n",
+            "writer = SummaryWriter('runs/exp') if dist.get_rank() == 0 else None\n",
+            fixable=True,
+        ),
+        Rule(
             "DDP710",
             "hard-coded-device",
             "hard-coded GPU index in DDP code: every rank would use that GPU; use the local rank's device",

@@ -49,6 +49,22 @@ def test_data_parallel_is_flagged_in_any_file():
     assert codes("import torch\nm = torch.nn.DataParallel(net)\n") == [(2, "DDP100")]
 
 
+def test_progress_bars_and_trackers_on_every_rank():
+    source = (
+        "import torch.distributed as dist\nimport wandb as wb\nfrom tqdm import tqdm, trange as tr\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "w = SummaryWriter('runs')\n"  # 5: every rank
+        "w2 = SummaryWriter('runs') if dist.get_rank() == 0 else None\n"
+        "run = wb.init(project='x')\n"  # 7: every rank
+        "for x in tqdm(range(3)):\n    pass\n"  # 8: every rank draws
+        "for x in tr(3, disable=dist.get_rank() != 0):\n    pass\n"
+        "for x in tqdm(range(3), **options):\n    pass\n"
+        "if dist.get_rank() == 0:\n    bar = tqdm(range(3))\n"
+    )
+    assert codes(source) == [(5, "DDP613"), (7, "DDP613"), (8, "DDP612")]
+    assert _exhaustive(source) == [(5, "DDP613"), (7, "DDP613"), (8, "DDP612")]
+
+
 def test_ddp_rules_do_not_fire_outside_ddp_code():
     assert codes('import torch\nprint("x")\nx = torch.zeros(1).cuda(0)\n') == []
 
@@ -147,6 +163,8 @@ def test_every_code_has_an_example_and_the_rule_command_shows_it():
         result = runner.invoke(app, ["rule", code.lower()])
         assert result.exit_code == 0 and "Before:" in result.output and "After:" in result.output
     assert runner.invoke(app, ["rule", "DDP999"]).exit_code == 2
+    listing = runner.invoke(app, ["rule"])
+    assert listing.exit_code == 0 and [line.split()[0] for line in listing.output.splitlines()] == list(RULES)
 
 
 @pytest.fixture

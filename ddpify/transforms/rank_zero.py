@@ -73,7 +73,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, under_rank_guard, walk
-from ddpify.names import SUMMARY_WRITERS, WRITE_MODES
+from ddpify.names import PROGRESS_BARS, SUMMARY_WRITERS, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
@@ -87,7 +87,6 @@ SIDE_EFFECTS = {
     *(f"os.{name}" for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir")),
     *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
 }
-PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
 OPEN = {"builtins.open", "io.open"}
 GUARD = "dist.get_rank() == 0"
 OTHER_RANKS = "dist.get_rank() != 0"
