@@ -27,7 +27,7 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER, SUMMARY_WRITERS
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER, TRACKER_FACTORIES
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
 DEVICE_COUNT = "torch.cuda.device_count"
@@ -101,7 +101,7 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
-    summary_writers: set[str] = field(default_factory=set)  # `writer` / `self.writer` targets
+    trackers: set[str] = field(default_factory=set)  # `writer` / `self.run` = SummaryWriter(), wandb.init()
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
 
     @property
@@ -301,8 +301,8 @@ class Analyzer(cst.CSTVisitor):
             self.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
         elif names & DATA_LOADER:
             self._record_loader(node)
-        elif names & SUMMARY_WRITERS and isinstance(assignment := self.parent(node), cst.Assign):
-            self.facts.summary_writers.update(filter(None, (dotted(t.target) for t in assignment.targets)))
+        elif names & TRACKER_FACTORIES and isinstance(assignment := self.parent(node), cst.Assign):
+            self.facts.trackers.update(filter(None, (dotted(t.target) for t in assignment.targets)))
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
             self.facts.has_training_step = True
             for loop in self._loops[-1]:

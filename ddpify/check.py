@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, PROGRESS_BARS, RANK_WORDS, SAMPLER, SUMMARY_WRITERS, has_word
+from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, PROGRESS_BARS, RANK_WORDS, SAMPLER, TRACKER_FACTORIES, has_word
 from ddpify.rules import RULES
 
 # Text pre-filter, per file: what the text must contain before any rule can fire there. Each
@@ -43,8 +43,7 @@ DDP_CODE_HAZARDS = tuple(
 HAZARD_WORDS = ("DataParallel", "CUDA_VISIBLE_DEVICES", "cuda", "print", "save", "Sampler", "set_epoch", "shuffle",
                 "device_ids", "tqdm", "trange", "SummaryWriter", "init(")
 DISTRIBUTED_WORDS = ("distributed", "DistributedDataParallel")  # references that make a file DDP code
-TRACKERS = SUMMARY_WRITERS | {"wandb.init"}
-ALIASED = DATA_PARALLEL | DDP | SAMPLER | PROGRESS_BARS | TRACKERS | {"torch.save"}
+ALIASED = DATA_PARALLEL | DDP | SAMPLER | PROGRESS_BARS | TRACKER_FACTORIES | {"torch.save"}
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -224,7 +223,7 @@ class Checker:
             self.flag(node, "DDP611")
         elif name in PROGRESS_BARS and not self.is_guarded(node) and all(k.arg not in ("disable", None) for k in node.keywords):
             self.flag(node, "DDP612")
-        elif name in TRACKERS and not self.is_guarded(node):
+        elif name in TRACKER_FACTORIES and not self.is_guarded(node):
             self.flag(node, "DDP613")
         elif name in DDP:
             self._check_device_ids(node)

@@ -20,6 +20,8 @@ SUMMARY_WRITERS = {
     "torch.utils.tensorboard.writer.SummaryWriter",
     "tensorboardX.SummaryWriter",
 }
+# Calls that return an experiment-tracker object: made on rank 0 only, its method calls guarded.
+TRACKER_FACTORIES = SUMMARY_WRITERS | {"wandb.init"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
 # Mode letters of open() that write (shared by the converter and the verify probe).
 WRITE_MODES = "wax+"

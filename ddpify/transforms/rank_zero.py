@@ -9,7 +9,9 @@ would hang. Such a statement is left alone and reported.
 Side effects: ``print``, ``sys.stdout/stderr.write``, ``tqdm.write``, ``torch.save``,
 ``shutil`` copies/moves/removals, ``os.remove/unlink/rename/replace/mkdir/rmdir``,
 ``wandb.init/log/save/watch/finish`` statements, method calls on a tensorboard
-``SummaryWriter``, and ``with open(path, "w"/"a"/"x") as f:`` blocks.
+``SummaryWriter`` or a ``wandb.init()`` run, and ``with open(path, "w"/"a"/"x") as f:`` blocks.
+``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on rank 0 only (None on
+the others, DDP606).
 
 DDP601  guarded; after a guarded ``torch.save`` the other ranks wait at a barrier, so
 nothing reads a half-written checkpoint::
@@ -73,7 +75,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, under_rank_guard, walk
-from ddpify.names import PROGRESS_BARS, SUMMARY_WRITERS, WRITE_MODES
+from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
@@ -103,7 +105,7 @@ class RankZeroTransform(Transform):
         call = statement.value
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
-        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self.facts.summary_writers:
+        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self.facts.trackers:
             return call
         return None
 
@@ -201,12 +203,13 @@ class RankZeroTransform(Transform):
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         value = original_node.value
-        if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & SUMMARY_WRITERS):
+        if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & TRACKER_FACTORIES):
             return updated_node
         if self._under_rank_guard(original_node):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
-        self.context.report(original_node, "DDP606", "SummaryWriter created on rank 0 only (None on the others)")
+        what = self.context.code(value.func)
+        self.context.report(original_node, "DDP606", f"{what}(...) made on rank 0 only (None on the others, its method calls guarded)")
         on_rank_zero = cst.parse_expression(f"_ if {GUARD} else None").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
