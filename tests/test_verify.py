@@ -156,7 +156,7 @@ def test_cannot_run_exits_2(arguments, message):
 
 
 def test_refused_conversion_exits_2():
-    result = cli.invoke(app, ["verify", str(FIXTURES / "loaders" / "dataset_in_call.py")])
+    result = cli.invoke(app, ["verify", str(FIXTURES / "loaders" / "positional_options.py")])
     assert result.exit_code == 2 and "not converted" in result.output
 
 

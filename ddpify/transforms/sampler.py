@@ -16,8 +16,18 @@ DDP301  sampler added::
 DDP302  (warning) the loader already has ``sampler=`` / ``batch_sampler=``: left alone;
 shard it by hand.
 
-DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in the
-call, or options are passed by position): the file is left untouched.
+DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in a call
+that is not a plain assignment statement, or options are passed by position): the file is
+left untouched.
+
+DDP305  a dataset built inside the loader call moves to a variable just above it, so the
+sampler shares it (evaluated once, as before)::
+
+    train_loader = DataLoader(datasets.MNIST("data", download=True), batch_size=64)
+    # becomes
+    train_dataset = datasets.MNIST("data", download=True)
+    train_loader = DataLoader(train_dataset, batch_size=ddp_local_batch_size(64),
+                              sampler=DistributedSampler(train_dataset, shuffle=False))
 
 DDP304  (warning) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
@@ -27,9 +37,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import LoaderSite, first_positional
+from ddpify.analysis import LoaderSite, dotted, first_positional, walk
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
+from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
 SAMPLER_IMPORT = ("torch.utils.data.distributed", "DistributedSampler", None)
 # Dataset expressions that can be evaluated twice (in the loader and in the sampler).
@@ -38,6 +48,12 @@ REPEATABLE = (cst.Name, cst.Attribute, cst.Subscript)
 
 class SamplerTransform(Transform):
     CODE_PREFIX = "DDP3"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        # loader statement (original) -> (new variable, dataset expression) to put above it
+        self._hoisted: dict[cst.SimpleStatementLine, tuple[str, cst.BaseExpression]] = {}
+        self._taken: set[str] | None = None  # names the module already uses
 
     def check(self) -> None:
         for site in self.facts.training_loaders:
@@ -65,9 +81,71 @@ class SamplerTransform(Transform):
         dataset = first_positional(call, "dataset")
         if dataset is None:
             return "no dataset argument"
-        if not isinstance(dataset, REPEATABLE):
+        if not isinstance(dataset, REPEATABLE) and self._assignment_statement(call) is None:
             return "its dataset is built inside the call; assign the dataset to a variable first"
         return None
+
+    def _assignment_statement(self, call: cst.Call) -> cst.SimpleStatementLine | None:
+        """The `target = DataLoader(...)` statement line (alone on it, in a block), else None."""
+        assign = self.context.parent(call)
+        line = self.context.parent(assign) if isinstance(assign, (cst.Assign, cst.AnnAssign)) else None
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1 or assign.value is not call:
+            return None
+        return line if isinstance(self.context.parent(line), (cst.Module, cst.IndentedBlock)) else None
+
+    def _fresh_name(self, target: str | None) -> str:
+        """`train_loader` -> `train_dataset`; a name nothing in the module uses yet."""
+        if self._taken is None:
+            self._taken = {node.value for node in walk(self.context.module) if isinstance(node, cst.Name)}
+        last = (target or "dataset").split(".")[-1]
+        base = last.replace("loader", "dataset") if "loader" in last else f"{last}_dataset"
+        name, number = base, 2
+        while name in self._taken:
+            name, number = f"{base}_{number}", number + 1
+        self._taken.add(name)
+        return name
+
+    def _hoist_dataset(self, original: cst.Call, updated: cst.Call, site: LoaderSite) -> tuple[cst.Call, cst.Name]:
+        """Move a dataset built in the call to a new variable above the statement."""
+        dataset_arg = next(arg for arg in updated.args if arg.value is first_positional(updated, "dataset"))
+        name = self._fresh_name(site.target)
+        statement = self._assignment_statement(original)
+        value = self._realigned(first_positional(original, "dataset"), dataset_arg.value, statement, len(name) + 3)
+        self._hoisted[statement] = (name, value)
+        self.context.report(original, "DDP305", f"dataset built in the DataLoader call moved to `{name}` for the sampler")
+        return replace_arg(updated, dataset_arg, dataset_arg.with_changes(value=cst.Name(name))), cst.Name(name)
+
+    def _realigned(self, original, updated, statement, prefix: int) -> cst.BaseExpression:
+        """Shift continuation lines by as many columns as the expression moves (`name = ` now
+        precedes it), so arguments aligned under its opening bracket stay aligned."""
+        code = self.context.code(updated)
+        if "\n" not in code or any(
+            isinstance(node, (cst.SimpleString, cst.FormattedString)) and "\n" in self.context.code(node)
+            for node in walk(updated)
+        ):
+            return updated  # one line, or a multi-line string whose text must not change
+        shift = self.context.position(statement)[1] + prefix - self.context.position(original)[1]
+        lines = code.split("\n")
+        moved = [lines[0]]
+        for line in lines[1:]:
+            spaces = len(line) - len(line.lstrip(" "))
+            moved.append(" " * max(0, spaces + shift) + line[spaces:] if line.strip() else line)
+        try:
+            return cst.parse_expression("\n".join(moved))
+        except cst.ParserSyntaxError:
+            return updated
+
+    def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        result: Block = []
+        for original, updated in block:
+            if original in self._hoisted:
+                name, dataset = self._hoisted[original]
+                assign = cst.Assign(targets=[cst.AssignTarget(cst.Name(name))], value=dataset)
+                # Paired with the loader's original statement: it is part of it (downloads, guards).
+                result.append((original, cst.SimpleStatementLine([assign], leading_lines=updated.leading_lines)))
+                updated = updated.with_changes(leading_lines=[])
+            result.append((original, updated))
+        return result
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         site: LoaderSite | None = self.facts.loaders.get(original_node)
@@ -84,14 +162,14 @@ class SamplerTransform(Transform):
             return updated_node
         self.context.sharded_loaders.add(original_node)
         self.context.add_import(*SAMPLER_IMPORT)
+        dataset = first_positional(updated_node, "dataset")
+        if not isinstance(dataset, REPEATABLE):
+            updated_node, dataset = self._hoist_dataset(original_node, updated_node, site)
         shuffle = keyword_arg(updated_node, "shuffle")
         shuffle_value = shuffle.value if shuffle else cst.Name("False")
         sampler = cst.Call(
             func=cst.Name("DistributedSampler"),
-            args=[
-                cst.Arg(first_positional(updated_node, "dataset").deep_clone()),
-                keyword("shuffle", shuffle_value),
-            ],
+            args=[cst.Arg(dataset.deep_clone()), keyword("shuffle", shuffle_value)],
         )
         self.context.report(
             original_node,
