@@ -10,7 +10,7 @@ from pathlib import Path
 
 try:  # Python 3.11+
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10 without tomli reads no config
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10: tomli is a dependency there
     try:
         import tomli as tomllib
     except ModuleNotFoundError:
