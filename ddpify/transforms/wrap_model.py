@@ -14,6 +14,11 @@ DDP102  a ``device_count() > 1`` guard around the wrap now asks for the world si
 every rank wraps (also CPU ranks, which see no GPU)::
 
     if torch.cuda.device_count() > 1:        ->   if dist.get_world_size() > 1:
+    n_gpu = torch.cuda.device_count()         (kept; only the guard changes)
+    if n_gpu > 1:                             ->   if dist.get_world_size() > 1:
+
+A variable (or attribute such as ``args.n_gpu``) counts as the GPU count when every
+assignment to it in the file is ``torch.cuda.device_count()``.
 
 DDP103  (warning) the wrap sits under another condition: under DDP it must run on every
 rank whenever the world is larger than one.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, first_positional
+from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, keyword
 
@@ -39,7 +44,8 @@ class WrapModelTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.sites = {site.outer: site for site in self.facts.wraps}
-        self.device_count_calls: set[cst.Call] = set()
+        self.device_count_calls: set[cst.CSTNode] = set()  # calls, or names holding the count
+        self._gpu_count_names: set[str] | None = None
         for site in self.facts.wraps:
             self._classify_guards(site)
 
@@ -50,12 +56,14 @@ class WrapModelTransform(Transform):
                 for node in calls_in(guard.test)
                 if DEVICE_COUNT in self.context.qualified(node.func)
             ]
-            if calls:
-                self.device_count_calls.update(calls)
+            names = self._gpu_count_references(guard.test)
+            if calls or names:
+                self.device_count_calls.update([*calls, *names])
+                counted = ", ".join(self.context.code(node) for node in [*calls, *names])
                 self.context.report(
                     guard.test,
                     "DDP102",
-                    "torch.cuda.device_count() in the guard around the wrap -> dist.get_world_size()",
+                    f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()",
                 )
             else:
                 self.context.report(
@@ -66,10 +74,40 @@ class WrapModelTransform(Transform):
                     Severity.WARNING,
                 )
 
+    def _gpu_count_references(self, node: cst.CSTNode) -> list[cst.CSTNode]:
+        """Variables / attributes in `node` that hold torch.cuda.device_count()."""
+        if self._gpu_count_names is None:
+            self._gpu_count_names = self._names_assigned_only_gpu_count()
+        if isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) in self._gpu_count_names:
+            return [node]
+        if isinstance(node, cst.Attribute):  # `.attr` names a field, not a variable
+            return self._gpu_count_references(node.value)
+        return [found for child in node.children for found in self._gpu_count_references(child)]
+
+    def _names_assigned_only_gpu_count(self) -> set[str]:
+        """`n_gpu` / `args.n_gpu` when every assignment to it is torch.cuda.device_count()."""
+        counts: set[str] = set()
+        others: set[str] = set()
+        for node in walk(self.context.module):
+            if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                value = node.value
+                is_count = (
+                    not isinstance(node, cst.AugAssign)
+                    and isinstance(value, cst.Call)
+                    and DEVICE_COUNT in self.context.qualified(value.func)
+                )
+                for target in targets:
+                    (counts if is_count else others).update(_bound(target))
+            elif isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
+                others.update(_bound(node.target))
+            elif isinstance(node, cst.AsName):
+                others.update(_bound(node.name))
+        return counts - others
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.device_count_calls:
-            self.context.add_import("torch.distributed", None, "dist")
-            return cst.parse_expression("dist.get_world_size()")
+            return self._world_size()
         site = self.sites.get(original_node)
         if site is None:
             return updated_node
@@ -104,11 +142,29 @@ class WrapModelTransform(Transform):
         self.context.add_import(*DDP_IMPORT)
         return cst.Name("DistributedDataParallel")
 
+    def _world_size(self) -> cst.BaseExpression:
+        self.context.add_import("torch.distributed", None, "dist")
+        return cst.parse_expression("dist.get_world_size()")
+
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
+        if original_node in self.device_count_calls:
+            return self._world_size()
         return self._reference(original_node, updated_node)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
+        if original_node in self.device_count_calls:
+            return self._world_size()
         return self._reference(original_node, updated_node)
+
+
+def _bound(target: cst.BaseExpression) -> list[str]:
+    """`a`, `self.a` for an assignment target; each element of a tuple/list target."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _bound(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _bound(target.value)
+    name = dotted(target)
+    return [name] if name else []
 
 
 def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
