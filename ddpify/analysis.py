@@ -411,7 +411,7 @@ class Analyzer(cst.CSTVisitor):
                 continue
             if statement is self.facts.main_guard:
                 return statement
-            if isinstance(statement, cst.SimpleStatementLine) and self._is_declaration(statement):
+            if self._declares_only(statement):
                 continue
             if self.facts.main_guard is not None and self._is_configuration(statement, configuration):
                 continue
@@ -430,6 +430,24 @@ class Analyzer(cst.CSTVisitor):
             if isinstance(small, cst.Assign):
                 configuration.update(filter(None, (dotted(t.target) for t in small.targets)))
         return True
+
+    def _declares_only(self, statement: cst.CSTNode) -> bool:
+        """Declarations, also inside `if TYPE_CHECKING:` and `try: import x except ImportError:`."""
+        if isinstance(statement, cst.SimpleStatementLine):
+            return self._is_declaration(statement)
+        if isinstance(statement, cst.If):
+            parts = [statement.body, statement.orelse]
+            if calls_in(statement.test):
+                return False
+        elif isinstance(statement, cst.Try):
+            parts = [statement.body, *statement.handlers, statement.orelse, statement.finalbody]
+        elif isinstance(statement, (cst.Else, cst.ExceptHandler, cst.Finally)):
+            parts = [statement.body]
+        elif isinstance(statement, cst.IndentedBlock):
+            parts = list(statement.body)
+        else:
+            return False
+        return all(part is None or self._declares_only(part) for part in parts)
 
     def _is_declaration(self, line: cst.SimpleStatementLine) -> bool:
         """Imports, docstrings and assignments without calls: safe before set-up."""

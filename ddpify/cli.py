@@ -102,7 +102,8 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
         marker = "" if diagnostic.severity is Severity.CHANGE else f" [{diagnostic.severity.value}]"
         say(f"  {diagnostic.concise(result.path)}{marker}")
     target = str(output) if output and not diff else result.path
-    say(f"  launch: {result.launch_command.replace(result.path, target)}")
+    if result.launch_command:  # None for a module that only names the class
+        say(f"  launch: {result.launch_command.replace(result.path, target)}")
     return EXIT_FINDINGS if diff else EXIT_OK
 
 

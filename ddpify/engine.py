@@ -10,7 +10,7 @@ import libcst as cst
 
 from ddpify.analysis import analyze
 from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
-from ddpify.transforms import TRANSFORMS
+from ddpify.transforms import REFERENCES_ONLY, TRANSFORMS
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -27,7 +27,10 @@ def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
     context = ConversionContext(module, facts, options, MetadataView(wrapper))
     for problem in facts.problems:
         context.report(problem.node, problem.code, problem.message, Severity.ERROR)
-    transforms = [transform(context) for transform in TRANSFORMS]
+    # A module that only names the class (isinstance checks in a library) gets those names
+    # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
+    chosen = TRANSFORMS if facts.wraps else REFERENCES_ONLY
+    transforms = [transform(context) for transform in chosen]
     for transform in transforms:
         transform.check()
     if context.has_errors:
@@ -38,7 +41,7 @@ def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
         source,
         converted.code,
         tuple(sorted(set(context.diagnostics))),
-        launch_command(path, context),
+        launch_command(path, context) if facts.wraps else None,
     )
 
 

@@ -69,6 +69,24 @@ def test_diff_of_nothing_to_convert_exits_zero(tmp_path):
     assert runner.invoke(app, ["convert", "--diff", str(path)]).exit_code == 0
 
 
+def test_module_that_only_names_the_class_gets_no_launch_line(tmp_path):
+    path = write(tmp_path, "helpers.py", (FIXTURES / "wrap" / "reference_only.py").read_text())
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 0 and "DDP104" in result.output and "launch:" not in result.output
+    assert "ddp_setup" not in path.read_text()
+
+
+def test_check_and_no_op_convert_never_import_libcst(tmp_path):
+    path = write(tmp_path, "already.py", (FIXTURES / "noop" / "already_ddp.py").read_text())
+    code = (
+        "import sys\nfrom ddpify.api import convert_file\nfrom ddpify.check import check_source\n"
+        f"convert_file({str(path)!r}); check_source(open({str(path)!r}).read())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'libcst'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_parse_error_exits_two_and_leaves_file(tmp_path):
     text = "import torch\nmodel = torch.nn.DataParallel(\n"
     path = write(tmp_path, "broken.py", text)

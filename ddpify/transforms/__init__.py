@@ -27,3 +27,5 @@ TRANSFORMS = (
     ProcessGroupTransform,
     ImportsTransform,
 )
+# For a module that names DataParallel but never wraps a model.
+REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)

@@ -112,7 +112,7 @@ class ProcessGroupTransform(Transform):
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         anchor = self.facts.setup_anchor
-        if owner is anchor:  # the `__main__` block: everything in it runs inside try
+        if owner is anchor and anchor is self.facts.main_guard:  # everything in it runs inside try
             return self._wrap(block, 0)
         if not isinstance(owner, cst.Module):
             return block
