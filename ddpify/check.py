@@ -9,6 +9,11 @@ commit of a large repository, and needs no byte-exact output. The standard libra
 parser is an order of magnitude faster than libcst with scope metadata (docs/performance.md),
 and import aliases are resolved by a small table below. ``convert`` keeps libcst, where
 formatting must survive and scopes matter.
+
+Speed on large trees (docs/performance.md): a per-rule text pre-filter skips files no rule
+can fire in, and within a parsed file only statements whose lines hold a rule word (or an
+import alias of a name a rule looks for) are walked. Both are implied by the rules'
+conditions; tests/test_check.py holds them to a full walk on torch's own code.
 """
 
 from __future__ import annotations
