@@ -102,6 +102,9 @@ class Facts:
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
     trackers: set[str] = field(default_factory=set)  # `writer` / `self.run` = SummaryWriter(), wandb.init()
+    names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
+    # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
+    gpu_count_names: set[str] = field(default_factory=set)
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
 
     @property
@@ -175,6 +178,16 @@ def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
     return names
 
 
+def bound_names(target: cst.BaseExpression) -> list[str]:
+    """`a`, `self.a` for an assignment target; each element of a tuple/list target."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in bound_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return bound_names(target.value)
+    name = dotted(target)
+    return [name] if name else []
+
+
 def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node` and everything below it, in source order."""
     found: list[cst.CSTNode] = []
@@ -228,6 +241,7 @@ class Analyzer(cst.CSTVisitor):
         self._calls: list[tuple[cst.Call, Context]] = []
         self._training_loops: dict[Loop, Context] = {}
         self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
+        self._other_bindings: set[str] = set()  # names bound to anything but device_count()
 
     # -- helpers -----------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:
@@ -274,6 +288,7 @@ class Analyzer(cst.CSTVisitor):
     def visit_For(self, node: cst.For) -> None:
         self.facts.contexts[node] = self.context()
         self._loops[-1].append(node)
+        self._other_bindings.update(bound_names(node.target))
 
     def leave_For(self, original_node: cst.For) -> None:
         self._loops[-1].pop()
@@ -302,7 +317,7 @@ class Analyzer(cst.CSTVisitor):
         elif names & DATA_LOADER:
             self._record_loader(node)
         elif names & TRACKER_FACTORIES and isinstance(assignment := self.parent(node), cst.Assign):
-            self.facts.trackers.update(filter(None, (dotted(t.target) for t in assignment.targets)))
+            self.facts.trackers.update(name for t in assignment.targets for name in bound_names(t.target))
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
             self.facts.has_training_step = True
             for loop in self._loops[-1]:
@@ -312,7 +327,30 @@ class Analyzer(cst.CSTVisitor):
         self._check_reference(node)
 
     def visit_Name(self, node: cst.Name) -> None:
+        self.facts.names.add(node.value)
         self._check_reference(node)
+
+    # -- bindings of the GPU count -----------------------------------------------------
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        counted = isinstance(node.value, cst.Call) and DEVICE_COUNT in self.qualified(node.value.func)
+        for target in node.targets:
+            (self.facts.gpu_count_names if counted else self._other_bindings).update(bound_names(target.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._other_bindings.update(bound_names(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._other_bindings.update(bound_names(node.target))
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._other_bindings.update(bound_names(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._other_bindings.update(bound_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._other_bindings.update(bound_names(node.name))
 
     def _check_reference(self, node: cst.Attribute | cst.Name) -> None:
         names = self.qualified(node)
@@ -387,6 +425,7 @@ class Analyzer(cst.CSTVisitor):
 
     # -- after the walk ------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
+        self.facts.gpu_count_names -= self._other_bindings
         if self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references):
             # Half-converted by hand: mixing our set-up with the user's would run it twice.
             self.problem(

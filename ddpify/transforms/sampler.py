@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import LoaderSite, dotted, first_positional, walk
+from ddpify.analysis import LoaderSite, first_positional, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
@@ -53,7 +53,7 @@ class SamplerTransform(Transform):
         super().__init__(context)
         # loader statement (original) -> (new variable, dataset expression) to put above it
         self._hoisted: dict[cst.SimpleStatementLine, tuple[str, cst.BaseExpression]] = {}
-        self._taken: set[str] | None = None  # names the module already uses
+        self._taken = set(self.facts.names)  # fresh names avoid these
 
     def check(self) -> None:
         for site in self.facts.training_loaders:
@@ -95,8 +95,6 @@ class SamplerTransform(Transform):
 
     def _fresh_name(self, target: str | None) -> str:
         """`train_loader` -> `train_dataset`; a name nothing in the module uses yet."""
-        if self._taken is None:
-            self._taken = {node.value for node in walk(self.context.module) if isinstance(node, cst.Name)}
         last = (target or "dataset").split(".")[-1]
         base = last.replace("loader", "dataset") if "loader" in last else f"{last}_dataset"
         name, number = base, 2

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, walk
+from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, keyword
 
@@ -45,7 +45,6 @@ class WrapModelTransform(Transform):
         super().__init__(context)
         self.sites = {site.outer: site for site in self.facts.wraps}
         self.device_count_calls: set[cst.CSTNode] = set()  # calls, or names holding the count
-        self._gpu_count_names: set[str] | None = None
         for site in self.facts.wraps:
             self._classify_guards(site)
 
@@ -76,34 +75,11 @@ class WrapModelTransform(Transform):
 
     def _gpu_count_references(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         """Variables / attributes in `node` that hold torch.cuda.device_count()."""
-        if self._gpu_count_names is None:
-            self._gpu_count_names = self._names_assigned_only_gpu_count()
-        if isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) in self._gpu_count_names:
+        if isinstance(node, (cst.Name, cst.Attribute)) and dotted(node) in self.facts.gpu_count_names:
             return [node]
         if isinstance(node, cst.Attribute):  # `.attr` names a field, not a variable
             return self._gpu_count_references(node.value)
         return [found for child in node.children for found in self._gpu_count_references(child)]
-
-    def _names_assigned_only_gpu_count(self) -> set[str]:
-        """`n_gpu` / `args.n_gpu` when every assignment to it is torch.cuda.device_count()."""
-        counts: set[str] = set()
-        others: set[str] = set()
-        for node in walk(self.context.module):
-            if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
-                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                value = node.value
-                is_count = (
-                    not isinstance(node, cst.AugAssign)
-                    and isinstance(value, cst.Call)
-                    and DEVICE_COUNT in self.context.qualified(value.func)
-                )
-                for target in targets:
-                    (counts if is_count else others).update(_bound(target))
-            elif isinstance(node, (cst.For, cst.CompFor, cst.NamedExpr)):
-                others.update(_bound(node.target))
-            elif isinstance(node, cst.AsName):
-                others.update(_bound(node.name))
-        return counts - others
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.device_count_calls:
@@ -155,16 +131,6 @@ class WrapModelTransform(Transform):
         if original_node in self.device_count_calls:
             return self._world_size()
         return self._reference(original_node, updated_node)
-
-
-def _bound(target: cst.BaseExpression) -> list[str]:
-    """`a`, `self.a` for an assignment target; each element of a tuple/list target."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _bound(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _bound(target.value)
-    name = dotted(target)
-    return [name] if name else []
 
 
 def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
