@@ -304,14 +304,28 @@ def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[D
     except (SyntaxError, ValueError) as error:
         line, col = getattr(error, "lineno", 1) or 1, getattr(error, "offset", 1) or 1
         return (Diagnostic(line, col, "DDP001", f"cannot parse: {getattr(error, 'msg', error)}", Severity.ERROR),)
-    imports = _import_table(tree, _lines_with(source, ["import"]))
+    return _diagnostics(_checked(tree, source), source, options)
+
+
+def _checked(tree: ast.Module, source: str, selective: bool = True) -> Checker:
+    """The checker after its passes: over the statements holding rule words, or (not
+    `selective`, what tests compare against) over every statement."""
+    imports = _import_table(tree, _lines_with(source, ["import"]) if selective else None)
     checker = Checker(imports)
-    if not checker.uses_distributed:  # `torch.distributed.…` through `import torch`
-        checker.run(tree, _lines_with(source, DISTRIBUTED_WORDS))
-    checker.run(tree, _lines_with(source, HAZARD_WORDS + tuple(_aliases(imports))))
+    if not selective:
+        checker.run(tree)
+    else:
+        if not checker.uses_distributed:  # `torch.distributed.…` through `import torch`
+            checker.run(tree, _lines_with(source, DISTRIBUTED_WORDS))
+        checker.run(tree, _lines_with(source, HAZARD_WORDS + tuple(_aliases(imports))))
     if not checker.calls_set_epoch:
         for sampler in checker.samplers:
             checker.flag(sampler, "DDP510")
+    return checker
+
+
+def _diagnostics(checker: Checker, source: str, options: CheckOptions) -> tuple[Diagnostic, ...]:
+    """The checker's findings as diagnostics: DDP-code rules only in DDP code, suppressions applied."""
     lines = source.splitlines()
     found = set()
     for node, code, ddp_only in checker.findings:

@@ -126,18 +126,8 @@ def _exhaustive(source: str) -> list[tuple[int, str]]:
 
     from ddpify import check
 
-    tree = ast.parse(source)
-    checker = check.Checker(check._import_table(tree))
-    checker.run(tree)
-    for sampler in checker.samplers if not checker.calls_set_epoch else ():
-        checker.flag(sampler, "DDP510")
-    lines = source.splitlines()
-    found = {
-        (node.lineno, code)
-        for node, code, ddp_only in checker.findings
-        if (checker.uses_distributed or not ddp_only) and not check._suppressed(lines[node.lineno - 1], code)
-    }
-    return sorted(found)
+    found = check._diagnostics(check._checked(ast.parse(source), source, selective=False), source, CheckOptions())
+    return sorted({(d.line, d.code) for d in found})
 
 
 def test_pre_filter_and_selective_walk_agree_with_a_full_walk_on_real_code():
