@@ -42,6 +42,14 @@ Function = cst.FunctionDef
 
 
 @dataclass
+class Guard:
+    """An ``if`` (statement or expression) around a wrap, and on which side the wrap sits."""
+
+    node: cst.If | cst.IfExp
+    wraps_when_true: bool
+
+
+@dataclass
 class WrapSite:
     """One ``DataParallel(...)`` call and what surrounds it."""
 
@@ -50,7 +58,7 @@ class WrapSite:
     move: cst.Call | None  # that chained call
     module_arg: cst.BaseExpression | None
     target: str | None  # "model" / "self.model": what the wrapped model is bound to
-    guards: list[cst.If] = field(default_factory=list)  # enclosing `if`s that gate the wrap
+    guards: list[Guard] = field(default_factory=list)  # enclosing `if`s that gate the wrap
     device_count: int | None = None  # number of GPUs named by a literal device_ids
 
 
@@ -91,6 +99,7 @@ class Facts:
     wraps: list[WrapSite] = field(default_factory=list)
     dp_references: list[cst.BaseExpression] = field(default_factory=list)
     loaders: dict[cst.Call, LoaderSite] = field(default_factory=dict)
+    shared_loaders: set[cst.Call] = field(default_factory=set)  # built by a helper called more than once
     epoch_hooks: dict[Loop, EpochHook] = field(default_factory=dict)
     model_names: set[str] = field(default_factory=set)
     unsafe_functions: set[Function] = field(default_factory=set)
@@ -101,6 +110,9 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
+    # module-level code wraps, trains, or calls a function or class defined here (a script,
+    # not an imported helper module)
+    module_level_runs: bool = False
     trackers: set[str] = field(default_factory=set)  # `writer` / `self.run` = SummaryWriter(), wandb.init()
     names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
@@ -214,6 +226,25 @@ def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
     return False
 
 
+def _returns(function: Function) -> list[cst.BaseExpression]:
+    """The values a function returns (not those of functions nested in it)."""
+    found: list[cst.BaseExpression] = []
+
+    class Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                found.append(node.value)
+
+    function.visit(Returns())
+    return found
+
+
 def first_positional(call: cst.Call, keyword: str | None = None) -> cst.BaseExpression | None:
     for arg in call.args:
         if arg.keyword is None and arg.star == "":
@@ -318,10 +349,24 @@ class Analyzer(cst.CSTVisitor):
             self._record_loader(node)
         elif names & TRACKER_FACTORIES and isinstance(assignment := self.parent(node), cst.Assign):
             self.facts.trackers.update(name for t in assignment.targets for name in bound_names(t.target))
+        if context.function is None and context.cls is None and self._runs_here(node, names):
+            self.facts.module_level_runs = True
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
             self.facts.has_training_step = True
             for loop in self._loops[-1]:
                 self._training_loops.setdefault(loop, self.facts.contexts[loop])
+
+    def _runs_here(self, call: cst.Call, names: set[str]) -> bool:
+        """Does this module-level call wrap, train, or run a function or class of this file?"""
+        if names & DATA_PARALLEL:
+            return True
+        if isinstance(call.func, cst.Attribute):
+            return call.func.attr.value in TRAINING_METHODS
+        scope = self.get_metadata(ScopeProvider, call.func, None) if isinstance(call.func, cst.Name) else None
+        return scope is not None and any(
+            isinstance(getattr(assignment, "node", None), (cst.FunctionDef, cst.ClassDef))
+            for assignment in scope[call.func.value]
+        )
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._check_reference(node)
@@ -401,13 +446,33 @@ class Analyzer(cst.CSTVisitor):
                 return len(arg.value.elements)
         return None
 
-    def _enclosing_ifs(self, node: cst.CSTNode) -> list[cst.If]:
+    def _enclosing_ifs(self, node: cst.CSTNode) -> list[Guard]:
+        """The ``if``s that decide whether the wrap runs, innermost first.
+
+        An ``if`` whose every branch wraps (``DP(m).cuda() if cuda else DP(m)``) decides
+        nothing, and neither does ``if True:``.
+        """
         found = []
         while not isinstance(node, (cst.Module, cst.FunctionDef, cst.ClassDef)):
-            node = self.parent(node)
-            if isinstance(node, cst.If) and not is_main_guard(node):
-                found.append(node)
+            child, node = node, self.parent(node)
+            if isinstance(node, cst.If) and is_main_guard(node):
+                continue
+            if isinstance(node, (cst.If, cst.IfExp)) and child is not node.test:
+                in_body = child is node.body
+                other = node.orelse if in_body else node.body
+                if isinstance(node.test, cst.Name) and node.test.value == "True" and in_body:
+                    continue
+                if not self._always_wraps(other):
+                    found.append(Guard(node, in_body))
         return found
+
+    def _always_wraps(self, branch: cst.CSTNode | None) -> bool:
+        """Does every path through this branch wrap a model in DataParallel?"""
+        if branch is None:
+            return False
+        if isinstance(branch, cst.If):  # elif
+            return self._always_wraps(branch.body) and self._always_wraps(branch.orelse)
+        return any(self.qualified(call.func) & DATA_PARALLEL for call in calls_in(branch))
 
     def _assigned_name(self, value: cst.BaseExpression) -> str | None:
         parent = self.parent(value)
@@ -545,18 +610,66 @@ class Analyzer(cst.CSTVisitor):
             if isinstance(node, cst.Param) and context.function is not None:
                 found += self._loaders_via_parameter(context.function, node, depth)
                 continue
-            value = self._assigned_value(node) if node is not None else None
-            if isinstance(value, cst.Call) and value in self.facts.loaders:
-                found.append(value)
+            value, index = self._assigned_value(node) if node is not None else (None, None)
+            found += self._loaders_in_value(value, index, depth)
         return found
 
-    def _assigned_value(self, target: cst.CSTNode) -> cst.BaseExpression | None:
+    def _loaders_in_value(self, value: cst.BaseExpression | None, index: int | None, depth: int) -> list[cst.Call]:
+        """DataLoader calls an assigned value stands for: the call itself, element `index` of
+        a tuple, or what a function of this module returns (``make_loaders(args)``)."""
+        if isinstance(value, (cst.Tuple, cst.List)) and index is not None:
+            elements = value.elements
+            return self._loaders_in_value(elements[index].value, None, depth) if index < len(elements) else []
+        if not isinstance(value, cst.Call):
+            return []
+        if value in self.facts.loaders:
+            return [value] if index is None else []
+        function = self._local_function(value.func)
+        if function is None or depth > 4:
+            return []
+        found = []
+        shared = len(self._call_sites(function)) > 1  # the same DataLoader call builds other loaders too
+        for returned in _returns(function):
+            if isinstance(returned, (cst.Name, cst.Attribute)) and index is None:
+                found += self._loaders_for(returned, self.facts.contexts.get(returned) or Context(function, None, ()), depth + 1)
+            elif isinstance(returned, (cst.Tuple, cst.List)) and index is not None and index < len(returned.elements):
+                element = returned.elements[index].value
+                found += self._loaders_in_value(element, None, depth + 1) if isinstance(element, cst.Call) else (
+                    self._loaders_for(element, Context(function, None, ()), depth + 1)
+                )
+            else:
+                found += self._loaders_in_value(returned, index, depth + 1)
+        if shared:
+            self.facts.shared_loaders.update(found)
+        return found
+
+    def _local_function(self, func: cst.BaseExpression) -> Function | None:
+        """The function of this module that a call's name refers to."""
+        if not isinstance(func, cst.Name):
+            return None
+        scope = self.get_metadata(ScopeProvider, func, None)
+        if scope is None:
+            return None
+        for assignment in scope[func.value]:
+            if isinstance(getattr(assignment, "node", None), cst.FunctionDef):
+                return assignment.node
+        return None
+
+    def _assigned_value(self, target: cst.CSTNode) -> tuple[cst.BaseExpression | None, int | None]:
+        """The value assigned to a target name, and its index when it is unpacked from a tuple."""
+        index = None
         parent = self.parent(target)
+        if isinstance(parent, cst.Element):
+            sequence = self.parent(parent)
+            index = [element for element in sequence.elements].index(parent)
+            if any(isinstance(element, cst.StarredElement) for element in sequence.elements):
+                return None, None
+            parent = self.parent(sequence)
         if isinstance(parent, cst.AssignTarget):
             parent = self.parent(parent)
         if isinstance(parent, (cst.Assign, cst.AnnAssign)):
-            return parent.value
-        return None
+            return parent.value, index
+        return None, None
 
     def _loaders_via_parameter(self, function: Function, param: cst.Param, depth: int) -> list[cst.Call]:
         found = []

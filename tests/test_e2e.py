@@ -158,3 +158,18 @@ def test_progress_bar_drawn_by_one_rank(runs):
     only_for(runs, "side_effects")
     bars = lambda text: len(lines_with(text.replace("\r", "\n"), "epoch 0: 100%"))  # noqa: E731
     assert bars(runs["ddp"].stderr) == bars(runs["original"].stderr) >= 1
+
+
+def test_writer_used_by_every_rank_writes_once(runs):
+    only_for(runs, "writer_in_train")
+    # A stand-in on rank 1 (no AttributeError in train()); rank 0 writes the events file.
+    # The work folder holds the 2-rank run's file and the world-of-one run's file.
+    assert len(list((runs["dir"] / "original" / "runs").glob("events.out.tfevents.*"))) == 1
+    assert len(list((runs["dir"] / "runs").glob("events.out.tfevents.*"))) == 2
+
+
+def test_meters_and_cpu_losses_print_as_the_original_did(runs):
+    only_for(runs, "meters_cpu_loss")
+    for run in ("ddp", "single"):
+        assert len(lines_with(runs[run].stdout, "Epoch: [")) == len(lines_with(runs["original"].stdout, "Epoch: [")) == 6
+        assert len(lines_with(runs[run].stdout, "running loss")) == 6

@@ -12,7 +12,7 @@ from ddpify.templates import ddp_setup as template  # noqa: E402  (needs torch)
 
 
 def test_block_defines_exactly_the_names_the_converter_reserves():
-    defined = [s.name.value for s in cst.parse_module(template_source()).body if isinstance(s, cst.FunctionDef)]
+    defined = [s.name.value for s in cst.parse_module(template_source()).body if isinstance(s, (cst.FunctionDef, cst.ClassDef))]
     assert defined == list(TEMPLATE_NAMES)
 
 
@@ -67,3 +67,89 @@ def test_batch_that_does_not_divide_stops_with_a_message(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
     with pytest.raises(SystemExit, match="does not divide evenly among 3"):
         template.ddp_local_batch_size(32)
+
+
+UNWRAPPED = """
+import torch
+from ddpify.templates.ddp_setup import ddp_setup
+import torch.distributed as dist
+
+ddp_setup()
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 1)  # never wrapped: each rank trains its own copy
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(4, 3) + dist.get_rank()  # each rank's own shard
+model(x).sum().backward()
+optimizer.step()
+print("trained on", dist.get_rank())
+"""
+
+
+def _torchrun(tmp_path, script: str):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(path)]
+    return subprocess.run(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+
+
+def test_ranks_that_train_different_weights_stop_after_the_first_step(tmp_path):
+    result = _torchrun(tmp_path, UNWRAPPED)
+    assert result.returncode != 0
+    assert "the ranks hold different weights after the first optimizer step" in result.stderr
+    assert "trained on" not in result.stdout
+
+
+def test_ranks_in_sync_pass_the_check(tmp_path):
+    wrapped = UNWRAPPED.replace(
+        "model = torch.nn.Linear(3, 1)  # never wrapped: each rank trains its own copy",
+        "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))",
+    )
+    result = _torchrun(tmp_path, wrapped)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split("\n")[:2]) == ["trained on 0", "trained on 1"]
+
+
+def test_mean_of_a_cpu_tensor_is_reduced_on_this_process_s_device(monkeypatch):
+    seen = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: seen.append(tensor))
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    value = torch.tensor([3.0])
+    assert template.ddp_mean(value).item() == 1.5  # the fake all_reduce adds nothing
+    assert seen[0] is not value and seen[0].device == template.ddp_device()
+
+
+class Meter:
+    avg = 2.0
+
+
+def test_mean_leaves_objects_alone():
+    meter = Meter()
+    assert template.ddp_mean(meter) is meter  # no collective on an object
+
+
+def test_no_sync_only_for_ddp_models_while_accumulating():
+    plain = torch.nn.Linear(2, 1)
+    with template.ddp_no_sync(plain, True):  # a world of one: the bare module
+        pass
+
+    class Fake:
+        def no_sync(self):
+            return "no_sync"
+
+    assert template.ddp_no_sync(Fake(), True) == "no_sync"
+    assert template.ddp_no_sync(Fake(), False) != "no_sync"
+
+
+def test_stand_in_does_nothing():
+    writer = template.DdpNoOp()
+    writer.add_scalar("loss", 1.0, 0)
+    writer.close()
+    with writer as inner:
+        inner.log({"a": 1})
+    assert not writer and list(writer) == []

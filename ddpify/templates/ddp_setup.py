@@ -9,6 +9,8 @@ Names here are prefixed ``ddp_`` so that they cannot be mistaken for the user's 
 converter refuses a file that already binds one of them to something else.
 """
 
+import atexit
+import contextlib
 import logging
 import os
 
@@ -43,9 +45,41 @@ def ddp_setup():
     else:
         # No launcher: an in-process store makes a world of one without any port.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    atexit.register(ddp_cleanup)  # also after an uncaught exception
     if dist.get_rank() != 0:
         # Info and debug records would repeat rank 0's; warnings and errors still show.
         logging.disable(logging.INFO)
+    if dist.get_world_size() > 1:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(ddp_check_in_sync)
+
+
+def ddp_check_in_sync(optimizer, args, kwargs):
+    """After an optimizer's first step, stop unless every rank holds the same weights.
+
+    Under DistributedDataParallel they are identical; if they differ, part of the model is
+    trained outside DDP (a wrap that did not run, a model changed after the wrap) and the
+    ranks would silently train different models.
+    """
+    if getattr(optimizer, "ddp_checked", False):
+        return
+    optimizer.ddp_checked = True
+    with torch.no_grad():
+        values = [float(group.get("lr", 0.0)) for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            values += [float(p.double().sum()) for p in group["params"] if p.requires_grad]
+    for sizes in ([float(len(values))], values):
+        local = torch.tensor(sizes, dtype=torch.float64, device=ddp_device())
+        both = torch.cat([local, -local])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        highest, lowest = both[: len(sizes)], -both[len(sizes) :]
+        if not torch.allclose(highest, lowest, rtol=1e-6, atol=1e-7, equal_nan=True):
+            raise RuntimeError(
+                "the ranks hold different weights after the first optimizer step: part of the "
+                "model is trained outside DistributedDataParallel (a wrap that did not run on "
+                "every rank, or a model changed after it was wrapped)"
+            )
 
 
 def ddp_first_slurm_host(nodelist):
@@ -88,14 +122,51 @@ def ddp_local_batch_size(global_batch_size):
 
 
 def ddp_mean(value):
-    """The mean of a loss over all processes, for printing: every process must call it."""
+    """The mean of a loss over all processes, for printing: every process must call it.
+
+    Tensors and numbers are averaged on this process's device (NCCL has no CPU path);
+    anything else (a meter object, a list) is returned as it is: this rank's own value.
+    """
     if torch.is_tensor(value):
-        total = value.detach().clone()
+        total = value.detach().to(ddp_device(), copy=True)
         dist.all_reduce(total)
-        return total / dist.get_world_size()
+        return (total / dist.get_world_size()).to(value.device)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return value
     total = torch.tensor(float(value), dtype=torch.float64, device=ddp_device())
     dist.all_reduce(total)
     return total.item() / dist.get_world_size()
+
+
+def ddp_no_sync(model, accumulating):
+    """``model.no_sync()`` while gradients only accumulate; nothing when they must be
+    synchronised or when the model is not DistributedDataParallel (a world of one)."""
+    if accumulating and hasattr(model, "no_sync"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+class DdpNoOp:
+    """Stands in for a rank-0-only object (SummaryWriter, wandb run) on the other ranks:
+    every attribute and call does nothing, so code that every rank runs may use it."""
+
+    def __getattr__(self, name):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+    def __bool__(self):
+        return False
+
+    def __iter__(self):
+        return iter(())
 
 
 # ddpify:end

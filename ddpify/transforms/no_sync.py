@@ -17,15 +17,19 @@ DDP502::
             optimizer.zero_grad()
     # becomes
     for i, (x, y) in enumerate(loader):
-        with model.no_sync() if not ((i + 1) % accumulation == 0) else contextlib.nullcontext():
+        with ddp_no_sync(model, not ((i + 1) % accumulation == 0)):
             loss = loss_fn(model(x), y) / accumulation
             loss.backward()
         if (i + 1) % accumulation == 0:
             ...
 
-Only when the update's condition is the same on every rank (loop counters, settings) and
-one wrapped model runs in the micro-step; otherwise the loop is left as it is (correct,
-only slower).
+``ddp_no_sync`` (an emitted helper) is ``model.no_sync()`` only while accumulating and only
+when ``model`` is DDP, so a wrap that does not run (a world of one) still works.
+
+Only when the update's condition is the same on every rank (loop counters, settings), one
+wrapped model runs in the micro-step, and no optimizer steps anywhere else in the loop
+body: the last backward before every step must synchronise. Otherwise the loop is left as
+it is (correct, only slower).
 """
 
 from __future__ import annotations
@@ -47,17 +51,16 @@ class NoSyncTransform(Transform):
                 return self._wrap_micro_step(block, index)
         return block
 
-    def _steps_optimizer(self, statement: cst.If) -> bool:
-        return any(
-            isinstance(call.func, cst.Attribute) and call.func.attr.value == "step" and "opt" in (dotted(call.func.value) or "")
-            for call in calls_in(statement.body)
-        )
+    def _steps_optimizer(self, statement: cst.CSTNode) -> bool:
+        return any(_is_optimizer_step(call) for call in calls_in(statement))
 
     def _wrap_micro_step(self, block: Block, index: int) -> Block:
         update = block[index][0]
         micro_step = [original for original, _ in block[:index]]
         if any(original is None for original in micro_step):
             return block  # another transform already inserted statements here
+        if any(self._steps_optimizer(original) for original, _ in block if original not in (None, update)):
+            return block  # an update outside the condition: its backward must synchronise
         calls = [call for statement in micro_step for call in calls_in(statement)]
         models = {dotted(call.func) for call in calls} & self.facts.model_names
         backward = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward" for c in calls)
@@ -65,10 +68,19 @@ class NoSyncTransform(Transform):
             return block
         model = models.pop()
         self.context.add_import("contextlib")
+        self.context.use_helper("ddp_no_sync")
         condition = self.context.code(update.test)
         self.context.report(block[0][0], "DDP502", f"micro-steps run in {model}.no_sync(): gradients sync only when the optimizer steps")
         first = block[0][1]
         body = [first.with_changes(leading_lines=[]), *(statement for _, statement in block[1:index])]
-        wrapped = cst.parse_statement(f"with {model}.no_sync() if not ({condition}) else contextlib.nullcontext():\n    pass\n")
+        wrapped = cst.parse_statement(f"with ddp_no_sync({model}, not ({condition})):\n    pass\n")
         wrapped = wrapped.with_changes(body=cst.IndentedBlock(body=body), leading_lines=first.leading_lines)
         return [(None, wrapped), *block[index:]]
+
+
+def _is_optimizer_step(call: cst.Call) -> bool:
+    """``optimizer.step()``, ``opt_g.step()``, ``scaler.step(optimizer)``; not a scheduler's."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "step"):
+        return False
+    owner = (dotted(call.func.value) or "").lower()
+    return "sched" not in owner and "lr" not in owner.split(".")[-1]

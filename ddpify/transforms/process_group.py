@@ -1,24 +1,21 @@
-"""DDP2xx: set up the process group before any work, destroy it at the end, also on error.
+"""DDP2xx: set up the process group before any work; it is destroyed at exit.
 
 The set-up helpers (``ddpify/templates/ddp_setup.py``, tested on its own) are inlined after
-the script's imports. ``ddp_setup()`` is called where the script starts doing work, and
-the rest of the entry point runs in ``try: ... finally: ddp_cleanup()``:
+the script's imports. ``ddp_setup()`` is called where the script starts doing work and
+registers ``ddp_cleanup`` with ``atexit`` (which also runs after an uncaught exception), so
+no line of the user's code is re-indented:
 
 - ``if __name__ == "__main__": main()`` or code inside the ``__main__`` block::
 
       if __name__ == "__main__":
           ddp_setup()
-          try:
-              main()
-          finally:
-              ddp_cleanup()
+          main()
 
-- a flat script: before its first top-level statement that does work (a call), with every
-  statement from there on inside the ``try``.
+- a flat script: right before its first top-level statement that does work (a call).
 
-DDP201  set-up and cleanup added.
-DDP202  (error) no entry point: the module only defines things (a library module);
-        call ddp_setup() from the script that runs it.
+DDP201  set-up added.
+DDP202  (error) no entry point: the module only defines things, or its module-level code
+        never trains (an imported helper module); convert the script that runs it.
 DDP203  (error) a name the set-up needs is already bound to something else in the script.
 """
 
@@ -34,18 +31,21 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform
 from ddpify.transforms.imports import is_header
 
-TEMPLATE_IMPORTS = (("logging", None, None), ("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
+TEMPLATE_IMPORTS = (("atexit", None, None), ("logging", None, None), ("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
 TEMPLATE_NAMES = (
     "ddp_setup",
+    "ddp_check_in_sync",
     "ddp_first_slurm_host",
     "ddp_cleanup",
     "ddp_device",
     "ddp_device_ids",
     "ddp_local_batch_size",
     "ddp_mean",
+    "ddp_no_sync",
+    "DdpNoOp",
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {"ddp_mean"}
+OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp"}
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {
     **{name: None for name in TEMPLATE_NAMES},
@@ -55,6 +55,7 @@ RESERVED = {
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "os": "os",
     "logging": "logging",
+    "atexit": "atexit",
     "torch": "torch",
 }
 BEGIN, END = "# ddpify:begin", "# ddpify:end"
@@ -66,14 +67,14 @@ def template_source() -> str:
     return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
 
 
-def template_statements(used: frozenset[str] = frozenset()) -> list[cst.BaseStatement]:
+def template_statements(used: frozenset[str] = frozenset(), newline: str = "\n") -> list[cst.BaseStatement]:
     """The helper block as statements, its header comment on the first one; optional
-    helpers only if ``used``."""
-    parsed = cst.parse_module(template_source())
+    helpers only if ``used``. Docstrings get the script's ``newline``."""
+    parsed = cst.parse_module(template_source().replace("\n", newline))
     first, *rest = [
         statement
         for statement in parsed.body
-        if not (isinstance(statement, cst.FunctionDef) and statement.name.value in OPTIONAL_HELPERS - used)
+        if not (isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value in OPTIONAL_HELPERS - used)
     ]
     lines = [cst.EmptyLine(), cst.EmptyLine(), *parsed.header, *first.leading_lines]
     return [first.with_changes(leading_lines=lines), *rest]
@@ -84,7 +85,17 @@ class ProcessGroupTransform(Transform):
 
     def check(self) -> None:
         anchor = self.facts.setup_anchor
-        if anchor is None:
+        if anchor is not None and self.facts.main_guard is None and not self.facts.module_level_runs:
+            # Module-level code that never trains (a logger, a constant table): this module is
+            # imported by the script that trains; set-up at import time would be wrong.
+            self.context.report(
+                self.facts.wraps[0].call if self.facts.wraps else self.context.module,
+                "DDP202",
+                "imported module (no `__main__` block, and its module-level code never trains): "
+                "convert the script that runs it, which sets up the process group",
+                Severity.ERROR,
+            )
+        elif anchor is None:
             self.context.report(
                 self.facts.wraps[0].call if self.facts.wraps else self.context.module,
                 "DDP202",
@@ -132,43 +143,28 @@ class ProcessGroupTransform(Transform):
         )
 
     def _wrap(self, block: Block, start: int) -> Block:
-        """Call set-up before block[start] and run block[start:] inside try/finally."""
-        body = [_without_indented_blanks(statement) for _, statement in block[start:]]
-        first = body[0]
+        """Call set-up right before block[start]; the comments above it stay with it."""
+        first = block[start][1]
         blank = 0
         while blank < len(first.leading_lines) and first.leading_lines[blank].comment is None:
             blank += 1
-        body[0] = first.with_changes(leading_lines=first.leading_lines[blank:])
         setup = cst.parse_statement("ddp_setup()").with_changes(leading_lines=first.leading_lines[:blank])
-        guarded = cst.Try(
-            body=cst.IndentedBlock(body=body),
-            finalbody=cst.Finally(body=cst.IndentedBlock(body=[cst.parse_statement("ddp_cleanup()")])),
-        )
         self.context.report(
-            block[start][0] or block[start][1],
+            block[start][0] or first,
             "DDP201",
-            "process group set up here (torchrun, Slurm, or a world of one) and destroyed in `finally`",
+            "process group set up here (torchrun, Slurm, or a world of one); destroyed at exit",
         )
-        return [*block[:start], (None, setup), (None, guarded)]
+        moved = (block[start][0], first.with_changes(leading_lines=first.leading_lines[blank:]))
+        return [*block[:start], (None, setup), moved, *block[start + 1 :]]
 
     def _insert_helpers(self, block: Block) -> Block:
         at = 0
         while at < len(block) and is_header(block[at][1]):
             at += 1
-        helpers: list[Pair] = [(None, statement) for statement in template_statements(frozenset(self.context.helpers_used))]
+        helpers: list[Pair] = [(None, statement) for statement in template_statements(frozenset(self.context.helpers_used), self.context.module.default_newline)]
         rest = block[at:]
         if rest:
             original, statement = rest[0]
             missing = max(0, 2 - sum(1 for line in statement.leading_lines if line.comment is None))
             rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
         return [*block[:at], *helpers, *rest]
-
-
-def _without_indented_blanks(statement: cst.BaseStatement) -> cst.BaseStatement:
-    """Module-level blank lines are marked as indented; one level down that would write the new
-    block's indentation as trailing whitespace. Keep them empty (comments stay indented)."""
-    lines = [
-        line.with_changes(indent=False) if line.comment is None and not line.whitespace.value else line
-        for line in statement.leading_lines
-    ]
-    return statement.with_changes(leading_lines=lines)

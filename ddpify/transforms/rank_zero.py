@@ -8,10 +8,10 @@ would hang. Such a statement is left alone and reported.
 
 Side effects: ``print``, ``sys.stdout/stderr.write``, ``tqdm.write``, ``torch.save``,
 ``shutil`` copies/moves/removals, ``os.remove/unlink/rename/replace/mkdir/rmdir``,
-``wandb.init/log/save/watch/finish`` statements, method calls on a tensorboard
-``SummaryWriter`` or a ``wandb.init()`` run, and ``with open(path, "w"/"a"/"x") as f:`` blocks.
-``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on rank 0 only (None on
-the others, DDP606).
+``wandb.init/log/save/watch/finish`` statements, and ``with open(path, "w"/"a"/"x") as f:``
+blocks. ``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on rank 0 only;
+the other ranks get a stand-in whose every method does nothing (DDP606), so a function that
+every rank runs may still call ``writer.add_scalar(...)``.
 
 DDP601  guarded; after a guarded ``torch.save`` the other ranks wait at a barrier, so
 nothing reads a half-written checkpoint::
@@ -36,10 +36,10 @@ DDP604  tqdm progress bars are disabled on the other ranks (the loop still runs 
 
 DDP605  ``os.makedirs(path)`` gets ``exist_ok=True``: every rank may create it, no race.
 
-DDP606  a tensorboard ``SummaryWriter`` is constructed on rank 0 only (None elsewhere);
-its method-call statements are guarded (DDP601)::
+DDP606  a tensorboard ``SummaryWriter`` (or a wandb run) is constructed on rank 0 only; the
+other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 
-    writer = SummaryWriter("runs")  ->  writer = SummaryWriter("runs") if dist.get_rank() == 0 else None
+    writer = SummaryWriter("runs")  ->  writer = SummaryWriter("runs") if dist.get_rank() == 0 else DdpNoOp()
 
 DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
 ranks build it after rank 0 is done (no two processes write the same files)::
@@ -104,8 +104,6 @@ class RankZeroTransform(Transform):
             return None
         call = statement.value
         if self.context.qualified(call.func) & SIDE_EFFECTS:
-            return call
-        if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in self.facts.trackers:
             return call
         return None
 
@@ -209,8 +207,9 @@ class RankZeroTransform(Transform):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
         what = self.context.code(value.func)
-        self.context.report(original_node, "DDP606", f"{what}(...) made on rank 0 only (None on the others, its method calls guarded)")
-        on_rank_zero = cst.parse_expression(f"_ if {GUARD} else None").with_changes(body=updated_node.value)
+        self.context.report(original_node, "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)")
+        self.context.use_helper("DdpNoOp")
+        on_rank_zero = cst.parse_expression(f"_ if {GUARD} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):

@@ -29,6 +29,10 @@ sampler shares it (evaluated once, as before)::
     train_loader = DataLoader(train_dataset, batch_size=ddp_local_batch_size(64),
                               sampler=DistributedSampler(train_dataset, shuffle=False))
 
+DDP306  (warning) the training loader is built by a helper function that also builds other
+loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
+sharded, so evaluation on the others covers each rank's share only.
+
 DDP304  (warning) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
 """
@@ -158,6 +162,14 @@ class SamplerTransform(Transform):
                 Severity.WARNING,
             )
             return updated_node
+        if original_node in self.facts.shared_loaders:
+            self.context.report(
+                original_node,
+                "DDP306",
+                "this DataLoader call also builds other loaders (the function is called more than once): "
+                "they are sharded too, so evaluation on them covers each rank's share only",
+                Severity.WARNING,
+            )
         self.context.sharded_loaders.add(original_node)
         self.context.add_import(*SAMPLER_IMPORT)
         dataset = first_positional(updated_node, "dataset")

@@ -20,8 +20,16 @@ every rank wraps (also CPU ranks, which see no GPU)::
 A variable (or attribute such as ``args.n_gpu``) counts as the GPU count when every
 assignment to it in the file is ``torch.cuda.device_count()``.
 
-DDP103  (warning) the wrap sits under another condition: under DDP it must run on every
-rank whenever the world is larger than one.
+DDP103  the wrap sits under another condition (a multi-GPU flag, ``args.ngpu > 1`` with a
+default of 1, ``device == "cuda"``): under DDP it must run on every rank whenever the world
+is larger than one, so the world size now decides too::
+
+    if args.multi_gpu:               ->   if dist.get_world_size() > 1 or args.multi_gpu:
+        model = nn.DataParallel(model)        model = DistributedDataParallel(...)
+    model = DP(model) if args.cuda else model
+                                     ->   model = DDP(...) if dist.get_world_size() > 1 or args.cuda else model
+
+An ``if`` whose every branch wraps decides nothing and is left alone.
 
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
@@ -31,8 +39,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional
-from ddpify.diagnostics import Severity
+from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, names_in, walk
 from ddpify.transforms.base import Transform, keyword
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
@@ -45,33 +52,37 @@ class WrapModelTransform(Transform):
         super().__init__(context)
         self.sites = {site.outer: site for site in self.facts.wraps}
         self.device_count_calls: set[cst.CSTNode] = set()  # calls, or names holding the count
+        self.guard_rewrites: dict[cst.CSTNode, bool] = {}  # guard -> the wrap is in its true branch
         for site in self.facts.wraps:
             self._classify_guards(site)
 
     def _classify_guards(self, site: WrapSite) -> None:
         for guard in site.guards:
-            calls = [
-                node
-                for node in calls_in(guard.test)
-                if DEVICE_COUNT in self.context.qualified(node.func)
-            ]
-            names = self._gpu_count_references(guard.test)
-            if calls or names:
-                self.device_count_calls.update([*calls, *names])
-                counted = ", ".join(self.context.code(node) for node in [*calls, *names])
+            test = guard.node.test
+            counts = [node for node in calls_in(test) if DEVICE_COUNT in self.context.qualified(node.func)]
+            counts += self._gpu_count_references(test)
+            if counts and self._reads_only(test, counts):
+                self.device_count_calls.update(counts)
+                counted = ", ".join(self.context.code(node) for node in counts)
                 self.context.report(
-                    guard.test,
-                    "DDP102",
-                    f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()",
+                    test, "DDP102", f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()"
                 )
-            else:
-                self.context.report(
-                    site.call,
-                    "DDP103",
-                    f"the wrap only runs when `{self.context.code(guard.test)}`; under DDP it must run "
-                    "on every rank whenever the world size is above one",
-                    Severity.WARNING,
-                )
+                continue
+            self.guard_rewrites[guard.node] = guard.wraps_when_true
+            self.context.add_import("torch.distributed", None, "dist")
+            self.context.report(
+                test,
+                "DDP103",
+                f"the wrap only ran when `{self.context.code(test)}` was {guard.wraps_when_true}: it now also runs "
+                "whenever the world size is above one (every rank must wrap)",
+            )
+
+    def _reads_only(self, test: cst.BaseExpression, counts: list[cst.CSTNode]) -> bool:
+        """Is `test` about the GPU count alone (``n_gpu > 1``, ``device_count() > 1 and True``)?"""
+        inside = {id(node) for count in counts for node in walk(count)}
+        return all(
+            id(name) in inside or name.value in ("True", "False", "None") for name in names_in(test)
+        )
 
     def _gpu_count_references(self, node: cst.CSTNode) -> list[cst.CSTNode]:
         """Variables / attributes in `node` that hold torch.cuda.device_count()."""
@@ -121,6 +132,31 @@ class WrapModelTransform(Transform):
     def _world_size(self) -> cst.BaseExpression:
         self.context.add_import("torch.distributed", None, "dist")
         return cst.parse_expression("dist.get_world_size()")
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        return self._world_size_decides(original_node, updated_node)
+
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.IfExp:
+        return self._world_size_decides(original_node, updated_node)
+
+    def _world_size_decides(self, original_node, updated_node):
+        """``if flag:`` around the wrap -> ``if dist.get_world_size() > 1 or flag:`` (the wrap in
+        the else branch: ``if dist.get_world_size() == 1 and flag:``)."""
+        if original_node not in self.guard_rewrites:
+            return updated_node
+        test = updated_node.test
+        loose = (cst.IfExp, cst.Lambda, cst.NamedExpr)
+        if self.guard_rewrites[original_node]:
+            needs_parens = isinstance(test, loose)
+            template = "dist.get_world_size() > 1 or {}"
+        else:
+            needs_parens = isinstance(test, loose) or (
+                isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or)
+            )
+            template = "dist.get_world_size() == 1 and {}"
+        code = self.context.code(test.with_changes(lpar=[], rpar=[])) if test.lpar else self.context.code(test)
+        operand = f"({code})" if needs_parens and not test.lpar else self.context.code(test)
+        return updated_node.with_changes(test=cst.parse_expression(template.format(operand)))
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
         if original_node in self.device_count_calls:
