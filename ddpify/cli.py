@@ -48,6 +48,12 @@ def convert(
     per_process_batch: bool = typer.Option(
         False, "--per-process-batch", help="Keep batch_size per process (the global batch grows with the world size)."
     ),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Convert even where the result would not train one model on sharded data "
+        "(unsharded loaders, a model changed after the wrap); those findings become warnings.",
+    ),
     jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
 ) -> None:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
@@ -64,7 +70,7 @@ def convert(
         _fail("-o/--output takes exactly one input file")
     if not files:
         _fail("no Python files found")
-    options = ConvertOptions(per_process_batch=per_process_batch or config.per_process_batch)
+    options = ConvertOptions(per_process_batch=per_process_batch or config.per_process_batch, allow_partial=allow_partial)
     results = api.convert_files(files, options, jobs)
     status = EXIT_OK
     for result in results:

@@ -63,3 +63,6 @@ class ConvertOptions:
     # DataParallel's batch size is global. By default each process gets its share so the
     # global batch (and so the training) stays the same; True keeps the number per process.
     per_process_batch: bool = False
+    # Findings that mean "this would not train one model on sharded data" refuse the file;
+    # True turns them into warnings and converts the rest (the user finishes by hand).
+    allow_partial: bool = False

@@ -144,3 +144,14 @@ def test_pyproject_sets_the_convert_default(tmp_path):
     path = write(tmp_path, "t.py", (FIXTURES / "loaders" / "shuffle_drop_last.py").read_text())
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 0 and "DDP402" in result.output
+
+
+def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
+    text = (FIXTURES / "loaders" / "existing_sampler.py").read_text()
+    path = write(tmp_path, "train.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 1 and "DDP302" in result.output and "launch:" not in result.output
+    assert path.read_text() == text
+    result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
+    assert result.exit_code == 0 and "DDP302" in result.output and "launch:" in result.output
+    assert "DistributedDataParallel(" in path.read_text()

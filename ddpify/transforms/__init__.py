@@ -15,10 +15,12 @@ from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
+from ddpify.transforms.wrap_placement import WrapPlacementTransform
 
 TRANSFORMS = (
     DevicesTransform,
     WrapModelTransform,
+    WrapPlacementTransform,
     SamplerTransform,
     BatchSizeTransform,
     SetEpochTransform,

@@ -69,6 +69,14 @@ class ConversionContext:
         line, col = self.position(node)
         self.diagnostics.append(Diagnostic(line, col, code, message, severity))
 
+    def report_unsound(self, node: cst.CSTNode, code: str, message: str) -> None:
+        """A finding that means the result would train wrongly: the file is refused, unless
+        the user asked for a partial conversion (then it is a warning)."""
+        if self.options.allow_partial:
+            self.report(node, code, f"{message} (converted anyway: --allow-partial)", Severity.WARNING)
+        else:
+            self.report(node, code, f"{message}; not converted (--allow-partial converts the rest)", Severity.ERROR)
+
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         try:
             return self.metadata.get_metadata(ParentNodeProvider, node)

@@ -13,8 +13,8 @@ DDP301  sampler added::
     loader = DataLoader(train_set, batch_size=ddp_local_batch_size(64),
                         sampler=DistributedSampler(train_set, shuffle=True))
 
-DDP302  (warning) the loader already has ``sampler=`` / ``batch_sampler=``: left alone;
-shard it by hand.
+DDP302  (error; a warning with ``--allow-partial``) the loader already has a sampler or
+batch sampler that is not distributed: every rank would draw the same batches.
 
 DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in a call
 that is not a plain assignment statement, or options are passed by position): the file is
@@ -33,7 +33,7 @@ DDP306  (warning) the training loader is built by a helper function that also bu
 loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
 sharded, so evaluation on the others covers each rank's share only.
 
-DDP304  (warning) the script trains (calls ``backward()``/``step()``) but no training
+DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
 """
 
@@ -61,17 +61,29 @@ class SamplerTransform(Transform):
 
     def check(self) -> None:
         for site in self.facts.training_loaders:
-            if self._own_sampler(site.call):
+            own = self._own_sampler(site.call)
+            if own is not None:
+                if "Distributed" not in self.context.code(own.value):
+                    self.context.report_unsound(
+                        site.call,
+                        "DDP302",
+                        f"training DataLoader has its own {own.keyword.value}=: every rank would draw the same "
+                        "batches; make it shard per rank by hand",
+                    )
                 continue
             reason = self._unsupported(site.call)
             if reason:
                 self.context.report(site.call, "DDP303", f"cannot shard this training DataLoader: {reason}", Severity.ERROR)
         if self.facts.wraps and self.facts.has_training_step and not self.facts.training_loaders:
-            self.context.report(
+            why = (
+                "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
+                if self.facts.loaders
+                else "no DataLoader is built in this file"
+            )
+            self.context.report_unsound(
                 self.facts.wraps[0].call,
                 "DDP304",
-                "no training DataLoader found: every rank would train on all the data; shard it with DistributedSampler",
-                Severity.WARNING,
+                f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
             )
 
     def _own_sampler(self, call: cst.Call) -> cst.Arg | None:
@@ -153,15 +165,8 @@ class SamplerTransform(Transform):
         site: LoaderSite | None = self.facts.loaders.get(original_node)
         if site is None or not site.training:
             return updated_node
-        own = self._own_sampler(original_node)
-        if own is not None:
-            self.context.report(
-                original_node,
-                "DDP302",
-                f"training DataLoader already has {own.keyword.value}=: left alone; make it shard per rank by hand",
-                Severity.WARNING,
-            )
-            return updated_node
+        if self._own_sampler(original_node) is not None:
+            return updated_node  # reported by check()
         if original_node in self.facts.shared_loaders:
             self.context.report(
                 original_node,
