@@ -27,7 +27,15 @@ from libcst.metadata import (
     ScopeProvider,
 )
 
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, DDP, RANK_WORDS, SAMPLER, TRACKER_FACTORIES
+from ddpify.names import (
+    DATA_LOADER,
+    DATA_PARALLEL,
+    DATA_PARALLEL_FUNCTION,
+    DDP,
+    METRIC_SCHEDULERS,
+    RANK_WORDS,
+    SAMPLER,
+)
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
 DEVICE_COUNT = "torch.cuda.device_count"
@@ -113,7 +121,7 @@ class Facts:
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
     module_level_runs: bool = False
-    trackers: set[str] = field(default_factory=set)  # `writer` / `self.run` = SummaryWriter(), wandb.init()
+    metric_schedulers: set[str] = field(default_factory=set)  # `scheduler` = ReduceLROnPlateau(...)
     names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
     gpu_count_names: set[str] = field(default_factory=set)
@@ -190,6 +198,25 @@ def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
     return names
 
 
+def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
+    """Does every rank surely reach this statement when rank 0 does?
+
+    DataParallel scripts have no rank-dependent code, so only data can make ranks
+    diverge: an ``if``/``while`` on a loss or output, or an exception handler.
+    Conditions on loop counters, attributes (``args.log_interval``), constants and
+    ``len()`` are the same on every rank.
+    """
+    loop_names = loop_names_around(node, parent_of)
+    parent = parent_of(node)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.ExceptHandler):
+            return False
+        if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
+            return False
+        parent = parent_of(parent)
+    return True
+
+
 def bound_names(target: cst.BaseExpression) -> list[str]:
     """`a`, `self.a` for an assignment target; each element of a tuple/list target."""
     if isinstance(target, (cst.Tuple, cst.List)):
@@ -224,6 +251,13 @@ def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
             return True
         node = parent_of(node)
     return False
+
+
+def _imports(statement: cst.CSTNode) -> bool:
+    """A top-level statement that imports (``import x``, ``from x import y``)."""
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
 
 
 def _returns(function: Function) -> list[cst.BaseExpression]:
@@ -347,8 +381,8 @@ class Analyzer(cst.CSTVisitor):
             self.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
         elif names & DATA_LOADER:
             self._record_loader(node)
-        elif names & TRACKER_FACTORIES and isinstance(assignment := self.parent(node), cst.Assign):
-            self.facts.trackers.update(name for t in assignment.targets for name in bound_names(t.target))
+        elif names & METRIC_SCHEDULERS and isinstance(assignment := self.parent(node), cst.Assign):
+            self.facts.metric_schedulers.update(name for t in assignment.targets for name in bound_names(t.target))
         if context.function is None and context.cls is None and self._runs_here(node, names):
             self.facts.module_level_runs = True
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
@@ -510,8 +544,12 @@ class Analyzer(cst.CSTVisitor):
         moving the whole module into `try`.
         """
         configuration: set[str] = set()  # names bound to configuration objects (parsers, loggers)
-        for statement in module.body:
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        # Set-up needs torch: never before the last top-level import (scripts set
+        # CUDA_VISIBLE_DEVICES or sys.path first and import torch after).
+        imports = [i for i, statement in enumerate(module.body) if _imports(statement)]
+        last_import = imports[-1] if imports else -1
+        for index, statement in enumerate(module.body):
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or index < last_import:
                 continue
             if statement is self.facts.main_guard:
                 return statement

@@ -22,6 +22,8 @@ SUMMARY_WRITERS = {
 }
 # Calls that return an experiment-tracker object: made on rank 0 only, its method calls guarded.
 TRACKER_FACTORIES = SUMMARY_WRITERS | {"wandb.init"}
+# Schedulers that decide from a metric the script passes in: it must be the same on every rank.
+METRIC_SCHEDULERS = {"torch.optim.lr_scheduler.ReduceLROnPlateau"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}
 # Mode letters of open() that write (shared by the converter and the verify probe).
 WRITE_MODES = "wax+"

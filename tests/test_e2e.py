@@ -173,3 +173,13 @@ def test_meters_and_cpu_losses_print_as_the_original_did(runs):
     for run in ("ddp", "single"):
         assert len(lines_with(runs[run].stdout, "Epoch: [")) == len(lines_with(runs["original"].stdout, "Epoch: [")) == 6
         assert len(lines_with(runs[run].stdout, "running loss")) == 6
+
+
+def test_plateau_decisions_and_best_checkpoint_match_the_original(runs):
+    only_for(runs, "plateau_best")
+    learning_rates = lambda run: [line.split(" lr ")[1] for line in lines_with(runs[run].stdout, " lr ")]  # noqa: E731
+    assert learning_rates("ddp") == learning_rates("single") == learning_rates("original")
+    assert len(set(learning_rates("original"))) > 1, "the fixture must make the scheduler decide"
+    original = __import__("numpy").load(runs["dir"] / "original" / "predictions.npy")
+    converted = __import__("numpy").load(runs["dir"] / "predictions.npy")
+    assert torch.allclose(torch.from_numpy(original), torch.from_numpy(converted), **TOLERANCE)

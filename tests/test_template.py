@@ -153,3 +153,30 @@ def test_stand_in_does_nothing():
     with writer as inner:
         inner.log({"a": 1})
     assert not writer and list(writer) == []
+
+
+UNSEEDED = """
+import random
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup
+
+ddp_setup()
+split = (torch.randperm(10).tolist(), random.random())  # no seed anywhere
+before = [None, None]
+dist.all_gather_object(before, split)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(2, 2)).sum().backward()
+optimizer.step()
+after = [None, None]
+dist.all_gather_object(after, torch.randn(3).tolist())  # noise drawn during training
+if dist.get_rank() == 0:
+    print("same before training:", before[0] == before[1], "same during training:", after[0] == after[1])
+"""
+
+
+def test_unseeded_draws_agree_before_training_and_differ_during_it(tmp_path):
+    result = _torchrun(tmp_path, UNSEEDED)
+    assert result.returncode == 0, result.stderr
+    assert "same before training: True same during training: False" in result.stdout

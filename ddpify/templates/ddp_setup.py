@@ -47,12 +47,46 @@ def ddp_setup():
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     atexit.register(ddp_cleanup)  # also after an uncaught exception
     if dist.get_rank() != 0:
-        # Info and debug records would repeat rank 0's; warnings and errors still show.
+        # Info and debug records and Python warnings would repeat rank 0's; errors still show.
         logging.disable(logging.INFO)
+        import warnings  # here: the script may bind these names to something else
+
+        warnings.simplefilter("ignore")
     if dist.get_world_size() > 1:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        ddp_share_random_state()
         register_optimizer_step_post_hook(ddp_check_in_sync)
+        register_optimizer_step_post_hook(ddp_split_random_streams)
+
+
+def ddp_share_random_state():
+    """Every rank starts from rank 0's random state, so that unseeded draws before training
+    (splits, permutations, initial weights) agree; a script's own seeding then acts the
+    same on every rank."""
+    import random
+    import sys
+
+    state = [torch.initial_seed(), random.getstate()]
+    numpy = sys.modules.get("numpy")
+    state.append(numpy.random.get_state() if numpy else None)
+    dist.broadcast_object_list(state, src=0)
+    torch.manual_seed(state[0])
+    random.setstate(state[1])
+    if numpy and state[2] is not None:
+        numpy.random.set_state(state[2])
+
+
+def ddp_split_random_streams(optimizer, args, kwargs):
+    """Once training runs, each rank draws its own numbers (noise, dropout, augmentation),
+    as the one DataParallel process drew different ones for each part of the batch."""
+    if dist.get_rank() != 0 and not getattr(ddp_split_random_streams, "done", False):
+        import random
+
+        seed = torch.initial_seed() + dist.get_rank()
+        torch.manual_seed(seed)
+        random.seed(seed)
+    ddp_split_random_streams.done = True
 
 
 def ddp_check_in_sync(optimizer, args, kwargs):

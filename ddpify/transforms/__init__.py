@@ -7,6 +7,7 @@ transform has scheduled what it needs.
 """
 
 from ddpify.transforms.batch_size import BatchSizeTransform
+from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
 from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
@@ -25,6 +26,7 @@ TRANSFORMS = (
     BatchSizeTransform,
     SetEpochTransform,
     NoSyncTransform,
+    DecisionsTransform,
     RankZeroTransform,
     ProcessGroupTransform,
     ImportsTransform,

@@ -92,8 +92,18 @@ class DevicesTransform(Transform):
             kept.append((None, cst.SimpleStatementLine([cst.Pass()], leading_lines=carried)))
         return kept
 
-    def _visible_devices_value(self, statement: cst.BaseStatement | None) -> str | None:
-        """The value of an ``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` statement, else None."""
+    def _flag_for(self, expression: str) -> str | None:
+        """`opts.gpu_id` -> `--gpu_id` when the script declares that command-line flag."""
+        name = expression.split(".")[-1]
+        source = self.context.module.code
+        for flag in (f"--{name}", f"--{name.replace('_', '-')}"):
+            if f'"{flag}"' in source or f"'{flag}'" in source:
+                return flag
+        return None
+
+    def _visible_devices_value(self, statement: cst.BaseStatement | None) -> tuple[str, bool] | None:
+        """The value of an ``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` statement and whether it
+        is a literal, else None."""
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         small = statement.body[0]
@@ -102,7 +112,7 @@ class DevicesTransform(Transform):
             if isinstance(target, cst.Subscript) and "os.environ" in self.context.qualified(target.value):
                 key = target.slice[0].slice if len(target.slice) == 1 else None
                 if isinstance(key, cst.Index) and _literal(key.value) == "CUDA_VISIBLE_DEVICES":
-                    return _literal(small.value) or self.context.code(small.value)
+                    return _value(small.value, self.context)
         if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
             func = small.value.func
             args = positional_args(small.value)
@@ -113,26 +123,30 @@ class DevicesTransform(Transform):
                 and len(args) == 2
                 and _literal(args[0].value) == "CUDA_VISIBLE_DEVICES"
             ):
-                return _literal(args[1].value) or self.context.code(args[1].value)
+                return _value(args[1].value, self.context)
         return None
 
-    def _removal_comment(self, statement: cst.SimpleStatementLine, value: str) -> list[cst.EmptyLine]:
-        self.context.visible_devices = value
-        self.context.report(
-            statement,
-            "DDP703",
-            f"removed in-script CUDA_VISIBLE_DEVICES={value}; choose GPUs on the launch line",
-        )
+    def _removal_comment(self, statement: cst.SimpleStatementLine, found: tuple[str, bool]) -> list[cst.EmptyLine]:
+        value, literal = found
+        if literal:
+            self.context.visible_devices = value
+            how = f"choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ..."
+        else:
+            # A Python expression (`opts.gpu_id`) never goes into the launch line: name its flag.
+            flag = self._flag_for(value)
+            gpus = f"the GPUs you pass with {flag}" if flag else f"the GPUs `{value}` named"
+            how = f"set CUDA_VISIBLE_DEVICES to {gpus} on the launch line: CUDA_VISIBLE_DEVICES=... torchrun ..."
+        self.context.report(statement, "DDP703", f"removed in-script CUDA_VISIBLE_DEVICES={value}; {how}")
         code = self.context.code(statement.with_changes(leading_lines=[])).strip()
-        return [
-            cst.EmptyLine(comment=cst.Comment(f"# ddpify: removed {code}")),
-            cst.EmptyLine(
-                comment=cst.Comment(f"# choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ...")
-            ),
-        ]
+        return [cst.EmptyLine(comment=cst.Comment(f"# ddpify: removed {code}")), cst.EmptyLine(comment=cst.Comment(f"# {how}"))]
 
 
 def _literal(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
         return node.evaluated_value
     return None
+
+
+def _value(node: cst.BaseExpression, context) -> tuple[str, bool]:
+    literal = _literal(node)
+    return (literal, True) if literal is not None else (context.code(node), False)

@@ -31,9 +31,17 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform
 from ddpify.transforms.imports import is_header
 
-TEMPLATE_IMPORTS = (("atexit", None, None), ("logging", None, None), ("os", None, None), ("torch", None, None), ("torch.distributed", None, "dist"))
+TEMPLATE_IMPORTS = (
+    ("atexit", None, None),
+    ("logging", None, None),
+    ("os", None, None),
+    ("torch", None, None),
+    ("torch.distributed", None, "dist"),
+)
 TEMPLATE_NAMES = (
     "ddp_setup",
+    "ddp_share_random_state",
+    "ddp_split_random_streams",
     "ddp_check_in_sync",
     "ddp_first_slurm_host",
     "ddp_cleanup",

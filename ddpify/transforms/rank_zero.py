@@ -8,7 +8,8 @@ would hang. Such a statement is left alone and reported.
 
 Side effects: ``print``, ``sys.stdout/stderr.write``, ``tqdm.write``, ``torch.save``,
 ``shutil`` copies/moves/removals, ``os.remove/unlink/rename/replace/mkdir/rmdir``,
-``wandb.init/log/save/watch/finish`` statements, and ``with open(path, "w"/"a"/"x") as f:``
+``wandb.init/log/save/watch/finish`` statements, image and array writers
+(``torchvision.utils.save_image``, ``numpy.save``, ``plt.savefig``, ``cv2.imwrite``), and ``with open(path, "w"/"a"/"x") as f:``
 blocks. ``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on rank 0 only;
 the other ranks get a stand-in whose every method does nothing (DDP606), so a function that
 every rank runs may still call ``writer.add_scalar(...)``.
@@ -52,6 +53,18 @@ ranks build it after rank 0 is done (no two processes write the same files)::
     if dist.get_rank() == 0:
         dist.barrier()
 
+DDP614  ``torch.save(model, path)`` of a whole wrapped model saves ``model.module``: a pickled
+DDP wrapper does not load in a process without a process group (``getattr(model, "module",
+model)`` where the wrap is conditional).
+
+DDP615  a ``torch.load`` that every rank runs, in a script that saves checkpoints on rank 0,
+waits at a barrier first (a best-model save under a metric condition has none after it)::
+
+    model.load_state_dict(torch.load("best.pt"))
+    # becomes
+    dist.barrier()
+    model.load_state_dict(torch.load("best.pt", map_location=ddp_device()))
+
 DDP609  (warning) ``f = open(path, "w")`` outside a ``with`` block: every rank opens
 (and truncates) the file; left alone, reported.
 
@@ -74,7 +87,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import calls_in, dotted, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -88,6 +101,12 @@ SIDE_EFFECTS = {
     *(f"shutil.{name}" for name in ("copy", "copy2", "copyfile", "copytree", "move", "rmtree")),
     *(f"os.{name}" for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir")),
     *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
+    # image and array writers
+    "torchvision.utils.save_image",
+    *(f"numpy.{name}" for name in ("save", "savez", "savez_compressed", "savetxt")),
+    "matplotlib.pyplot.savefig",
+    "cv2.imwrite",
+    *(f"imageio.{name}" for name in ("imwrite", "imsave", "mimsave")),
 }
 OPEN = {"builtins.open", "io.open"}
 GUARD = "dist.get_rank() == 0"
@@ -96,6 +115,10 @@ OTHER_RANKS = "dist.get_rank() != 0"
 
 class RankZeroTransform(Transform):
     CODE_PREFIX = "DDP6"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._saves_checkpoints = "torch.save" in context.module.code
 
     # -- what is a side effect ------------------------------------------------------------
 
@@ -168,6 +191,8 @@ class RankZeroTransform(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         names = self.context.qualified(original_node.func)
+        if "torch.save" in names:
+            return self._save_unwrapped(original_node, updated_node)
         if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
             return self._quiet_progress_bar(original_node, updated_node)
         if names & OPEN and self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
@@ -183,6 +208,18 @@ class RankZeroTransform(Transform):
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         return updated_node
+
+    def _save_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``torch.save(model, path)`` pickles the whole DDP wrapper, which does not load
+        without a process group: save the module inside it."""
+        saved = updated.args[0].value if updated.args and updated.args[0].keyword is None else None
+        name = dotted(saved) if saved is not None else None
+        if name not in self.facts.model_names:
+            return updated
+        guarded = any(site.guards for site in self.facts.wraps if site.target == name)
+        unwrapped = f'getattr({name}, "module", {name})' if guarded else f"{name}.module"
+        self.context.report(original, "DDP614", f"whole model pickled: saves {unwrapped}, the module inside DDP")
+        return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
 
     def _quiet_progress_bar(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         existing = keyword_arg(updated, "disable")
@@ -235,8 +272,22 @@ class RankZeroTransform(Transform):
             if current is not None:
                 run.append(pair)
             elif pair[1] is not None:
-                result.append(pair)
+                result.extend(self._wait_before_load(pair))
         return result
+
+    def _wait_before_load(self, pair: Pair) -> Block:
+        """Every rank reads a checkpoint that rank 0 may still be writing (a best-model save
+        under a metric condition has no barrier after it): wait for rank 0 first."""
+        original, updated = pair
+        loads = [
+            call for call in calls_in(original) if "torch.load" in self.context.qualified(call.func)
+        ] if isinstance(original, cst.SimpleStatementLine) and self._saves_checkpoints else []
+        if not loads or self._under_rank_guard(original) or not self._same_path_on_every_rank(original):
+            return [pair]
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(original, "DDP615", "every rank waits for rank 0's saves before reading the checkpoint")
+        barrier = cst.parse_statement("dist.barrier()").with_changes(leading_lines=updated.leading_lines)
+        return [(None, barrier), (original, updated.with_changes(leading_lines=[]))]
 
     def _downloads(self, owner: cst.CSTNode, original: cst.BaseStatement | None) -> bool:
         if not isinstance(original, cst.SimpleStatementLine) or self._under_rank_guard(original):
@@ -329,22 +380,7 @@ class RankZeroTransform(Transform):
         return cst.parse_statement(f"{name}_mean = ddp_mean({argument})")
 
     def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
-        """Does every rank surely reach this statement when rank 0 does?
-
-        DataParallel scripts have no rank-dependent code, so only data can make ranks
-        diverge: an ``if``/``while`` on a loss or output, or an exception handler.
-        Conditions on loop counters, attributes (``args.log_interval``), constants and
-        ``len()`` are the same on every rank.
-        """
-        loop_names = loop_names_around(node, self.context.parent)
-        parent = self.context.parent(node)
-        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-            if isinstance(parent, cst.ExceptHandler):
-                return False
-            if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
-                return False
-            parent = self.context.parent(parent)
-        return True
+        return same_path_on_every_rank(node, self.context.parent)
 
 
 def _is_loss(name: str) -> bool:

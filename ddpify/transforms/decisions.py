@@ -1,0 +1,55 @@
+"""DDP8xx: decisions taken from a metric are the same on every rank.
+
+DataParallel ran one process: a metric computed from the training batches covered the
+whole global batch. Under DDP each rank has only its share, so a scheduler that decides
+from it (``ReduceLROnPlateau.step(loss)``) would lower the learning rate on some ranks and
+not others, and the ranks would train different models. The metric is averaged across
+ranks first (``ddp_mean``, one all-reduce that every rank runs); a metric from the
+unsharded evaluation is already the same on every rank, and its mean is itself.
+
+DDP801  a metric-driven scheduler steps on the mean across ranks::
+
+    scheduler.step(epoch_loss)   ->   scheduler.step(ddp_mean(epoch_loss))
+
+DDP802  (warning) the step's conditions may differ between ranks (they read data): the mean
+needs a collective that every rank reaches, so the metric is left as it is; check by hand
+that it is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import dotted, first_positional, same_path_on_every_rank
+from ddpify.diagnostics import Severity
+from ddpify.transforms.base import Transform
+
+
+class DecisionsTransform(Transform):
+    CODE_PREFIX = "DDP8"
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = original_node.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
+            return updated_node
+        if dotted(func.value) not in self.facts.metric_schedulers:
+            return updated_node
+        metric = first_positional(updated_node, "metrics")
+        if metric is None:
+            return updated_node
+        shown = self.context.code(first_positional(original_node, "metrics"))
+        if not same_path_on_every_rank(original_node, self.context.parent):
+            self.context.report(
+                original_node,
+                "DDP802",
+                f"`{shown}` decides the learning rate, and this step's conditions may differ between ranks: "
+                "make sure every rank passes the same value",
+                Severity.WARNING,
+            )
+            return updated_node
+        self.context.use_helper("ddp_mean")
+        self.context.report(original_node, "DDP801", f"the scheduler decides from `{shown}` averaged across ranks")
+        averaged = cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(metric)])
+        return updated_node.with_changes(
+            args=[arg.with_changes(value=averaged) if arg.value is metric else arg for arg in updated_node.args]
+        )
