@@ -14,12 +14,20 @@ DDP401  global batch preserved::
 
 DDP402  per-process batch kept (``--per-process-batch``): the effective batch is now
 ``batch_size * world_size``; adjust the learning rate if needed.
+
+DDP403  a batch scaled by the GPU count was DataParallel's way to give each GPU its share:
+each process (one per GPU) loads that share::
+
+    DataLoader(train_set, batch_size=args.batch_size * n_gpu)  ->  batch_size=args.batch_size
+
+DDP404  likewise ``num_workers=workers * n_gpu`` -> ``num_workers=workers`` per process.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis import DEVICE_COUNT, dotted
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
 
 
@@ -42,6 +50,19 @@ class BatchSizeTransform(Transform):
                 f"{shown} x world size; adjust the learning rate if needed",
             )
             return updated_node
+        updated_node = self._workers_per_process(original_node, updated_node)
+        original_batch = keyword_arg(original_node, "batch_size")
+        per_gpu = self._without_gpu_factor(original_batch.value) if arg and original_batch else None
+        if per_gpu is not None:
+            self.context.report(
+                original_node,
+                "DDP403",
+                f"batch_size={shown} scaled DataParallel's batch by the GPU count: each process loads "
+                f"{self.context.code(per_gpu)}, one GPU's share, as before",
+            )
+            return updated_node.with_changes(
+                args=[a.with_changes(value=per_gpu) if a.value is arg.value else a for a in updated_node.args]
+            )
         self.context.report(
             original_node,
             "DDP401",
@@ -52,4 +73,38 @@ class BatchSizeTransform(Transform):
         split = cst.Call(func=cst.Name("ddp_local_batch_size"), args=[cst.Arg(arg.value)])
         return updated_node.with_changes(
             args=[a.with_changes(value=split) if a is arg else a for a in updated_node.args]
+        )
+
+    def _is_gpu_count(self, node: cst.BaseExpression) -> bool:
+        """``torch.cuda.device_count()``, ``n_gpu`` / ``args.n_gpu``, ``max(1, n_gpu)``."""
+        if isinstance(node, cst.Call):
+            if DEVICE_COUNT in self.context.qualified(node.func):
+                return True
+            if dotted(node.func) in ("max", "min") and any(self._is_gpu_count(arg.value) for arg in node.args):
+                return True
+            return False
+        return dotted(node) in self.facts.gpu_count_names if isinstance(node, (cst.Name, cst.Attribute)) else False
+
+    def _without_gpu_factor(self, value: cst.BaseExpression) -> cst.BaseExpression | None:
+        """``per_gpu * n_gpu`` -> ``per_gpu`` (either order), else None."""
+        if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply)):
+            return None
+        if self._is_gpu_count(value.right):
+            return value.left
+        if self._is_gpu_count(value.left):
+            return value.right
+        return None
+
+    def _workers_per_process(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``num_workers=workers * n_gpu`` loaded for all GPUs in one process: each process now
+        loads for its own GPU."""
+        workers = keyword_arg(original, "num_workers")  # original nodes: qualified names are known there
+        per_gpu = self._without_gpu_factor(workers.value) if workers is not None else None
+        if per_gpu is None:
+            return updated
+        self.context.report(
+            original, "DDP404", f"num_workers={self.context.code(workers.value)} served every GPU: each process now uses {self.context.code(per_gpu)}"
+        )
+        return updated.with_changes(
+            args=[a.with_changes(value=per_gpu) if a.keyword and a.keyword.value == "num_workers" else a for a in updated.args]
         )

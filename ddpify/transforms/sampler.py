@@ -17,8 +17,9 @@ DDP302  (error; a warning with ``--allow-partial``) the loader already has a sam
 batch sampler that is not distributed: every rank would draw the same batches.
 
 DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in a call
-that is not a plain assignment statement, or options are passed by position): the file is
-left untouched.
+that is not a plain assignment statement, or a sampler is passed by position): the file is
+left untouched. ``DataLoader(ds, 32, True)`` is fine: the third positional argument is
+``shuffle``, which moves into the sampler.
 
 DDP305  a dataset built inside the loader call moves to a variable just above it, so the
 sampler shares it (evaluated once, as before)::
@@ -92,8 +93,8 @@ class SamplerTransform(Transform):
     def _unsupported(self, call: cst.Call) -> str | None:
         if any(arg.star for arg in call.args):
             return "arguments are unpacked with * or **"
-        if len(positional_args(call)) > 2:
-            return "pass shuffle/sampler options by keyword"
+        if len(positional_args(call)) > 3:
+            return "pass sampler options by keyword"
         dataset = first_positional(call, "dataset")
         if dataset is None:
             return "no dataset argument"
@@ -180,7 +181,7 @@ class SamplerTransform(Transform):
         dataset = first_positional(updated_node, "dataset")
         if not isinstance(dataset, REPEATABLE):
             updated_node, dataset = self._hoist_dataset(original_node, updated_node, site)
-        shuffle = keyword_arg(updated_node, "shuffle")
+        updated_node, shuffle = _shuffle_by_keyword(updated_node)
         shuffle_value = shuffle.value if shuffle else cst.Name("False")
         sampler = cst.Call(
             func=cst.Name("DistributedSampler"),
@@ -196,3 +197,14 @@ class SamplerTransform(Transform):
             return replace_arg(updated_node, shuffle, keyword("sampler", sampler))
         return append_arg(updated_node, keyword("sampler", sampler))
 
+
+
+def _shuffle_by_keyword(call: cst.Call) -> tuple[cst.Call, cst.Arg | None]:
+    """``DataLoader(ds, 32, True)``: the third positional argument is ``shuffle``; make it a
+    keyword so the sampler can take its place."""
+    positional = positional_args(call)
+    if len(positional) < 3:
+        return call, keyword_arg(call, "shuffle")
+    third = positional[2]
+    shuffle = keyword("shuffle", third.value).with_changes(comma=third.comma)
+    return call.with_changes(args=[shuffle if arg is third else arg for arg in call.args]), shuffle
