@@ -108,6 +108,7 @@ class Facts:
     dp_references: list[cst.BaseExpression] = field(default_factory=list)
     loaders: dict[cst.Call, LoaderSite] = field(default_factory=dict)
     shared_loaders: set[cst.Call] = field(default_factory=set)  # built by a helper called more than once
+    iterator_loaders: set[cst.Call] = field(default_factory=set)  # drawn from with next(iter(loader))
     epoch_hooks: dict[Loop, EpochHook] = field(default_factory=dict)
     model_names: set[str] = field(default_factory=set)
     unsafe_functions: set[Function] = field(default_factory=set)
@@ -605,6 +606,7 @@ class Analyzer(cst.CSTVisitor):
 
     def _resolve_training_loops(self) -> None:
         for loop, context in self._training_loops.items():
+            self._mark_iterator_loaders(loop, context)
             if not isinstance(loop, cst.For):
                 continue
             for expr in self._iterated(loop.iter):
@@ -614,6 +616,31 @@ class Analyzer(cst.CSTVisitor):
                 for call in calls:
                     self.facts.loaders[call].training = True
                 self._find_epoch_loops(loop, expr, context, calls, depth=0)
+
+    def _mark_iterator_loaders(self, loop: Loop, context: Context) -> None:
+        """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``."""
+        for call in calls_in(loop.body):
+            if dotted(call.func) != "next" or not call.args:
+                continue
+            source = call.args[0].value
+            for expr in self._iterator_sources(source):
+                for found in self._loaders_for(expr, context, depth=0):
+                    self.facts.loaders[found].training = True
+                    self.facts.iterator_loaders.add(found)
+
+    def _iterator_sources(self, source: cst.BaseExpression) -> list[cst.BaseExpression]:
+        """`iter(loader)` -> loader; `it` -> the loaders of every `it = iter(loader)`."""
+        if isinstance(source, cst.Call) and dotted(source.func) == "iter" and source.args:
+            return self._iterated(source.args[0].value)
+        if not isinstance(source, cst.Name):
+            return []
+        scope = self.get_metadata(ScopeProvider, source, None)
+        found = []
+        for assignment in scope[source.value] if scope is not None else ():
+            value, _ = self._assigned_value(assignment.node) if getattr(assignment, "node", None) is not None else (None, None)
+            if isinstance(value, cst.Call) and dotted(value.func) == "iter" and value.args:
+                found += self._iterated(value.args[0].value)
+        return found
 
     def _iterated(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
         """The Name/Attribute expressions a loop iterates: `enumerate(tqdm(loader))` -> loader."""

@@ -30,6 +30,9 @@ sampler shares it (evaluated once, as before)::
     train_loader = DataLoader(train_dataset, batch_size=ddp_local_batch_size(64),
                               sampler=DistributedSampler(train_dataset, shuffle=False))
 
+DDP307  (warning) a shuffled training loader drawn from with ``next(iter(loader))``: its
+sampler is sharded, but ``set_epoch`` must be called by hand before each new ``iter()``.
+
 DDP306  (warning) the training loader is built by a helper function that also builds other
 loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
 sharded, so evaluation on the others covers each rank's share only.
@@ -168,6 +171,16 @@ class SamplerTransform(Transform):
             return updated_node
         if self._own_sampler(original_node) is not None:
             return updated_node  # reported by check()
+        if original_node in self.facts.iterator_loaders and "True" in self.context.code(
+            _shuffle_by_keyword(updated_node)[1] or cst.Name("False")
+        ):
+            self.context.report(
+                original_node,
+                "DDP307",
+                "the training loop draws from this loader with next(iter(...)): call "
+                "`loader.sampler.set_epoch(n)` before each new iter() so every pass reshuffles",
+                Severity.WARNING,
+            )
         if original_node in self.facts.shared_loaders:
             self.context.report(
                 original_node,
