@@ -119,6 +119,7 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
+    star_imports: bool = False  # `from models import *` may bind torch and nn
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
     module_level_runs: bool = False
@@ -254,6 +255,26 @@ def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
     return False
 
 
+# Names a star import (``from models import *``) commonly brings in, and what they stand for.
+STAR_IMPORTED_ROOTS = {"torch": "torch", "nn": "torch.nn"}
+
+
+def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
+    """``torch.nn.DataParallel`` / ``nn.DataParallel`` where ``torch`` / ``nn`` is bound by
+    nothing but a star import: taken to be torch's (the spelled-out path says so)."""
+    name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+    if not name or "." not in name:
+        return set()
+    root, rest = name.split(".", 1)
+    base = node
+    while isinstance(base, cst.Attribute):
+        base = base.value
+    scope = scope_of(base)
+    if root not in STAR_IMPORTED_ROOTS or scope is None or list(scope[root]):
+        return set()
+    return {f"{STAR_IMPORTED_ROOTS[root]}.{rest}"}
+
+
 def _imports(statement: cst.CSTNode) -> bool:
     """A top-level statement that imports (``import x``, ``from x import y``)."""
     return isinstance(statement, cst.SimpleStatementLine) and any(
@@ -311,7 +332,14 @@ class Analyzer(cst.CSTVisitor):
 
     # -- helpers -----------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        names = {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        if names or not self.facts.star_imports:
+            return names
+        return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if isinstance(node.names, cst.ImportStar):
+            self.facts.star_imports = True
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode:
         return self.get_metadata(ParentNodeProvider, node)

@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from ddpify.analysis import Facts
+from ddpify.analysis import Facts, star_imported_torch
 from ddpify.diagnostics import ConvertOptions, Diagnostic, Severity
 
 Pair = tuple[cst.BaseStatement | None, cst.BaseStatement]
@@ -84,7 +84,10 @@ class ConversionContext:
             return None
 
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        return {q.name for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        names = {q.name for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        if names or not self.facts.star_imports:
+            return names
+        return star_imported_torch(node, lambda name: self.metadata.get_metadata(ScopeProvider, name, None))
 
     def add_import(self, module: str, name: str | None = None, alias: str | None = None) -> None:
         if (module, name, alias) not in self.imports_to_add:

@@ -44,6 +44,7 @@ DataLoader was found: shard the data by hand.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import LoaderSite, first_positional, walk
 from ddpify.diagnostics import Severity
@@ -91,7 +92,28 @@ class SamplerTransform(Transform):
             )
 
     def _own_sampler(self, call: cst.Call) -> cst.Arg | None:
-        return keyword_arg(call, "sampler") or keyword_arg(call, "batch_sampler")
+        """The loader's own ``sampler=`` / ``batch_sampler=``; not a ``None`` placeholder."""
+        own = keyword_arg(call, "sampler") or keyword_arg(call, "batch_sampler")
+        return None if own is None or self._placeholder(own) else own
+
+    def _placeholder(self, arg: cst.Arg) -> bool:
+        """``sampler=None``, or ``sampler=train_sampler`` where that name is only ever None
+        (``train_sampler = None`` kept for a distributed branch that was never written)."""
+        value = arg.value
+        if isinstance(value, cst.Name) and value.value == "None":
+            return True
+        if not isinstance(value, cst.Name):
+            return False
+        scope = self.context.metadata.get_metadata(ScopeProvider, value, None)
+        assignments = list(scope[value.value]) if scope is not None else []
+        values = [self._assigned(getattr(a, "node", None)) for a in assignments]
+        return bool(values) and all(isinstance(v, cst.Name) and v.value == "None" for v in values)
+
+    def _assigned(self, target: cst.CSTNode | None) -> cst.BaseExpression | None:
+        parent = self.context.parent(target) if target is not None else None
+        if isinstance(parent, cst.AssignTarget):
+            parent = self.context.parent(parent)
+        return parent.value if isinstance(parent, (cst.Assign, cst.AnnAssign)) else None
 
     def _unsupported(self, call: cst.Call) -> str | None:
         if any(arg.star for arg in call.args):
@@ -171,6 +193,7 @@ class SamplerTransform(Transform):
             return updated_node
         if self._own_sampler(original_node) is not None:
             return updated_node  # reported by check()
+        updated_node = _without_placeholder(updated_node)
         if original_node in self.facts.iterator_loaders and "True" in self.context.code(
             _shuffle_by_keyword(updated_node)[1] or cst.Name("False")
         ):
@@ -221,3 +244,14 @@ def _shuffle_by_keyword(call: cst.Call) -> tuple[cst.Call, cst.Arg | None]:
     third = positional[2]
     shuffle = keyword("shuffle", third.value).with_changes(comma=third.comma)
     return call.with_changes(args=[shuffle if arg is third else arg for arg in call.args]), shuffle
+
+
+def _without_placeholder(call: cst.Call) -> cst.Call:
+    """Drop a ``sampler=None``-style placeholder: the DistributedSampler takes its place."""
+    args = list(call.args)
+    for index, arg in enumerate(args):
+        if arg.keyword is not None and arg.keyword.value in ("sampler", "batch_sampler"):
+            if index == len(args) - 1 and index > 0:
+                args[index - 1] = args[index - 1].with_changes(comma=arg.comma)
+            return call.with_changes(args=args[:index] + args[index + 1 :])
+    return call
