@@ -31,6 +31,14 @@ is larger than one, so the world size now decides too::
 
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
+DDP107  DataParallel-only synchronised BatchNorm (``patch_replication_callback(model)`` of
+Synchronized-BatchNorm-PyTorch, whose layers subclass torch's BatchNorm) becomes
+``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` inside the wrap; the callback
+statement is removed (it asserts a DataParallel)::
+
+    model = nn.DataParallel(model)                ->   model = DistributedDataParallel(
+    patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(ddp_device()), ...)
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -43,6 +51,7 @@ from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_posi
 from ddpify.transforms.base import Transform, keyword
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
+SYNC_BN_CALLBACK = "patch_replication_callback"
 
 
 class WrapModelTransform(Transform):
@@ -53,8 +62,42 @@ class WrapModelTransform(Transform):
         self.sites = {site.outer: site for site in self.facts.wraps}
         self.device_count_calls: set[cst.CSTNode] = set()  # calls, or names holding the count
         self.guard_rewrites: dict[cst.CSTNode, bool] = {}  # guard -> the wrap is in its true branch
+        # `patch_replication_callback(model)`: DataParallel-only synchronised BatchNorm
+        self.sync_bn_calls = {
+            line: dotted(call.args[0].value)
+            for line, call in self._statement_calls(SYNC_BN_CALLBACK)
+            if call.args
+        }
+        self.sync_bn_targets = set(self.sync_bn_calls.values())
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
+        """Statements that are just a call of a function called `name`."""
+        found = []
+        for node, context in self.facts.contexts.items():
+            if isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] == name:
+                expr = self.context.parent(node)
+                line = self.context.parent(expr) if isinstance(expr, cst.Expr) else None
+                if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+                    found.append((line, node))
+        return found
+
+    def edit_block(self, owner: cst.CSTNode, block):
+        kept = []
+        for original, updated in block:
+            if original in self.sync_bn_calls and self.sync_bn_calls[original] in self.sync_bn_targets:
+                self.context.report(
+                    original,
+                    "DDP107",
+                    f"DataParallel's synchronised BatchNorm ({SYNC_BN_CALLBACK}) -> "
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap",
+                )
+                continue
+            kept.append((original, updated))
+        if not kept:
+            kept.append((None, cst.SimpleStatementLine([cst.Pass()])))
+        return kept
 
     def _classify_guards(self, site: WrapSite) -> None:
         for guard in site.guards:
@@ -103,6 +146,10 @@ class WrapModelTransform(Transform):
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
         module = first_positional(dp_call, "module")
+        if site.target in self.sync_bn_targets:
+            module = cst.parse_expression("torch.nn.SyncBatchNorm.convert_sync_batchnorm(_)").with_changes(
+                args=[cst.Arg(module)]
+            )
         if site.move is not None:
             placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module)))
         else:
