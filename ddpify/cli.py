@@ -94,7 +94,14 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
             say(f"  {diagnostic.concise(result.path)}")
         return EXIT_ERROR if any(d.code == "DDP001" for d in result.diagnostics) else EXIT_FINDINGS
     if not result.changed:
-        say(f"{result.path}: nothing to convert")
+        if output is not None and not diff:
+            # `convert a.py -o b.py && torchrun b.py` works on any input: b.py is a copy.
+            try:
+                api.write_result(result, output)
+            except OSError as error:
+                say(f"{result.path}: error: cannot write: {error}")
+                return EXIT_ERROR
+        say(f"{result.path}: nothing to convert{f' (copied to {output})' if output and not diff else ''}")
         return EXIT_OK
     if not diff:
         try:

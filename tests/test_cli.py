@@ -155,3 +155,17 @@ def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
     result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
     assert result.exit_code == 0 and "DDP302" in result.output and "launch:" in result.output
     assert "DistributedDataParallel(" in path.read_text()
+
+
+def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):
+    text = "import torch\nprint(torch.__version__)\n"
+    source = write(tmp_path, "plain.py", text)
+    result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out" / "plain_ddp.py")])
+    assert result.exit_code == 0 and "nothing to convert" in result.output
+    assert (tmp_path / "out" / "plain_ddp.py").read_text() == text
+
+
+def test_a_refused_file_writes_no_output(tmp_path):
+    source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "existing_sampler.py").read_text())
+    result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
+    assert result.exit_code == 1 and not (tmp_path / "out.py").exists()
