@@ -54,6 +54,11 @@ def convert(
         help="Convert even where the result would not train one model on sharded data "
         "(unsharded loaders, a model changed after the wrap); those findings become warnings.",
     ),
+    no_relaunch: bool = typer.Option(
+        False,
+        "--no-relaunch",
+        help="Leave out the self-relaunch: plain `python train.py` then runs one process even with several GPUs.",
+    ),
     jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
 ) -> None:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
@@ -70,7 +75,11 @@ def convert(
         _fail("-o/--output takes exactly one input file")
     if not files:
         _fail("no Python files found")
-    options = ConvertOptions(per_process_batch=per_process_batch or config.per_process_batch, allow_partial=allow_partial)
+    options = ConvertOptions(
+        per_process_batch=per_process_batch or config.per_process_batch,
+        allow_partial=allow_partial,
+        relaunch=not no_relaunch,
+    )
     results = api.convert_files(files, options, jobs)
     status = EXIT_OK
     for result in results:

@@ -66,3 +66,6 @@ class ConvertOptions:
     # Findings that mean "this would not train one model on sharded data" refuse the file;
     # True turns them into warnings and converts the rest (the user finishes by hand).
     allow_partial: bool = False
+    # Plain `python train.py` on a machine with several GPUs re-launches itself under
+    # torchrun (one process per GPU), as DataParallel used every GPU; False leaves it out.
+    relaunch: bool = True

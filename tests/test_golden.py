@@ -20,7 +20,8 @@ CASES = fixture_inputs()
 def options_for(source: str) -> ConvertOptions:
     first = source.splitlines()[0] if source else ""
     flags = first.split(":", 1)[1].split() if first.startswith("# fixture-options:") else []
-    return ConvertOptions(**{flag: True for flag in flags})
+    # `no_relaunch` turns a default-on option off
+    return ConvertOptions(**{flag.removeprefix("no_"): not flag.startswith("no_") for flag in flags})
 
 
 def render_diagnostics(result: FileResult) -> str:

@@ -35,6 +35,8 @@ def ddp_setup():
         env.setdefault("MASTER_ADDR", ddp_first_slurm_host(env["SLURM_NODELIST"]))
         env.setdefault("MASTER_PORT", "29500")
     launched = "RANK" in env
+    if not launched:
+        ddp_relaunch()  # ddpify:relaunch
     env.setdefault("LOCAL_RANK", "0")
     if torch.cuda.is_available():
         # Before any other CUDA work, so that this process never touches another GPU.
@@ -114,6 +116,20 @@ def ddp_check_in_sync(optimizer, args, kwargs):
                 "model is trained outside DistributedDataParallel (a wrap that did not run on "
                 "every rank, or a model changed after it was wrapped)"
             )
+
+
+def ddp_relaunch():
+    """Plain `python train.py` on a machine with several GPUs: run again under torchrun, one
+    process per GPU, as DataParallel used them all; exit with its status. DDPIFY_NO_RELAUNCH=1
+    turns this off; DDPIFY_NPROC=N forces N processes."""
+    count = int(os.environ.get("DDPIFY_NPROC", "0")) or torch.cuda.device_count()
+    if count < 2 or os.environ.get("DDPIFY_NO_RELAUNCH"):
+        return
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}"]
+    raise SystemExit(subprocess.call([*command, *sys.argv]))
 
 
 def ddp_first_slurm_host(nodelist):

@@ -43,6 +43,7 @@ TEMPLATE_NAMES = (
     "ddp_share_random_state",
     "ddp_split_random_streams",
     "ddp_check_in_sync",
+    "ddp_relaunch",
     "ddp_first_slurm_host",
     "ddp_cleanup",
     "ddp_device",
@@ -53,7 +54,8 @@ TEMPLATE_NAMES = (
     "DdpNoOp",
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp"}
+OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch"}
+RELAUNCH_MARK = "  # ddpify:relaunch"
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {
     **{name: None for name in TEMPLATE_NAMES},
@@ -77,8 +79,17 @@ def template_source() -> str:
 
 def template_statements(used: frozenset[str] = frozenset(), newline: str = "\n") -> list[cst.BaseStatement]:
     """The helper block as statements, its header comment on the first one; optional
-    helpers only if ``used``. Docstrings get the script's ``newline``."""
-    parsed = cst.parse_module(template_source().replace("\n", newline))
+    helpers only if ``used`` (without ``ddp_relaunch`` its call goes too). Docstrings get
+    the script's ``newline``."""
+    lines = []
+    for line in template_source().split("\n"):
+        if RELAUNCH_MARK not in line:
+            lines.append(line)
+        elif "ddp_relaunch" in used:
+            lines.append(line.replace(RELAUNCH_MARK, ""))
+        else:
+            lines.pop()  # the `if not launched:` above it
+    parsed = cst.parse_module(newline.join(lines))
     first, *rest = [
         statement
         for statement in parsed.body
@@ -169,6 +180,8 @@ class ProcessGroupTransform(Transform):
         at = 0
         while at < len(block) and is_header(block[at][1]):
             at += 1
+        if self.context.options.relaunch:
+            self.context.use_helper("ddp_relaunch")
         helpers: list[Pair] = [(None, statement) for statement in template_statements(frozenset(self.context.helpers_used), self.context.module.default_newline)]
         rest = block[at:]
         if rest:
