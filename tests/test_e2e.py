@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_inputs
+from conftest import fixture_inputs, run_launched
 from ddpify.api import convert_source
 
 torch = pytest.importorskip("torch")
@@ -33,7 +33,7 @@ def run(command: list[str], cwd: Path, probe_dir: Path) -> subprocess.CompletedP
     env = {**os.environ, "DDPIFY_PROBE_DIR": str(probe_dir), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         env.pop(name, None)
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    result = run_launched(command, cwd=cwd, env=env, timeout=300)
     assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
     return result
 

@@ -8,11 +8,11 @@ DDPIFY_NO_RELAUNCH=1 or `convert --no-relaunch` leave one process.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
+from conftest import run_launched
 from ddpify.api import convert_source
 from ddpify.diagnostics import ConvertOptions
 
@@ -55,7 +55,7 @@ def converted(tmp_path, relaunch: bool = True):
 def run(command, tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", **extra)
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = run_launched(command, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
     return sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
 

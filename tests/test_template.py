@@ -87,14 +87,15 @@ print("trained on", dist.get_rank())
 
 def _torchrun(tmp_path, script: str):
     import os
-    import subprocess
     import sys
+
+    from conftest import run_launched
 
     path = tmp_path / "train.py"
     path.write_text(script)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(path)]
-    return subprocess.run(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    return run_launched(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def test_ranks_that_train_different_weights_stop_after_the_first_step(tmp_path):

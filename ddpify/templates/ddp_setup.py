@@ -69,14 +69,21 @@ def ddp_share_random_state():
     import random
     import sys
 
-    state = [torch.initial_seed(), random.getstate()]
+    torch.set_rng_state(ddp_from_rank_zero(torch.get_rng_state()))
+    version, words, gauss = random.getstate()
+    random.setstate((version, tuple(ddp_from_rank_zero(torch.tensor(words)).tolist()), gauss))
     numpy = sys.modules.get("numpy")
-    state.append(numpy.random.get_state() if numpy else None)
-    dist.broadcast_object_list(state, src=0)
-    torch.manual_seed(state[0])
-    random.setstate(state[1])
-    if numpy and state[2] is not None:
-        numpy.random.set_state(state[2])
+    if numpy is not None:
+        kind, keys, position, has_gauss, cached = numpy.random.get_state()
+        shared = ddp_from_rank_zero(torch.tensor([*keys.tolist(), position], dtype=torch.int64)).tolist()
+        numpy.random.set_state((kind, numpy.array(shared[:-1], dtype=numpy.uint32), shared[-1], has_gauss, cached))
+
+
+def ddp_from_rank_zero(tensor):
+    """Rank 0's copy of a CPU tensor, on every rank (through this process's device)."""
+    shared = tensor.to(ddp_device())
+    dist.broadcast(shared, src=0)
+    return shared.cpu()
 
 
 def ddp_split_random_streams(optimizer, args, kwargs):

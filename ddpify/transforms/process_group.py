@@ -41,6 +41,7 @@ TEMPLATE_IMPORTS = (
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
+    "ddp_from_rank_zero",
     "ddp_split_random_streams",
     "ddp_check_in_sync",
     "ddp_relaunch",
