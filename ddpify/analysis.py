@@ -119,6 +119,7 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
+    existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False  # `from models import *` may bind torch and nn
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
@@ -554,13 +555,8 @@ class Analyzer(cst.CSTVisitor):
     # -- after the walk ------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
         self.facts.gpu_count_names -= self._other_bindings
-        if self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references):
-            # Half-converted by hand: mixing our set-up with the user's would run it twice.
-            self.problem(
-                self.facts.distributed_uses[0],
-                "DDP005",
-                "the file already uses torch.distributed next to DataParallel; finish this conversion by hand",
-            )
+        # A DDP path beside DataParallel: take it (transforms/existing_ddp.py), set nothing up twice.
+        self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
         self.facts.setup_anchor = self._setup_anchor(original_node)
         self._resolve_training_loops()
         self._find_unsafe_functions()

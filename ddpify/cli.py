@@ -110,7 +110,15 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
             except OSError as error:
                 say(f"{result.path}: error: cannot write: {error}")
                 return EXIT_ERROR
-        say(f"{result.path}: nothing to convert{f' (copied to {output})' if output and not diff else ''}")
+        copied = f" (copied to {output})" if output and not diff else ""
+        if not result.diagnostics:
+            say(f"{result.path}: nothing to convert{copied}")
+            return EXIT_OK
+        say(f"{result.path}: nothing to rewrite{copied}")  # e.g. a DDP path that only needs its switch
+        for diagnostic in result.diagnostics:
+            say(f"  {diagnostic.concise(result.path)}")
+        if result.launch_command:
+            say(f"  launch: {result.launch_command.replace(result.path, str(output) if output and not diff else result.path)}")
         return EXIT_OK
     if not diff:
         try:

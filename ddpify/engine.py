@@ -10,7 +10,7 @@ import libcst as cst
 
 from ddpify.analysis import analyze
 from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
-from ddpify.transforms import REFERENCES_ONLY, TRANSFORMS
+from ddpify.transforms import EXISTING_DDP, REFERENCES_ONLY, TRANSFORMS
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -24,12 +24,12 @@ def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
     facts = analyze(wrapper)
     if not facts.wraps and not facts.dp_references and not facts.problems:
         return FileResult(path, source, source)
-    context = ConversionContext(module, facts, options, MetadataView(wrapper))
+    context = ConversionContext(module, facts, options, MetadataView(wrapper), path=path)
     for problem in facts.problems:
         context.report(problem.node, problem.code, problem.message, Severity.ERROR)
     # A module that only names the class (isinstance checks in a library) gets those names
     # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
-    chosen = TRANSFORMS if facts.wraps else REFERENCES_ONLY
+    chosen = EXISTING_DDP if facts.existing_ddp else TRANSFORMS if facts.wraps else REFERENCES_ONLY
     transforms = [transform(context) for transform in chosen]
     for transform in transforms:
         transform.check()
@@ -41,7 +41,7 @@ def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
         source,
         converted.code,
         tuple(sorted(set(context.diagnostics))),
-        launch_command(path, context) if facts.wraps else None,
+        context.launch_command or (launch_command(path, context) if facts.wraps else None),
     )
 
 

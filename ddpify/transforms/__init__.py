@@ -9,6 +9,7 @@ transform has scheduled what it needs.
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
+from ddpify.transforms.existing_ddp import ExistingDdpTransform
 from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
@@ -33,3 +34,5 @@ TRANSFORMS = (
 )
 # For a module that names DataParallel but never wraps a model.
 REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)
+# For a script that already has a DDP path beside DataParallel: select that path.
+EXISTING_DDP = (ExistingDdpTransform, ImportsTransform)

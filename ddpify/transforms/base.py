@@ -49,7 +49,9 @@ class ConversionContext:
     facts: Facts
     options: ConvertOptions
     metadata: MetadataView
+    path: str = "<string>"
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    launch_command: str | None = None  # set by a transform that knows the script's own launch line
     imports_to_add: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     sharded_loaders: set[cst.Call] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script

@@ -47,7 +47,7 @@ class ImportsTransform(Transform):
         return self.context.code(module.module) in DP_MODULES and self.context.code(alias.name) == "DataParallel"
 
     def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        if original_node.module is None or isinstance(original_node.names, cst.ImportStar):
+        if original_node.module is None or isinstance(original_node.names, cst.ImportStar) or self.facts.existing_ddp:
             return updated_node
         kept = [alias for alias in updated_node.names if not self._is_data_parallel(original_node, alias)]
         if len(kept) in (0, len(updated_node.names)):
@@ -56,7 +56,8 @@ class ImportsTransform(Transform):
         return updated_node.with_changes(names=kept)
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
-        block = self._drop_data_parallel_imports(block)
+        if not self.facts.existing_ddp:  # there, the DataParallel branch stays as it was
+            block = self._drop_data_parallel_imports(block)
         if not isinstance(owner, cst.Module):
             return block
         missing = [key for key in self.context.imports_to_add if key not in self.existing]
