@@ -119,6 +119,7 @@ class Facts:
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
+    training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False  # `from models import *` may bind torch and nn
     # module-level code wraps, trains, or calls a function or class defined here (a script,
@@ -629,6 +630,7 @@ class Analyzer(cst.CSTVisitor):
         return True
 
     def _resolve_training_loops(self) -> None:
+        self.facts.training_loops = list(self._training_loops)
         for loop, context in self._training_loops.items():
             self._mark_iterator_loaders(loop, context)
             if not isinstance(loop, cst.For):

@@ -14,19 +14,58 @@ DDP801  a metric-driven scheduler steps on the mean across ranks::
 DDP802  (warning) the step's conditions may differ between ranks (they read data): the mean
 needs a collective that every rank reaches, so the metric is left as it is; check by hand
 that it is the same on every rank.
+
+DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition
+(``if loss.isnan(): continue``, ``except RuntimeError:`` around ``backward()``): one rank
+then skips a backward the others run, and DDP's all-reduce waits for it forever (a hang).
+Make the decision the same on every rank (all-reduce the condition) or remove it.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import dotted, first_positional, same_path_on_every_rank
+from ddpify.analysis import calls_in, dotted, first_positional, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
 
 
 class DecisionsTransform(Transform):
     CODE_PREFIX = "DDP8"
+
+    def check(self) -> None:
+        for loop in self.facts.training_loops:
+            self._report_per_rank_skips(loop)
+
+    def _report_per_rank_skips(self, loop: cst.CSTNode) -> None:
+        loop_names = loop_names_around(loop, self.context.parent) | {
+            name.value for name in walk(loop.target) if isinstance(name, cst.Name)
+        } if isinstance(loop, cst.For) else set()
+        for node in walk(loop.body):
+            if self._innermost_loop(node) is not loop:
+                continue  # checked with its own loop's counters
+            if isinstance(node, cst.If) and not same_on_every_rank(node.test, loop_names):
+                if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
+                    self._hang_risk(node, f"`if {self.context.code(node.test)}:` skips an iteration")
+            if isinstance(node, cst.Try) and node.handlers and any(
+                isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" for call in calls_in(node.body)
+            ):
+                self._hang_risk(node, "an exception handler around backward() skips it")
+
+    def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+            parent = self.context.parent(parent)
+        return parent
+
+    def _hang_risk(self, node: cst.CSTNode, what: str) -> None:
+        self.context.report(
+            node,
+            "DDP803",
+            f"{what} on one rank only: the other ranks wait in DDP's all-reduce (a hang); "
+            "make the decision the same on every rank",
+            Severity.WARNING,
+        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         func = original_node.func
