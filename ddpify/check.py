@@ -138,6 +138,9 @@ def _import_table(tree: ast.Module, lines: list[int] | None = None) -> dict[str,
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 table[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    if "*" in table:  # `from models import *` commonly brings torch and nn along (as convert assumes)
+        table.setdefault("torch", "torch")
+        table.setdefault("nn", "torch.nn")
     return table
 
 

@@ -49,6 +49,11 @@ def test_data_parallel_is_flagged_in_any_file():
     assert codes("import torch\nm = torch.nn.DataParallel(net)\n") == [(2, "DDP100")]
 
 
+def test_data_parallel_through_a_star_import_is_flagged():
+    source = "from models import *\nm = torch.nn.DataParallel(net)\nn2 = nn.DataParallel(net)\n"
+    assert codes(source) == [(2, "DDP100"), (3, "DDP100")]
+
+
 def test_progress_bars_and_trackers_on_every_rank():
     source = (
         "import torch.distributed as dist\nimport wandb as wb\nfrom tqdm import tqdm, trange as tr\n"
