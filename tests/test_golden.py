@@ -49,6 +49,23 @@ def test_golden(case: Path, update_golden: bool) -> None:
     if result.error:
         assert result.output == source, "a refused file is left byte-identical"
     assert _trailing_whitespace(result.output) <= _trailing_whitespace(source), "no new trailing whitespace"
+    if result.changed and "ddp_setup()" in result.output:
+        assert _no_collective_before_setup(result.output), "a dist.* call runs before ddp_setup()"
+
+
+def _no_collective_before_setup(code: str) -> bool:
+    """Top-level statements before the one that calls ddp_setup() never call dist.*."""
+    import ast
+
+    for statement in ast.parse(code).body:
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
+            continue
+        calls = [node for node in ast.walk(statement) if isinstance(node, ast.Call)]
+        if any(isinstance(c.func, ast.Name) and c.func.id == "ddp_setup" for c in calls):
+            return True
+        if any(isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and c.func.value.id == "dist" for c in calls):
+            return False
+    return True
 
 
 def _trailing_whitespace(text: str) -> int:

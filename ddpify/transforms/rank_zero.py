@@ -313,7 +313,8 @@ class RankZeroTransform(Transform):
         before = cst.parse_statement(f"if {OTHER_RANKS}:\n    dist.barrier()  # rank 0 downloads first\n")
         after = cst.parse_statement(f"if {GUARD}:\n    dist.barrier()\n")
         before = before.with_changes(leading_lines=first.leading_lines)
-        return [(None, before), (first_original, first.with_changes(leading_lines=[])), *rest, (None, after)]
+        # `before` stands for the first original (set-up must precede its barrier).
+        return [(first_original, before), (None, first.with_changes(leading_lines=[])), *rest, (None, after)]
 
     def _guard(self, run: list[Pair]) -> Block:
         # A barrier only where every rank reaches it, else it would hang.
@@ -329,7 +330,9 @@ class RankZeroTransform(Transform):
         if any(saves) and barrier:
             # Nothing may read the checkpoint before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
-        return [(None, statement) for statement in emitted]
+        # The first emitted statement stands for the run's first original: set-up placed
+        # before that original must come before the guard (it calls dist.get_rank()).
+        return [(run[0][0] if index == 0 else None, statement) for index, statement in enumerate(emitted)]
 
     def _report_guarded(self, original: cst.BaseStatement, barrier: bool) -> bool:
         """Report DDP601 for one guarded statement; True if it saves a checkpoint."""

@@ -31,6 +31,11 @@ is larger than one, so the world size now decides too::
 
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
+DDP108  (warning) a guard that is not about GPUs or devices (``if args.pretrained:``,
+``if not args.state:``) chooses a model, it does not switch multi-GPU training: left as
+it is. Should it be a multi-GPU switch after all, the converted script's first-step check
+stops the run with a clear error instead of training different models.
+
 DDP107  DataParallel-only synchronised BatchNorm (``patch_replication_callback(model)`` of
 Synchronized-BatchNorm-PyTorch, whose layers subclass torch's BatchNorm) becomes
 ``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` inside the wrap; the callback
@@ -45,9 +50,12 @@ now names DistributedDataParallel, which also has ``.module``.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, names_in, walk
+from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, keyword
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
@@ -109,6 +117,16 @@ class WrapModelTransform(Transform):
                 counted = ", ".join(self.context.code(node) for node in counts)
                 self.context.report(
                     test, "DDP102", f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()"
+                )
+                continue
+            if not _about_devices(self.context.code(test)):
+                # A model choice (`if args.pretrained:`), not a multi-GPU switch: left as it is.
+                self.context.report(
+                    test,
+                    "DDP108",
+                    f"the wrap also depends on `{self.context.code(test)}`, left as it is (not a GPU switch); "
+                    "if it switches multi-GPU training off, the run stops at the first step with a clear error",
+                    Severity.WARNING,
                 )
                 continue
             self.guard_rewrites[guard.node] = guard.wraps_when_true
@@ -222,3 +240,13 @@ def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
         return expression
     return expression.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
+
+
+# Words of conditions that switch DataParallel on: GPU counts and lists, CUDA and device
+# checks, multi-GPU and parallel flags (`args.ngpu > 1`, `use_cuda`, `args.mGPUs`).
+DEVICE_WORDS = ("gpu", "cuda", "cpu", "device", "parallel", "multi", "distributed", "world", "nproc")
+
+
+def _about_devices(test_code: str) -> bool:
+    words = {word for word in re.split(r"[^a-z0-9]+", test_code.lower()) if word}
+    return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})

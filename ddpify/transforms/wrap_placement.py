@@ -60,7 +60,10 @@ class WrapPlacementTransform(Transform):
         after = list(block[block.index(statement) + 1 :])
         optimizer = next((s for s in after if self._builds_optimizer(s, site.target)), None)
         before_optimizer = after[: after.index(optimizer)] if optimizer is not None else after
-        changes = [s for s in before_optimizer if self._changes(s, site.target)]
+        # The model changes through the wrap's name or through the module it wrapped
+        # (`net = DP(ssd_net)` then `ssd_net.extras.apply(weights_init)`).
+        names = {site.target, dotted(site.module_arg) if site.module_arg is not None else None} - {None}
+        changes = [s for s in before_optimizer if any(self._changes(s, name) for name in names)]
         if not changes:
             return
         what = self._first_line(changes[0])
@@ -76,7 +79,7 @@ class WrapPlacementTransform(Transform):
                 f"and the wrap cannot move below it: {reason}",
             )
             return
-        built_here = dotted(site.module_arg) != site.target  # `net = DP(Net())`: split it
+        built_here = dotted(site.module_arg) is None  # `net = DP(Net())`: split it
         if built_here and statement is not self._line_of(site.call):
             self.context.report_unsound(
                 site.call, "DDP106", f"the model changes after the wrap (`{what}`) and is built inside a guarded wrap"
@@ -90,8 +93,8 @@ class WrapPlacementTransform(Transform):
         )
 
     def _wrap_statement(self, site: WrapSite) -> tuple[cst.BaseStatement | None, list[cst.BaseStatement]]:
-        """The statement holding the wrap (the guard `if` around it, when the wrap is all that
-        guard does) and the statements of its block."""
+        """The statement holding the wrap (the guard `if` around it, which moves with it) and
+        the statements of its block."""
         node: cst.CSTNode | None = site.call
         while node is not None and not isinstance(node, cst.SimpleStatementLine):
             node = self.context.parent(node)
@@ -101,7 +104,7 @@ class WrapPlacementTransform(Transform):
         while True:
             block = self.context.parent(node)
             owner = self.context.parent(block) if isinstance(block, cst.IndentedBlock) else None
-            if isinstance(owner, cst.If) and owner in guards and owner.orelse is None and len(block.body) == 1:
+            if isinstance(owner, cst.If) and owner in guards and owner.orelse is None:
                 node = owner
                 continue
             break
