@@ -10,7 +10,8 @@ DDP701  "cuda:N" device string -> "cuda"::
     # becomes
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-DDP702  ``.cuda(N)`` -> ``.cuda()``::
+DDP702  ``.cuda(N)`` -> ``.cuda()``, whatever names the index (``.cuda(gpus_list[0])``,
+``.cuda(args.gpu)``): each process uses its own GPU; keywords stay::
 
     x = x.cuda(0)        ->   x = x.cuda()
 
@@ -58,9 +59,12 @@ class DevicesTransform(Transform):
         func = original_node.func
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
-            if len(original_node.args) == 1 and len(args) == 1 and isinstance(args[0].value, cst.Integer):
-                self.context.report(original_node, "DDP702", f".cuda({args[0].value.value}) -> .cuda(): this process's GPU")
-                return updated_node.with_changes(args=[])
+            if args and not _is_module_call(func):
+                # `.cuda(0)`, `.cuda(gpus_list[0])`, `.cuda(args.gpu)`: a GPU the single
+                # DataParallel process chose; each DDP process uses its own.
+                shown = self.context.code(args[0].value)
+                self.context.report(original_node, "DDP702", f".cuda({shown}) -> .cuda(): this process's GPU")
+                return updated_node.with_changes(args=[arg for arg in updated_node.args if arg.keyword is not None])
         if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None:
             if len(positional_args(original_node)) < 2:
                 self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
@@ -150,3 +154,8 @@ def _literal(node: cst.BaseExpression) -> str | None:
 def _value(node: cst.BaseExpression, context) -> tuple[str, bool]:
     literal = _literal(node)
     return (literal, True) if literal is not None else (context.code(node), False)
+
+
+def _is_module_call(func: cst.Attribute) -> bool:
+    """``torch.cuda(...)`` is not a tensor's or a module's ``.cuda()``."""
+    return isinstance(func.value, cst.Name) and func.value.value == "torch"
