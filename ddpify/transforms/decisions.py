@@ -15,6 +15,13 @@ DDP802  (warning) the step's conditions may differ between ranks (they read data
 needs a collective that every rank reaches, so the metric is left as it is; check by hand
 that it is the same on every rank.
 
+DDP804  a counter of samples seen, built from the batch inside a training loop and used in
+a condition (``used_sample += real_image.shape[0]``, then ``if used_sample > phase:``),
+counted the global batch under DataParallel; each rank now sees its share, so it counts the
+world's samples::
+
+    used_sample += real_image.shape[0]  ->  used_sample += real_image.shape[0] * dist.get_world_size()
+
 DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition
 (``if loss.isnan(): continue``, ``except RuntimeError:`` around ``backward()``): one rank
 then skips a backward the others run, and DDP's all-reduce waits for it forever (a hang).
@@ -51,6 +58,41 @@ class DecisionsTransform(Transform):
                 isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" for call in calls_in(node.body)
             ):
                 self._hang_risk(node, "an exception handler around backward() skips it")
+
+    def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
+        counter = dotted(original_node.target)
+        if not (isinstance(original_node.operator, cst.AddAssign) and counter and _batch_length(original_node.value)):
+            return updated_node
+        if not self._in_training_loop(original_node) or not self._decides(counter):
+            return updated_node
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(
+            original_node,
+            "DDP804",
+            f"`{counter}` counts samples and decides something: it now counts every rank's (x world size)",
+        )
+        value = self.context.code(updated_node.value)
+        return updated_node.with_changes(value=cst.parse_expression(f"{value} * dist.get_world_size()"))
+
+    def _in_training_loop(self, node: cst.CSTNode) -> bool:
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, cst.Module):
+            if parent in self.facts.training_loops:
+                return True
+            parent = self.context.parent(parent)
+        return False
+
+    def _decides(self, counter: str) -> bool:
+        """Is the counter read by an `if`/`while` test anywhere in the file?"""
+        return any(
+            isinstance(node, (cst.If, cst.While)) and counter in {dotted(n) for n in walk(node.test) if isinstance(n, (cst.Name, cst.Attribute))}
+            for node in self._tests()
+        )
+
+    def _tests(self) -> list[cst.CSTNode]:
+        if not hasattr(self, "_conditionals"):
+            self._conditionals = [node for node in walk(self.context.module) if isinstance(node, (cst.If, cst.While))]
+        return self._conditionals
 
     def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
         parent = self.context.parent(node)
@@ -92,3 +134,12 @@ class DecisionsTransform(Transform):
         return updated_node.with_changes(
             args=[arg.with_changes(value=averaged) if arg.value is metric else arg for arg in updated_node.args]
         )
+
+
+def _batch_length(value: cst.BaseExpression) -> bool:
+    """``x.shape[0]``, ``x.size(0)``, ``len(x)``: how many samples a batch holds."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == "shape":
+        return True
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
+        return True
+    return isinstance(value, cst.Call) and dotted(value.func) == "len"

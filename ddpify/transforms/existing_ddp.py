@@ -17,6 +17,11 @@ so that under torchrun the DDP branch runs and the DataParallel branch is unreac
 DDP007  the script selects its DDP path with a flag (``--multiprocessing-distributed`` of
 pytorch/examples, ``--launcher pytorch``): nothing is rewritten; the launch line names it.
 
+DDP008  (warning) DataParallel's batch size was global; the script's DDP path loads it per
+process: pass it divided by the number of processes to train as before.
+
+DDP009  (warning) the script's own DistributedSampler never gets ``set_epoch``.
+
 DDP005  (error) neither switch is found: a half-done hand conversion; finish it by hand.
 """
 
@@ -48,6 +53,27 @@ class ExistingDdpTransform(Transform):
         return None
 
     def check(self) -> None:
+        self._choose_launch()
+        if self.context.launch_command is None:
+            return
+        anchor = self.facts.distributed_uses[0]
+        self.context.report(
+            anchor,
+            "DDP008",
+            "DataParallel's batch size was the global batch; the script's DDP path loads it per process, so with "
+            "N processes pass the batch size divided by N to train as DataParallel did",
+            Severity.WARNING,
+        )
+        if "set_epoch" not in self.context.module.code:
+            self.context.report(
+                anchor,
+                "DDP009",
+                "the script's DistributedSampler never gets set_epoch(epoch): every epoch replays the same order; "
+                "call it at the top of the epoch loop",
+                Severity.WARNING,
+            )
+
+    def _choose_launch(self) -> None:
         path = self.context.path
         if self.local_rank is not None:
             self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path}"

@@ -44,6 +44,10 @@ statement is removed (it asserts a DataParallel)::
     model = nn.DataParallel(model)                ->   model = DistributedDataParallel(
     patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(ddp_device()), ...)
 
+DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
+alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
+forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -77,6 +81,14 @@ class WrapModelTransform(Transform):
             if call.args
         }
         self.sync_bn_targets = set(self.sync_bn_calls.values())
+        # `discriminator(x, step=step, alpha=alpha)`: forward may leave parameters unused
+        self.switched_models = {
+            dotted(node.func): self.context.code(node)
+            for node in self.facts.contexts
+            if isinstance(node, cst.Call)
+            and dotted(node.func) in self.facts.model_names
+            and any(arg.keyword is not None for arg in node.args)
+        }
         for site in self.facts.wraps:
             self._classify_guards(site)
 
@@ -182,10 +194,16 @@ class WrapModelTransform(Transform):
             site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
         )
         self.context.add_import(*DDP_IMPORT)
-        return cst.Call(
-            func=cst.Name("DistributedDataParallel"),
-            args=[cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))],
-        )
+        args = [cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))]
+        if site.target in self.switched_models:
+            self.context.report(
+                site.call,
+                "DDP109",
+                f"{site.target} is called with keyword arguments that can switch layers on and off "
+                f"(`{self.switched_models[site.target]}`): find_unused_parameters=True",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        return cst.Call(func=cst.Name("DistributedDataParallel"), args=args)
 
     def _reference(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:
         if original_node not in self.facts.dp_references:

@@ -8,13 +8,20 @@ probe patches a few torch and builtin entry points first and, when the script en
 into ``$DDPIFY_PROBE_DIR``:
 
 - ``rank<R>.json``: what this rank did: process group and DistributedDataParallel
-  creation, the indices every sampler yielded per pass, ``set_epoch`` values, the user
-  lines that printed or logged, ``torch.save`` paths, files opened for writing, optimizer
-  steps, a hash of the final parameters, exit status and wall time;
-- ``rank<R>.pt``: the final parameters themselves (for the equivalence comparison).
+  creation, the indices every sampler yielded per pass (as indices of the dataset under any
+  ``Subset``), ``set_epoch`` values, the user lines that printed or logged, ``torch.save``
+  paths, files opened for writing, optimizer steps, each optimizer's hyper-parameters and
+  how many of its trained parameters no DDP module holds, a hash of the parameters right
+  after the last optimizer step and at exit, BatchNorm layers that used batch statistics,
+  exit status and wall time;
+- ``rank<R>.pt``: the parameters after the last optimizer step (for the equivalence
+  comparison).
 
 Parameters are read through the optimizers, so that a DataParallel run, a plain run and a
-DDP run are compared parameter by parameter.
+DDP run are compared parameter by parameter. They are kept as they were right after each
+optimizer's latest step (one copy, on their device), because a script may overwrite them
+before it exits (loading rank 0's checkpoint on every rank), which would hide ranks that
+trained apart.
 
 Settings, all optional, by environment variable:
 ``DDPIFY_PROBE_MAX_STEPS`` stops the script cleanly after that many optimizer steps;
