@@ -209,6 +209,45 @@ class RankZeroTransform(Transform):
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         return updated_node
 
+    def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
+        """``state = {"net": net, ...}`` saved with ``torch.save(state, ...)``: the module
+        inside DDP is pickled, not the wrapper."""
+        if not self._saved(original_node):
+            return updated_node
+        elements = []
+        for original, element in zip(original_node.elements, updated_node.elements):
+            name = dotted(original.value) if isinstance(original, cst.DictElement) else None
+            if name in self.facts.model_names:
+                unwrapped = self._unwrapped(name)
+                self.context.report(original.value, "DDP614", f"whole model pickled in a checkpoint: saves {unwrapped}, the module inside DDP")
+                element = element.with_changes(value=cst.parse_expression(unwrapped))
+            elements.append(element)
+        return updated_node.with_changes(elements=elements)
+
+    def _saved(self, node: cst.Dict) -> bool:
+        """Is this dict what a torch.save call saves (directly, or through the name it is assigned to)?"""
+        parent = self.context.parent(node)
+        if isinstance(parent, cst.Arg):
+            call = self.context.parent(parent)
+            return isinstance(call, cst.Call) and "torch.save" in self.context.qualified(call.func) and call.args[0] is parent
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            return dotted(parent.targets[0].target) in self._saved_names
+        return False
+
+    @property
+    def _saved_names(self) -> set[str]:
+        if not hasattr(self, "_saved_names_cache"):
+            self._saved_names_cache = {
+                dotted(node.args[0].value)
+                for node in self.facts.contexts
+                if isinstance(node, cst.Call) and node.args and "torch.save" in self.context.qualified(node.func)
+            } - {None}
+        return self._saved_names_cache
+
+    def _unwrapped(self, name: str) -> str:
+        guarded = any(site.guards for site in self.facts.wraps if site.target == name)
+        return f'getattr({name}, "module", {name})' if guarded else f"{name}.module"
+
     def _save_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``torch.save(model, path)`` pickles the whole DDP wrapper, which does not load
         without a process group: save the module inside it."""
@@ -216,8 +255,7 @@ class RankZeroTransform(Transform):
         name = dotted(saved) if saved is not None else None
         if name not in self.facts.model_names:
             return updated
-        guarded = any(site.guards for site in self.facts.wraps if site.target == name)
-        unwrapped = f'getattr({name}, "module", {name})' if guarded else f"{name}.module"
+        unwrapped = self._unwrapped(name)
         self.context.report(original, "DDP614", f"whole model pickled: saves {unwrapped}, the module inside DDP")
         return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
 

@@ -48,6 +48,10 @@ DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
 forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
 
+DDP110  the wrapped name is also assigned a checkpoint's entry (``net = checkpoint["net"]``,
+mixup-style resume): the checkpoint may hold a pickled DataParallel, so its ``module`` is
+wrapped (``getattr(net, "module", net)``), never a wrapper inside a wrapper.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -57,6 +61,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
@@ -91,6 +96,23 @@ class WrapModelTransform(Transform):
         }
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _maybe_loaded_wrapper(self, module: cst.BaseExpression | None) -> bool:
+        """Is the wrapped name ever assigned a checkpoint's entry (``checkpoint["net"]``) or a
+        ``torch.load`` result?"""
+        if not isinstance(module, cst.Name):
+            return False
+        scope = self.context.metadata.get_metadata(ScopeProvider, module, None)
+        for assignment in scope[module.value] if scope is not None else ():
+            parent = self.context.parent(getattr(assignment, "node", None)) if getattr(assignment, "node", None) else None
+            if isinstance(parent, cst.AssignTarget):
+                parent = self.context.parent(parent)
+            value = parent.value if isinstance(parent, cst.Assign) else None
+            if isinstance(value, cst.Subscript) or (
+                isinstance(value, cst.Call) and "torch.load" in self.context.qualified(value.func)
+            ):
+                return True
+        return False
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
         """Statements that are just a call of a function called `name`."""
@@ -176,6 +198,13 @@ class WrapModelTransform(Transform):
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
         module = first_positional(dp_call, "module")
+        if self._maybe_loaded_wrapper(site.module_arg):
+            # `net = checkpoint["net"]` may be a pickled DataParallel / DDP: wrap what is inside.
+            name = self.context.code(module)
+            self.context.report(
+                site.call, "DDP110", f"`{name}` may come from a checkpoint that pickled a wrapped model: its module is wrapped"
+            )
+            module = cst.parse_expression(f'getattr({name}, "module", {name})')
         if site.target in self.sync_bn_targets:
             module = cst.parse_expression("torch.nn.SyncBatchNorm.convert_sync_batchnorm(_)").with_changes(
                 args=[cst.Arg(module)]

@@ -41,6 +41,8 @@ def run_checks(outcome: LaunchOutcome, reports: dict[int, dict]) -> list[Check]:
         ranks_finish(outcome, reports),
         process_group_and_ddp(outcome, reports),
         weights_in_sync(reports),
+        trained_parameters_in_ddp(reports),
+        hyper_parameters_agree(reports),
         samples_once_per_epoch(reports),
         order_changes_each_epoch(reports),
         written_once("checkpoints written by one rank", _saves(reports), "checkpoint"),
@@ -84,17 +86,123 @@ def process_group_and_ddp(outcome: LaunchOutcome, reports: dict[int, dict]) -> C
 
 
 def weights_in_sync(reports: dict[int, dict]) -> Check:
+    """Compared right after the last optimizer step: a script may overwrite the weights
+    before it exits (every rank loading rank 0's checkpoint) and hide ranks that trained apart."""
     name = "weights identical across ranks"
-    hashes = {rank: r["param_hash"] for rank, r in reports.items()}
-    if None in hashes.values():
-        return Check(name, None, "no optimizer or DDP model parameters recorded")
-    if len(set(hashes.values())) == 1:
-        count = next(iter(reports.values()))["param_count"]
-        return Check(name, True, f"{count} parameters, the same bytes on every rank")
+    after_step = {rank: r["weights"]["after_last_step"] for rank, r in reports.items()}
+    if not any(after_step.values()):
+        return _exit_weights_in_sync(name, reports)
+    idle = sorted(rank for rank, weights in after_step.items() if weights is None)
+    if idle:
+        return Check(name, False, f"rank(s) {_list(idle)} never stepped an optimizer; the others did")
+    broken = _nonfinite(after_step)
+    if broken:
+        return Check(name, False, f"{broken} after the last optimizer step")
+    if len({w["hash"] for w in after_step.values()}) == 1:
+        count = next(iter(after_step.values()))["count"]
+        return Check(name, True, f"{count} parameters after the last optimizer step, the same bytes on every rank")
+    at_exit = {rank: r["weights"]["at_exit"] for rank, r in reports.items()}
+    hidden = "; at exit they agree: the script overwrote the weights after training" if _same_hash(at_exit) else ""
+    return Check(name, False, f"after the last optimizer step ranks disagree: {_hash_groups(after_step)}{hidden}")
+
+
+def _exit_weights_in_sync(name: str, reports: dict[int, dict]) -> Check:
+    at_exit = {rank: r["weights"]["at_exit"] for rank, r in reports.items()}
+    if None in at_exit.values():
+        return Check(name, None, "no optimizer stepped and no DDP model parameters recorded")
+    broken = _nonfinite(at_exit)
+    if broken:
+        return Check(name, False, f"{broken} at exit")
+    if _same_hash(at_exit):
+        count = next(iter(at_exit.values()))["count"]
+        return Check(name, True, f"no optimizer stepped; {count} parameters at exit, the same bytes on every rank")
+    return Check(name, False, f"no optimizer stepped; at exit ranks disagree: {_hash_groups(at_exit)}")
+
+
+def _nonfinite(weights: dict[int, dict]) -> str:
+    """'rank(s) ... hold N NaN or infinite weight value(s)', or '' (NaN has the same bytes
+    on every rank, so equal hashes alone would pass a run that diverged)."""
+    broken = {rank: w["nonfinite"] for rank, w in sorted(weights.items()) if w["nonfinite"]}
+    if not broken:
+        return ""
+    counts = ", ".join(f"{n} on rank {rank}" for rank, n in broken.items())
+    return f"rank(s) {_list(broken)} hold NaN or infinite weights ({counts})"
+
+
+def _same_hash(weights: dict[int, dict | None]) -> bool:
+    return None not in weights.values() and len({w["hash"] for w in weights.values()}) == 1
+
+
+def _hash_groups(weights: dict[int, dict]) -> str:
     groups = defaultdict(list)
-    for rank, digest in sorted(hashes.items()):
-        groups[digest[:12]].append(rank)
-    return Check(name, False, "ranks disagree: " + "; ".join(f"{_list(r)} -> {h}" for h, r in groups.items()))
+    for rank, summary in sorted(weights.items()):
+        groups[summary["hash"][:12]].append(rank)
+    return "; ".join(f"{_list(ranks)} -> {digest}" for digest, ranks in groups.items())
+
+
+def trained_parameters_in_ddp(reports: dict[int, dict]) -> Check:
+    """Gradients of a parameter outside DDP are not averaged: each rank trains it on its own
+    shard, and the ranks' models drift apart (or the conversion missed a model)."""
+    name = "every trained parameter is inside a DDP module"
+    stepped = {rank: [o for o in r["optimizers"] if o["steps"]] for rank, r in sorted(reports.items())}
+    if not any(stepped.values()):
+        return Check(name, None, "no optimizer stepped")
+    outside = {rank: sum(o["outside_ddp"] for o in found) for rank, found in stepped.items()}
+    trained = {rank: sum(o["trained_params"] for o in found) for rank, found in stepped.items()}
+    failing = [rank for rank, count in outside.items() if count]
+    if failing:
+        rank = failing[0]
+        return Check(
+            name, False,
+            f"rank(s) {_list(failing)}: {outside[rank]} of {trained[rank]} trained parameters (rank {rank}) are in no "
+            "DistributedDataParallel module built on the rank when its optimizer first stepped: "
+            "their gradients are not averaged across ranks",
+        )
+    count = max(trained.values())
+    return Check(name, True, f"{count} trained parameter(s) in {max(map(len, stepped.values()))} optimizer(s), all inside DDP")
+
+
+def hyper_parameters_agree(reports: dict[int, dict]) -> Check:
+    """Each stepped optimizer's param-group lr, momentum, weight decay and betas after its
+    last step (a scheduler fed a rank's own loss, or a rank-dependent lr, splits them)."""
+    name = "optimizer hyper-parameters agree across ranks"
+    seen = {rank: [o["hyper"] for o in r["optimizers"] if o["steps"]] for rank, r in sorted(reports.items())}
+    if not any(seen.values()):
+        return Check(name, None, "no optimizer stepped")
+    first_rank, first = next(iter(seen.items()))
+    for rank, hyper in seen.items():
+        if len(hyper) != len(first):
+            return Check(name, False, f"rank {first_rank} stepped {len(first)} optimizer(s), rank {rank} {len(hyper)}")
+        difference = _first_difference(first, hyper)
+        if difference:
+            where, mine, theirs = difference
+            return Check(name, False, f"{where}: {mine} on rank {first_rank}, {theirs} on rank {rank}")
+    rates = sorted({_plain_text(g.get("lr")) for optimizer in first for g in optimizer})
+    return Check(name, True, f"{len(first)} optimizer(s) after their last step, lr {', '.join(rates)} on every rank")
+
+
+def _first_difference(left: list[list[dict]], right: list[list[dict]]) -> tuple[str, str, str] | None:
+    for number, (groups_a, groups_b) in enumerate(zip(left, right)):
+        if len(groups_a) != len(groups_b):
+            return f"optimizer {number} param groups", str(len(groups_a)), str(len(groups_b))
+        for index, (a, b) in enumerate(zip(groups_a, groups_b)):
+            for key in sorted(set(a) | set(b)):
+                if not _same_value(a.get(key), b.get(key)):
+                    return f"optimizer {number} group {index} {key}", _plain_text(a.get(key)), _plain_text(b.get(key))
+    return None
+
+
+def _same_value(a, b) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return a == b or both_nan
+
+
+def _plain_text(value) -> str:
+    if isinstance(value, list):
+        return "(" + ", ".join(_plain_text(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # -- samplers ----------------------------------------------------------------------------------
@@ -143,20 +251,40 @@ def _pass_problem(by_rank: dict[int, dict], world: int) -> str | None:
             f"{first['kind']} over {size} samples is not sharded: every rank trains on all of it, "
             f"each sample {world} times per epoch (use a DistributedSampler)"
         )
+    split = _split_problem(by_rank)
+    if split:
+        return split
     counts = Counter(i for r in by_rank.values() for i in r["indices"])
     repeated = sum(n - 1 for n in counts.values())
     if size is None:
         return None
     padding = 0 if first["drop_last"] else math.ceil(size / world) * world - size
-    if repeated > padding:
+    # A Subset that lists a sample twice draws it twice in one process too.
+    listed_twice = size - first["subset"]["distinct"] if first.get("subset") else 0
+    if repeated > padding + listed_twice:
         return f"{repeated} sample draws repeat across ranks, more than the sampler's padding of {padding}"
     if not all(r["complete"] for r in by_rank.values()):
         return None
-    missing = size - len(counts)
+    missing = size - listed_twice - len(counts)
     allowed = size % world if first["drop_last"] else 0
     if missing > allowed:
         return f"{missing} of {size} samples never seen by any rank"
     return None
+
+
+def _split_problem(by_rank: dict[int, dict]) -> str | None:
+    """Ranks whose loaders wrap different Subsets (a random_split each rank draws itself)
+    shard different lists: positions agree, the samples behind them do not."""
+    digests = defaultdict(list)
+    for rank, record in sorted(by_rank.items()):
+        digests[(record.get("subset") or {}).get("digest")].append(rank)
+    if len(digests) < 2:
+        return None
+    groups = "; ".join(f"rank(s) {_list(ranks)}" for ranks in digests.values())
+    return (
+        f"the ranks draw from different subsets of the dataset ({groups}): a random split or "
+        "permutation not made the same on every rank, so samples overlap or are never seen"
+    )
 
 
 def order_changes_each_epoch(reports: dict[int, dict]) -> Check:

@@ -48,7 +48,8 @@ import traceback
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader, Sampler
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils.data import DataLoader, Sampler, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from ddpify.names import WRITE_MODES
@@ -56,6 +57,13 @@ from ddpify.names import WRITE_MODES
 # Frames this deep are searched for the user's line behind a write (print -> file.write is
 # one level; logging, pathlib and torch.save a few more).
 USER_FRAME_DEPTH = 20
+# Modules that print on the caller's behalf: a write from inside them belongs to the frame
+# that called them. A write from any other code outside the user's folders (the warnings
+# module, a library's own print or log record) is that library's, and every rank's copy of
+# it is not the user's doing.
+OUTPUT_MODULES = frozenset({"logging", "tqdm", "rich", "loguru", "click", "traceback", "pprint"})
+# Param-group entries compared across ranks after each optimizer's last step.
+HYPER_PARAMETERS = ("lr", "momentum", "weight_decay", "betas")
 _original_open = builtins.open
 _original_save = torch.save
 
@@ -78,12 +86,19 @@ class Recorder:
         self.started = time.monotonic()
         self.optimizers: list = []
         self.ddp_models: list = []
+        # Each optimizer's parameters as they were right after its latest step, by index.
+        self.snapshots: dict[int, list] = {}
+        # ids of the parameters that some DistributedDataParallel module synchronises.
+        self.ddp_param_ids: set[int] = set()
+        # BatchNorm layers (ids) that normalised with the batch's own statistics.
+        self.batch_stat_layers: set[int] = set()
         self.data = {
             "script": os.path.abspath(script),
             "process_group": None,
             "ddp_models": 0,
             "samplers": [],
             "steps": 0,
+            "optimizers": [],
             "outputs": {},
             "saves": [],
             "written_files": [],
@@ -109,15 +124,34 @@ class Recorder:
             if frame is None:
                 return None
             name = frame.f_code.co_filename
-            if name.startswith(self.user_dirs) and "site-packages" not in name and name != __file__:
+            if self.is_user_file(name):
                 return f"{os.path.basename(name)}:{frame.f_lineno}"
+            frame = frame.f_back
+        return None
+
+    def is_user_file(self, name: str) -> bool:
+        return name.startswith(self.user_dirs) and "site-packages" not in name and name != __file__
+
+    def printing_site(self, depth: int) -> str | None:
+        """``file:line`` of the user's line behind a write to stdout/stderr, or None when the
+        write is a library's own (a warning, a library's print or log record)."""
+        frame = sys._getframe(depth)
+        for _ in range(USER_FRAME_DEPTH):
+            if frame is None:
+                return None
+            name = frame.f_code.co_filename
+            if self.is_user_file(name):
+                return f"{os.path.basename(name)}:{frame.f_lineno}"
+            module = str(frame.f_globals.get("__name__", "")).split(".")[0]
+            if name != __file__ and module not in OUTPUT_MODULES:
+                return None
             frame = frame.f_back
         return None
 
     def output(self, stream: str, text: str) -> None:
         if not text.strip():
             return  # print's separators and line ends
-        site = self.user_site(depth=3)
+        site = self.printing_site(depth=3)
         if site is not None:
             key = f"{stream} {site}"
             self.data["outputs"][key] = self.data["outputs"].get(key, 0) + 1
@@ -127,6 +161,9 @@ class Recorder:
         if not hasattr(sampler, "_ddpify_id"):
             sampler._ddpify_id = next(self._sampler_ids)
         distributed = isinstance(sampler, DistributedSampler)
+        if not hasattr(sampler, "_ddpify_subsets"):  # once per sampler: summaries walk the dataset
+            sampler._ddpify_subsets = _subset_chain(_dataset_of(sampler))
+            sampler._ddpify_subset_summary = _subset_summary(sampler._ddpify_subsets, _size(sampler))
         record = {
             "sampler": sampler._ddpify_id,
             # The user's loop that drew from it: ranks agree on it even where one rank
@@ -135,6 +172,8 @@ class Recorder:
             "kind": type(sampler).__name__,
             "distributed": distributed,
             "dataset_size": _size(sampler),
+            # Indices below are the base dataset's, through any Subset (random_split).
+            "subset": sampler._ddpify_subset_summary,
             "num_replicas": getattr(sampler, "num_replicas", 1) if distributed else 1,
             "shuffle": bool(getattr(sampler, "shuffle", False)) if distributed else type(sampler).__name__ == "RandomSampler",
             "drop_last": bool(getattr(sampler, "drop_last", False)) if distributed else False,
@@ -147,23 +186,49 @@ class Recorder:
         self.data["samplers"].append(record)
         return record
 
+    # -- optimizers -------------------------------------------------------------------------
+    def add_optimizer(self, optimizer) -> int:
+        self.optimizers.append(optimizer)
+        self.data["optimizers"].append({"steps": 0, "trained_params": None, "outside_ddp": None, "hyper": None})
+        return len(self.optimizers) - 1
+
+    def optimizer_index(self, optimizer) -> int:
+        found = next((i for i, known in enumerate(self.optimizers) if known is optimizer), None)
+        return self.add_optimizer(optimizer) if found is None else found
+
+    def optimizer_stepped(self, optimizer) -> None:
+        """Called after every step: what this optimizer holds right now is what ranks compare."""
+        index = self.optimizer_index(optimizer)
+        record = self.data["optimizers"][index]
+        record["steps"] += 1
+        if record["steps"] == 1:
+            # At the first step: by then every DDP wrap the script meant to make is made.
+            record["trained_params"], record["outside_ddp"] = self.count_outside_ddp(optimizer)
+        record["hyper"] = _hyper_parameters(optimizer)
+        self.snapshots[index] = _copy_into(self.snapshots.get(index), _parameters_of(optimizer))
+
+    def count_outside_ddp(self, optimizer) -> tuple[int, int]:
+        """(parameters this optimizer trains, how many of them no DDP module synchronises)."""
+        trained = [p for p in _parameters_of(optimizer) if p.requires_grad]
+        return len(trained), sum(id(p) not in self.ddp_param_ids for p in trained)
+
     def finish(self, status: int, error: str | None) -> None:
         self.data["status"] = status
         self.data["error"] = error
         self.data["seconds"] = round(time.monotonic() - self.started, 3)
-        params = self.final_parameters()
-        digest = hashlib.sha256()
-        for tensor in params:
-            digest.update(tensor.numpy().tobytes())
-        self.data["param_hash"] = digest.hexdigest() if params else None
-        self.data["param_count"] = sum(t.numel() for t in params)
+        stepped = [t for index in sorted(self.snapshots) for t in self.snapshots[index]]
+        self.data["weights"] = {
+            "after_last_step": _weights_summary(stepped),
+            "at_exit": _weights_summary(self.final_parameters()),
+        }
+        self.data["batchnorm_batch_stats"] = len(self.batch_stat_layers)
         self.data.setdefault("rank", _env_int("RANK", _env_int("SLURM_PROCID", 0)))
         directory = os.environ.get("DDPIFY_PROBE_DIR")
         if not directory:
             return
         rank = self.data["rank"]
-        groups = [[p.detach().cpu().clone() for p in group] for group in self.optimizer_parameters()]
-        _original_save({"params": groups, "set_epoch": self.data["set_epoch_calls"]}, os.path.join(directory, f"rank{rank}.pt"))
+        saved = {"params": self.parameters_after_last_step(), "set_epoch": self.data["set_epoch_calls"]}
+        _original_save(saved, os.path.join(directory, f"rank{rank}.pt"))
         with _original_open(os.path.join(directory, f"rank{rank}.json"), "w") as handle:
             json.dump(self.data, handle)
 
@@ -171,18 +236,95 @@ class Recorder:
         """Each optimizer's parameters, in order."""
         return [[p for g in o.param_groups for p in g["params"]] for o in self.optimizers]
 
+    def parameters_after_last_step(self) -> list[list]:
+        """Each optimizer's parameters after its last step (now, for one that never stepped)."""
+        groups = self.optimizer_parameters()
+        return [[t.detach().cpu().clone() for t in self.snapshots.get(i, group)] for i, group in enumerate(groups)]
+
     def final_parameters(self) -> list:
         tensors = [p for group in self.optimizer_parameters() for p in group]
-        tensors = tensors or [p for m in self.ddp_models for p in m.parameters()]
-        return [t.detach().cpu().contiguous().float() for t in tensors]
+        return tensors or [p for m in self.ddp_models for p in m.parameters()]
+
+
+def _parameters_of(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _copy_into(kept: list | None, tensors: list) -> list:
+    """``tensors``' values, in ``kept`` while shapes match (one copy a step, no allocation)."""
+    with torch.no_grad():
+        if kept is None or [(k.shape, k.dtype, k.device) for k in kept] != [(t.shape, t.dtype, t.device) for t in tensors]:
+            return [t.detach().clone() for t in tensors]
+        for copy, tensor in zip(kept, tensors):
+            copy.copy_(tensor)
+    return kept
+
+
+def _weights_summary(tensors: list) -> dict | None:
+    """SHA-256 of the values (as float32), their number, and how many are NaN or infinite
+    (NaN weights have the same bytes on every rank: equal hashes alone would pass them)."""
+    if not tensors:
+        return None
+    digest, nonfinite = hashlib.sha256(), 0
+    for tensor in tensors:
+        values = tensor.detach().cpu().contiguous().float()
+        digest.update(values.numpy().tobytes())
+        nonfinite += int((~torch.isfinite(values)).sum())
+    return {"hash": digest.hexdigest(), "count": sum(t.numel() for t in tensors), "nonfinite": nonfinite}
+
+
+def _hyper_parameters(optimizer) -> list[dict]:
+    return [{key: _plain(group[key]) for key in HYPER_PARAMETERS if key in group} for group in optimizer.param_groups]
+
+
+def _plain(value):
+    """A JSON value for a hyper-parameter (a float, a tensor, a tuple of them)."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return repr(value)
+
+
+def _dataset_of(sampler):
+    for name in ("dataset", "data_source"):
+        source = getattr(sampler, name, None)
+        if source is not None:
+            return source
+    return None
 
 
 def _size(sampler) -> int | None:
-    source = getattr(sampler, "dataset", None) or getattr(sampler, "data_source", None)
+    source = _dataset_of(sampler)
     try:
         return len(source) if source is not None else len(sampler)
     except TypeError:
         return None
+
+
+def _subset_chain(dataset) -> list:
+    """The ``indices`` of each Subset wrapped around the base dataset, outermost first."""
+    chain = []
+    while isinstance(dataset, Subset):
+        chain.append(dataset.indices)
+        dataset = dataset.dataset
+    return chain
+
+
+def _base_index(chain: list, index: int) -> int:
+    for indices in chain:
+        index = int(indices[index])
+    return index
+
+
+def _subset_summary(chain: list, size: int | None) -> dict | None:
+    """Which base samples the Subset holds: a digest (ranks with different random splits
+    differ) and how many distinct ones (a Subset may list a sample twice)."""
+    if not chain or size is None:
+        return None
+    base = [_base_index(chain, position) for position in range(size)]
+    return {"digest": hashlib.sha256(json.dumps(base).encode()).hexdigest()[:16], "distinct": len(set(base))}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -198,10 +340,13 @@ def patch_optimizers(recorder: Recorder) -> None:
 
     def init(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        recorder.optimizers.append(self)
+        recorder.add_optimizer(self)
 
     def after_step(optimizer, args, kwargs):
+        # Registered before the script runs, so it runs before the converted set-up's own
+        # hooks (ddp_check_in_sync); it makes no collective call, so ranks cannot block on it.
         recorder.data["steps"] += 1
+        recorder.optimizer_stepped(optimizer)
         # The loop being trained is the latest pass still open (an earlier open one is a
         # loop that was left with `break`).
         record = next((r for r in reversed(recorder.data["samplers"]) if not r["complete"]), None)
@@ -260,7 +405,7 @@ def _recording_iter(recorder: Recorder, original):
                 # rest of the script (evaluation, saves, prints) still runs.
                 record["truncated"] = True
                 return
-            record["indices"].append(int(index))
+            record["indices"].append(_base_index(self._ddpify_subsets, int(index)))
             yield index
         record["complete"] = True
         record["steps_at_end"] = recorder.data["steps"]
@@ -287,6 +432,9 @@ def patch_distributed(recorder: Recorder) -> None:
         original_ddp_init(self, *args, **kwargs)
         recorder.data["ddp_models"] += 1
         recorder.ddp_models.append(self)
+        # Taken now: parameters added to the model after the wrap are not synchronised.
+        ignored = getattr(self, "parameters_to_ignore", set())
+        recorder.ddp_param_ids.update(id(p) for name, p in self.module.named_parameters() if name not in ignored)
 
     dist.init_process_group = init_process_group
     torch.nn.parallel.DistributedDataParallel.__init__ = ddp_init
@@ -307,6 +455,20 @@ def patch_files(recorder: Recorder) -> None:
 
     torch.save = save
     builtins.open = open_
+
+
+def patch_batchnorm(recorder: Recorder) -> None:
+    """Note BatchNorm layers that normalise with batch statistics: each process then uses its
+    own part of the batch (as DataParallel's replicas did), which one process cannot match.
+    SyncBatchNorm has its own forward and is not counted."""
+    original_forward = _BatchNorm.forward
+
+    def forward(self, input):
+        if self.training or self.running_mean is None:
+            recorder.batch_stat_layers.add(id(self))
+        return original_forward(self, input)
+
+    _BatchNorm.forward = forward
 
 
 class RecordingStream:
@@ -345,6 +507,7 @@ def main() -> None:
     patch_samplers(recorder, bool(os.environ.get("DDPIFY_PROBE_NO_SHUFFLE")))
     patch_distributed(recorder)
     patch_files(recorder)
+    patch_batchnorm(recorder)
     seed(os.environ.get("DDPIFY_PROBE_SEED"))
     sys.stdout = RecordingStream(sys.stdout, "stdout", recorder)
     sys.stderr = RecordingStream(sys.stderr, "stderr", recorder)
