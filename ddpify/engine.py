@@ -19,7 +19,7 @@ def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
-        return _refused(path, source, [Diagnostic(error.raw_line, error.raw_column + 1, "DDP001", f"cannot parse: {error.message}", Severity.ERROR)])
+        return _refused(path, source, [_parse_error(source, error)])
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     facts = analyze(wrapper)
     if not facts.wraps and not facts.dp_references and not facts.problems:
@@ -63,3 +63,18 @@ def launch_command(path: str, context: ConversionContext) -> str:
         nproc = "gpu"  # torchrun: one process per visible GPU, as DataParallel used them all
     prefix = f"CUDA_VISIBLE_DEVICES={visible} " if visible else ""
     return f"{prefix}torchrun --standalone --nproc-per-node={nproc} {path}"
+
+
+def _parse_error(source: str, error: cst.ParserSyntaxError) -> Diagnostic:
+    """Python's own position and words where it has them (libcst's line can be one late)."""
+    line, column, message = error.raw_line, error.raw_column + 1, error.message
+    try:
+        compile(source, "<converted>", "exec", dont_inherit=True)
+    except SyntaxError as syntax:
+        line, column, message = syntax.lineno or line, syntax.offset or column, syntax.msg or message
+    except (ValueError, MemoryError):
+        pass
+    text = source.splitlines()[line - 1] if 0 < line <= len(source.splitlines()) else ""
+    if "async=" in text.replace(" ", ""):
+        message += "; `async` is a keyword since Python 3.7: `.cuda(async=True)` is `.cuda(non_blocking=True)`"
+    return Diagnostic(line, column, "DDP001", f"cannot parse: {message}", Severity.ERROR)

@@ -169,3 +169,10 @@ def test_a_refused_file_writes_no_output(tmp_path):
     source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "existing_sampler.py").read_text())
     result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
     assert result.exit_code == 1 and not (tmp_path / "out.py").exists()
+
+
+def test_parse_error_points_at_pythons_position_and_names_async(tmp_path):
+    source = write(tmp_path, "train.py", "import torch\nnet = torch.nn.DataParallel(net)\nx = x.cuda(async=True)\n")
+    result = runner.invoke(app, ["convert", str(source)])
+    assert result.exit_code == 2
+    assert "train.py:3:" in result.output and "DDP001" in result.output and "non_blocking=True" in result.output

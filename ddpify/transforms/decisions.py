@@ -51,7 +51,7 @@ class DecisionsTransform(Transform):
         for node in walk(loop.body):
             if self._innermost_loop(node) is not loop:
                 continue  # checked with its own loop's counters
-            if isinstance(node, cst.If) and not same_on_every_rank(node.test, loop_names):
+            if isinstance(node, cst.If) and _reads_data(node.test) and not same_on_every_rank(node.test, loop_names):
                 if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
                     self._hang_risk(node, f"`if {self.context.code(node.test)}:` skips an iteration")
             if isinstance(node, cst.Try) and node.handlers and any(
@@ -143,3 +143,12 @@ def _batch_length(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
         return True
     return isinstance(value, cst.Call) and dotted(value.func) == "len"
+
+
+def _reads_data(test: cst.BaseExpression) -> bool:
+    """Does a condition look at data (a call such as ``torch.isnan(loss)``, or a loss)?
+    Counters against settings (``i >= epoch_size``) are the same on every rank."""
+    calls = [dotted(call.func) for call in calls_in(test)]
+    if any(name not in ("len", "range", "min", "max", "int", "float") for name in calls):
+        return True
+    return any("loss" in node.value.lower() for node in walk(test) if isinstance(node, cst.Name))

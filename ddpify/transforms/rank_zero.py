@@ -335,7 +335,7 @@ class RankZeroTransform(Transform):
             for call in calls_in(original)
             for arg in call.args
         )
-        if downloading and isinstance(owner, cst.Module) and self.facts.main_guard is not None:
+        if downloading and isinstance(owner, cst.Module) and self.facts.setup_anchor is self.facts.main_guard:
             # Module-level code above the `__main__` block runs before ddp_setup().
             self.context.report(
                 original, "DDP607", "download=True at import time runs on every rank: move it into main()", Severity.WARNING
@@ -416,7 +416,12 @@ class RankZeroTransform(Transform):
         return list(dict.fromkeys(_loss_names(call)))
 
     def _reduction(self, name: str, original: cst.BaseStatement) -> cst.BaseStatement:
-        self.context.report(original, "DDP608", f"prints the mean of `{name}` across ranks, as DataParallel printed the global batch's")
+        self.context.report(
+            original,
+            "DDP608",
+            f"prints the mean of `{name}` across ranks, as DataParallel printed the global batch's "
+            "(if it is an object, such as a meter, rank 0's own values are printed)",
+        )
         argument = f"{name}.item()" if name in _item_names(original) else name
         return cst.parse_statement(f"{name}_mean = ddp_mean({argument})")
 

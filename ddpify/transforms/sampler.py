@@ -83,7 +83,8 @@ class SamplerTransform(Transform):
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
                 if self.facts.loaders
-                else "no DataLoader is built in this file"
+                else "no torch DataLoader is built in this file; a loader from another module or a DataLoader "
+                "subclass cannot be sharded here"
             )
             self.context.report_unsound(
                 self.facts.wraps[0].call,

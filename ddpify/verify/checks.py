@@ -100,7 +100,7 @@ def weights_in_sync(reports: dict[int, dict]) -> Check:
         return Check(name, False, f"{broken} after the last optimizer step")
     if len({w["hash"] for w in after_step.values()}) == 1:
         count = next(iter(after_step.values()))["count"]
-        return Check(name, True, f"{count} parameters after the last optimizer step, the same bytes on every rank")
+        return Check(name, True, f"{count} parameter values after the last optimizer step, the same bytes on every rank")
     at_exit = {rank: r["weights"]["at_exit"] for rank, r in reports.items()}
     hidden = "; at exit they agree: the script overwrote the weights after training" if _same_hash(at_exit) else ""
     return Check(name, False, f"after the last optimizer step ranks disagree: {_hash_groups(after_step)}{hidden}")
@@ -115,7 +115,7 @@ def _exit_weights_in_sync(name: str, reports: dict[int, dict]) -> Check:
         return Check(name, False, f"{broken} at exit")
     if _same_hash(at_exit):
         count = next(iter(at_exit.values()))["count"]
-        return Check(name, True, f"no optimizer stepped; {count} parameters at exit, the same bytes on every rank")
+        return Check(name, True, f"no optimizer stepped; {count} parameter values at exit, the same bytes on every rank")
     return Check(name, False, f"no optimizer stepped; at exit ranks disagree: {_hash_groups(at_exit)}")
 
 
@@ -159,7 +159,7 @@ def trained_parameters_in_ddp(reports: dict[int, dict]) -> Check:
             "their gradients are not averaged across ranks",
         )
     count = max(trained.values())
-    return Check(name, True, f"{count} trained parameter(s) in {max(map(len, stepped.values()))} optimizer(s), all inside DDP")
+    return Check(name, True, f"{count} trained parameter tensor(s) in {max(map(len, stepped.values()))} optimizer(s), all inside DDP")
 
 
 def hyper_parameters_agree(reports: dict[int, dict]) -> Check:

@@ -331,5 +331,11 @@ def _rank_row(rank: int, report: dict) -> dict:
         "printed_lines": len(report["outputs"]),
         "saves": len(report["saves"]),
         "files_written": len({w["path"] for w in report["written_files"]}),
-        "param_hash": (report.get("param_hash") or "-")[:12],
+        "param_hash": (_weights(report) or {}).get("hash", "-")[:12],
     }
+
+
+def _weights(report: dict) -> dict | None:
+    """The weights summary the checks compare: after the last optimizer step, else at exit."""
+    weights = report.get("weights") or {}
+    return weights.get("after_last_step") or weights.get("at_exit")
