@@ -9,7 +9,8 @@ would hang. Such a statement is left alone and reported.
 Side effects: ``print``, ``sys.stdout/stderr.write``, ``tqdm.write``, ``torch.save``,
 ``shutil`` copies/moves/removals, ``os.remove/unlink/rename/replace/mkdir/rmdir``,
 ``wandb.init/log/save/watch/finish`` statements, image and array writers
-(``torchvision.utils.save_image``, ``numpy.save``, ``plt.savefig``, ``cv2.imwrite``), and ``with open(path, "w"/"a"/"x") as f:``
+(``torchvision.utils.save_image``, ``numpy.save``, ``plt.savefig``, ``cv2.imwrite``),
+checkpoint helpers imported from the project (``save_checkpoint``, ``save_model``), and ``with open(path, "w"/"a"/"x") as f:``
 blocks. ``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on rank 0 only;
 the other ranks get a stand-in whose every method does nothing (DDP606), so a function that
 every rank runs may still call ``writer.add_scalar(...)``.
@@ -86,6 +87,7 @@ and a warning says so::
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
@@ -109,6 +111,8 @@ SIDE_EFFECTS = {
     *(f"imageio.{name}" for name in ("imwrite", "imsave", "mimsave")),
 }
 OPEN = {"builtins.open", "io.open"}
+# Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
+PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
 GUARD = "dist.get_rank() == 0"
 OTHER_RANKS = "dist.get_rank() != 0"
 
@@ -128,7 +132,22 @@ class RankZeroTransform(Transform):
         call = statement.value
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
+        if self._imported_saver(call.func):
+            return call
         return None
+
+    def _imported_saver(self, func: cst.BaseExpression) -> bool:
+        """``save_checkpoint(...)`` / ``util.save_model(...)`` from the project's utils: every
+        rank would write the same files at once. (A saver defined in this file has its own
+        ``torch.save`` guarded inside.)"""
+        name = dotted(func) or ""
+        if name.split(".")[-1] not in PROJECT_SAVERS:
+            return False
+        if isinstance(func, cst.Name):
+            scope = self.context.metadata.get_metadata(ScopeProvider, func, None)
+            assignments = list(scope[func.value]) if scope is not None else []
+            return not any(isinstance(getattr(a, "node", None), cst.FunctionDef) for a in assignments)
+        return True
 
     def _writes_file(self, statement: cst.CSTNode) -> bool:
         """``with open(path, "w") as f:`` (every item opens a file for writing)."""
@@ -378,7 +397,7 @@ class RankZeroTransform(Transform):
             self.context.report(original, "DDP601", "file written by rank 0 only (`with open(...)` block)")
             return False
         call = self._side_effect(original.body[0])  # guarded lines hold one statement
-        saves = "torch.save" in self.context.qualified(call.func)
+        saves = "torch.save" in self.context.qualified(call.func) or self._imported_saver(call.func)
         after = "; the other ranks wait at a barrier" if saves and barrier else ""
         self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after}")
         return saves
