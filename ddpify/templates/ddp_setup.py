@@ -121,7 +121,8 @@ def ddp_check_in_sync(optimizer, args, kwargs):
             raise RuntimeError(
                 "the ranks hold different weights after the first optimizer step: part of the "
                 "model is trained outside DistributedDataParallel (a wrap that did not run on "
-                "every rank, or a model changed after it was wrapped)"
+                "every rank, a model changed after it was wrapped, or gradients DDP does not "
+                "all-reduce)"
             )
 
 

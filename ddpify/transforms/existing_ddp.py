@@ -60,8 +60,9 @@ class ExistingDdpTransform(Transform):
         self.context.report(
             anchor,
             "DDP008",
-            "DataParallel's batch size was the global batch; the script's DDP path loads it per process, so with "
-            "N processes pass the batch size divided by N to train as DataParallel did",
+            "DataParallel's batch size was the global batch; the script's DDP path loads it per process (unless the "
+            "script divides it itself), so with N processes pass the batch size divided by N to train as "
+            "DataParallel did",
             Severity.WARNING,
         )
         if "set_epoch" not in self.context.module.code:

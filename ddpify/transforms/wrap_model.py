@@ -52,6 +52,10 @@ DDP110  the wrapped name is also assigned a checkpoint's entry (``net = checkpoi
 mixup-style resume): the checkpoint may hold a pickled DataParallel, so its ``module`` is
 wrapped (``getattr(net, "module", net)``), never a wrapper inside a wrapper.
 
+DDP111  (refuses) a gradient penalty (``torch.autograd.grad(..., create_graph=True)`` and a
+backward through it): DDP does not support a double backward through its forward; the
+conversion is left to a person.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -65,7 +69,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform, keyword
+from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
 SYNC_BN_CALLBACK = "patch_replication_callback"
@@ -113,6 +117,19 @@ class WrapModelTransform(Transform):
             ):
                 return True
         return False
+
+    def check(self) -> None:
+        for node in self.facts.contexts:
+            if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
+                create_graph = keyword_arg(node, "create_graph")
+                if create_graph is not None and self.context.code(create_graph.value) != "False":
+                    self.context.report_unsound(
+                        node,
+                        "DDP111",
+                        "a gradient of a gradient (torch.autograd.grad(..., create_graph=True), e.g. a WGAN-GP "
+                        "penalty): DDP all-reduces only first-order gradients and waits for parameters the penalty "
+                        "never reaches, so the ranks stop or drift apart; convert this loss by hand",
+                    )
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
         """Statements that are just a call of a function called `name`."""
