@@ -56,6 +56,10 @@ DDP111  (refuses) a gradient penalty (``torch.autograd.grad(..., create_graph=Tr
 backward through it): DDP does not support a double backward through its forward; the
 conversion is left to a person.
 
+DDP112  (refuses) only a submodule is wrapped (``model.encoder = DP(model.encoder)``, or
+``self.features = DP(self.features)`` inside an ``nn.Module``, as torchvision's AlexNet/VGG
+recipe did): the rest of the model would train unsynchronised.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -119,6 +123,8 @@ class WrapModelTransform(Transform):
         return False
 
     def check(self) -> None:
+        for site in self.facts.wraps:
+            self._check_submodule(site)
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
                 create_graph = keyword_arg(node, "create_graph")
@@ -130,6 +136,25 @@ class WrapModelTransform(Transform):
                         "penalty): DDP all-reduces only first-order gradients and waits for parameters the penalty "
                         "never reaches, so the ranks stop or drift apart; convert this loss by hand",
                     )
+
+    def _check_submodule(self, site: WrapSite) -> None:
+        """``model.encoder = DP(model.encoder)``: the rest of ``model`` trains outside DDP."""
+        target = site.target or ""
+        if "." not in target or dotted(site.module_arg) != target:
+            return
+        owner = target.rsplit(".", 1)[0]
+        context = self.facts.contexts.get(site.call)
+        in_module_class = owner == "self" and context is not None and context.cls is not None and any(
+            (dotted(base.value) or "").split(".")[-1] == "Module" for base in context.cls.bases
+        )
+        if owner == "self" and not in_module_class:
+            return  # a trainer object's model attribute: the whole model
+        self.context.report_unsound(
+            site.call,
+            "DDP112",
+            f"only a submodule is wrapped (`{target}`): the other trainable parts of `{owner}` would be trained "
+            "outside DDP, never synchronised; wrap the whole model that the optimizer trains",
+        )
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
         """Statements that are just a call of a function called `name`."""
