@@ -221,7 +221,7 @@ class Checker:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "set_epoch":
             self.calls_set_epoch = True
-        if name in SAMPLER:
+        if name in SAMPLER and not _shuffle_off(node):  # set_epoch only changes a shuffled order
             self.samplers.append(node)
         elif name in DATA_LOADER:
             self._check_loader(node)
@@ -291,6 +291,13 @@ def _may_use_distributed(source: str) -> bool:
     if "DistributedDataParallel" in source or ".distributed" in source:
         return True
     return "distributed" in source and FROM_TORCH_IMPORT_DISTRIBUTED.search(source) is not None
+
+
+def _shuffle_off(call: ast.Call) -> bool:
+    return any(
+        keyword.arg == "shuffle" and isinstance(keyword.value, ast.Constant) and keyword.value.value is False
+        for keyword in call.keywords
+    )
 
 
 def _aliases(imports: dict[str, str]) -> set[str]:

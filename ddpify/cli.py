@@ -236,16 +236,25 @@ def _with_ignores(base, extra: tuple[str, ...]):
 
 @app.command()
 def rule(code: Optional[str] = typer.Argument(None, help="A code, e.g. DDP510; none lists every code.")) -> None:
-    """Explain a check code, with a before/after example (no code: list them all)."""
+    """Explain a check or convert code, with a before/after example (no code: list them all)."""
+    from ddpify.convert_codes import convert_codes, summary
     from ddpify.rules import RULES
 
+    converting = convert_codes()
     if code is None:
+        typer.echo("check codes:")
         for known in RULES.values():
             typer.echo(f"{known.code}  {known.name:<28} {known.summary}{'  [fixable]' if known.fixable else ''}")
+        typer.echo("\nconvert codes:")
+        for known, text in converting.items():
+            typer.echo(f"{known}  {summary(text)[:110]}")
         return
     found = RULES.get(code.upper())
+    if found is None and code.upper() in converting:
+        typer.echo(converting[code.upper()])
+        return
     if found is None:
-        _fail(f"unknown code {code}; known: {', '.join(RULES)}")
+        _fail(f"unknown code {code}; known: {', '.join([*RULES, *converting])}")
     fix = "\nFix: `ddpify convert` rewrites this.\n" if found.fixable else ""
     typer.echo(
         f"{found.code} ({found.name}): {found.summary}\n\n{found.explanation}\n{fix}\n"

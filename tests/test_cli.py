@@ -176,3 +176,15 @@ def test_parse_error_points_at_pythons_position_and_names_async(tmp_path):
     result = runner.invoke(app, ["convert", str(source)])
     assert result.exit_code == 2
     assert "train.py:3:" in result.output and "DDP001" in result.output and "non_blocking=True" in result.output
+
+
+def test_every_code_the_goldens_emit_is_explained_by_rule():
+    import re
+
+    from ddpify.convert_codes import convert_codes
+
+    emitted = {code for path in FIXTURES.glob("*/*.diag.txt") for code in re.findall(r": (DDP\d{3}) ", path.read_text())}
+    assert emitted and emitted <= set(convert_codes()), emitted - set(convert_codes())
+    result = runner.invoke(app, ["rule", "DDP105"])
+    assert result.exit_code == 0 and "just before the optimizer" in result.output
+    assert "convert codes:" in runner.invoke(app, ["rule"]).output

@@ -7,7 +7,7 @@ micro-step all-reduces the sum. The weights are the same either way (the all-red
 linear); the micro-steps just stop paying for communication. Forward and backward both
 go inside the context, as DDP requires.
 
-DDP502::
+DDP502  the micro-steps of gradient accumulation run in ``ddp_no_sync``::
 
     for i, (x, y) in enumerate(loader):
         loss = loss_fn(model(x), y) / accumulation

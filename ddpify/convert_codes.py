@@ -1,0 +1,53 @@
+"""What each ``convert`` code means, read from the transforms' docstrings.
+
+Each transform module documents its codes in its docstring, one paragraph per code with a
+before/after example; ``ddpify rule DDP105`` shows that paragraph. The modules are read as
+text (``ast``), never imported: ``rule`` must not pay for libcst.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from importlib import resources
+
+CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "DDP105/DDP106:" title
+# Codes raised outside the transforms (parsing, the analysis pass).
+OTHER_CODES = {
+    "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
+    "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
+    "DDP004": "DDP004  (error) DataParallel is subclassed, called as the functional `data_parallel()`, "
+    "or given no module: convert it by hand.",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def convert_codes() -> dict[str, str]:
+    """Code -> its paragraph (with examples) from the transform that emits it."""
+    found = dict(OTHER_CODES)
+    for entry in sorted(resources.files("ddpify.transforms").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".py"):
+            continue
+        docstring = ast.get_docstring(ast.parse(entry.read_text(encoding="utf-8"))) or ""
+        found.update(_paragraphs(docstring, entry.name))
+    return dict(sorted(found.items()))
+
+
+def _paragraphs(docstring: str, module: str) -> dict[str, str]:
+    """Paragraphs that start with a code, up to the next one (examples included)."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in docstring.splitlines():
+        match = CODE_LINE.match(line)
+        if match:
+            current = sections.setdefault(match.group(1), [])
+        if current is not None:
+            current.append(line)
+    return {code: "\n".join(lines).rstrip() + f"\n\n(ddpify/transforms/{module})" for code, lines in sections.items()}
+
+
+def summary(text: str) -> str:
+    """The first sentence-ish line of a code's paragraph, without the code."""
+    first = " ".join(text.split("\n\n")[0].split())
+    return first.split(" ", 1)[1] if " " in first else first
