@@ -120,6 +120,7 @@ class Facts:
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
+    fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False  # `from models import *` may bind torch and nn
     # module-level code wraps, trains, or calls a function or class defined here (a script,
@@ -632,19 +633,23 @@ class Analyzer(cst.CSTVisitor):
     def _resolve_training_loops(self) -> None:
         self.facts.training_loops = list(self._training_loops)
         for loop, context in self._training_loops.items():
-            self._mark_iterator_loaders(loop, context)
+            if self._mark_iterator_loaders(loop, context):
+                self.facts.fed_loops.add(loop)
             if not isinstance(loop, cst.For):
                 continue
             for expr in self._iterated(loop.iter):
                 calls = self._loaders_for(expr, context, depth=0)
                 if not calls:
                     continue
+                self.facts.fed_loops.add(loop)
                 for call in calls:
                     self.facts.loaders[call].training = True
                 self._find_epoch_loops(loop, expr, context, calls, depth=0)
 
-    def _mark_iterator_loaders(self, loop: Loop, context: Context) -> None:
-        """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``."""
+    def _mark_iterator_loaders(self, loop: Loop, context: Context) -> bool:
+        """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``;
+        True if there are any."""
+        fed = False
         for call in calls_in(loop.body):
             if dotted(call.func) != "next" or not call.args:
                 continue
@@ -653,6 +658,8 @@ class Analyzer(cst.CSTVisitor):
                 for found in self._loaders_for(expr, context, depth=0):
                     self.facts.loaders[found].training = True
                     self.facts.iterator_loaders.add(found)
+                    fed = True
+        return fed
 
     def _iterator_sources(self, source: cst.BaseExpression) -> list[cst.BaseExpression]:
         """`iter(loader)` -> loader; `it` -> the loaders of every `it = iter(loader)`."""

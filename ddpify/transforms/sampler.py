@@ -79,6 +79,14 @@ class SamplerTransform(Transform):
             reason = self._unsupported(site.call)
             if reason:
                 self.context.report(site.call, "DDP303", f"cannot shard this training DataLoader: {reason}", Severity.ERROR)
+        if self.facts.wraps and self.facts.training_loaders:
+            for loop in self._unfed_training_loops():
+                self.context.report_unsound(
+                    loop,
+                    "DDP304",
+                    "this training loop's data could not be traced to a DataLoader of this file: every rank "
+                    "would train on all of it",
+                )
         if self.facts.wraps and self.facts.has_training_step and not self.facts.training_loaders:
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
@@ -91,6 +99,27 @@ class SamplerTransform(Transform):
                 "DDP304",
                 f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
             )
+
+    def _unfed_training_loops(self) -> list[cst.CSTNode]:
+        """Training loops that neither draw from a known loader nor sit inside or around one
+        that does (an epoch loop around the loader loop, a chunk loop inside it)."""
+        fed = self.facts.fed_loops
+        unfed = []
+        for loop in self.facts.training_loops:
+            if not _calls_backward(loop):
+                continue  # an epoch loop that steps a scheduler: its data comes from inside the calls
+            if loop in fed or any(other in fed for other in walk(loop.body)) or self._inside(loop, fed):
+                continue
+            unfed.append(loop)
+        return unfed
+
+    def _inside(self, node: cst.CSTNode, loops: set[cst.CSTNode]) -> bool:
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, cst.Module):
+            if parent in loops:
+                return True
+            parent = self.context.parent(parent)
+        return False
 
     def _own_sampler(self, call: cst.Call) -> cst.Arg | None:
         """The loader's own ``sampler=`` / ``batch_sampler=``; not a ``None`` placeholder."""
@@ -256,3 +285,10 @@ def _without_placeholder(call: cst.Call) -> cst.Call:
                 args[index - 1] = args[index - 1].with_changes(comma=arg.comma)
             return call.with_changes(args=args[:index] + args[index + 1 :])
     return call
+
+
+def _calls_backward(loop: cst.CSTNode) -> bool:
+    return any(
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+        for node in walk(loop)
+    )
