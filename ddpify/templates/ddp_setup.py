@@ -16,6 +16,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 # ddpify:begin
 # Distributed set-up added by ddpify. Launch with
@@ -166,6 +167,15 @@ def ddp_device():
 def ddp_device_ids():
     """``device_ids`` for DistributedDataParallel: this process's GPU, or None on the CPU."""
     return [torch.cuda.current_device()] if torch.cuda.is_available() else None
+
+
+def ddp_wrap(module, **options):
+    """DistributedDataParallel around a module on this process's device. A module with
+    nothing to train (a frozen loss network) is only moved there: DDP refuses it."""
+    module = module.to(ddp_device())
+    if not any(parameter.requires_grad for parameter in module.parameters()):
+        return module
+    return DistributedDataParallel(module, device_ids=ddp_device_ids(), **options)
 
 
 def ddp_local_batch_size(global_batch_size):

@@ -38,6 +38,7 @@ TEMPLATE_IMPORTS = (
     ("torch", None, None),
     ("torch.distributed", None, "dist"),
 )
+# ddp_wrap's import is scheduled by the wrap transform (DDP_IMPORT), with the helper.
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
@@ -49,13 +50,14 @@ TEMPLATE_NAMES = (
     "ddp_cleanup",
     "ddp_device",
     "ddp_device_ids",
+    "ddp_wrap",
     "ddp_local_batch_size",
     "ddp_mean",
     "ddp_no_sync",
     "DdpNoOp",
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch"}
+OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_wrap"}
 RELAUNCH_MARK = "  # ddpify:relaunch"
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {

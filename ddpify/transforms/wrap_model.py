@@ -4,11 +4,13 @@ Forms are recognised by qualified name (``nn.DataParallel``, ``torch.nn.parallel
 ``from torch.nn import DataParallel as DP``, ``import torch as ch`` ...), never by text, so a
 project's own class called ``DataParallel`` is left alone.
 
-DDP101  DataParallel -> DistributedDataParallel::
+DDP101  DataParallel -> DistributedDataParallel, through the emitted ``ddp_wrap`` helper
+(DDP on this process's device; a module with nothing to train, such as a frozen loss
+network, is only moved there, since DDP refuses it)::
 
     model = nn.DataParallel(model, device_ids=[0, 1]).to(device)
     # becomes
-    model = DistributedDataParallel(model.to(device), device_ids=ddp_device_ids())
+    model = ddp_wrap(model.to(device))
 
 DDP102  a ``device_count() > 1`` guard around the wrap now asks for the world size, so that
 every rank wraps (also CPU ranks, which see no GPU)::
@@ -25,7 +27,7 @@ default of 1, ``device == "cuda"``): under DDP it must run on every rank wheneve
 is larger than one, so the world size now decides too::
 
     if args.multi_gpu:               ->   if dist.get_world_size() > 1 or args.multi_gpu:
-        model = nn.DataParallel(model)        model = DistributedDataParallel(...)
+        model = nn.DataParallel(model)        model = ddp_wrap(model)
     model = DP(model) if args.cuda else model
                                      ->   model = DDP(...) if dist.get_world_size() > 1 or args.cuda else model
 
@@ -41,8 +43,8 @@ Synchronized-BatchNorm-PyTorch, whose layers subclass torch's BatchNorm) becomes
 ``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` inside the wrap; the callback
 statement is removed (it asserts a DataParallel)::
 
-    model = nn.DataParallel(model)                ->   model = DistributedDataParallel(
-    patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).to(ddp_device()), ...)
+    model = nn.DataParallel(model)                ->   model = ddp_wrap(
+    patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model))
 
 DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
@@ -251,13 +253,8 @@ class WrapModelTransform(Transform):
             module = cst.parse_expression("torch.nn.SyncBatchNorm.convert_sync_batchnorm(_)").with_changes(
                 args=[cst.Arg(module)]
             )
-        if site.move is not None:
-            placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module)))
-        else:
-            placed = cst.Call(
-                func=cst.Attribute(value=_atom(module), attr=cst.Name("to")),
-                args=[cst.Arg(cst.parse_expression("ddp_device()"))],
-            )
+        # `DP(m).cuda()` keeps its move on the module; ddp_wrap puts it on this process's device.
+        placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module))) if site.move is not None else module
         dropped = [arg.keyword.value if arg.keyword else f"argument {i + 1}" for i, arg in enumerate(dp_call.args)]
         dropped = [name for name in dropped if name not in ("module", "argument 1")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
@@ -265,7 +262,8 @@ class WrapModelTransform(Transform):
             site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
         )
         self.context.add_import(*DDP_IMPORT)
-        args = [cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))]
+        self.context.use_helper("ddp_wrap")
+        args = [cst.Arg(placed)]
         if site.target in self.switched_models:
             self.context.report(
                 site.call,
@@ -274,7 +272,7 @@ class WrapModelTransform(Transform):
                 f"(`{self.switched_models[site.target]}`): find_unused_parameters=True",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
-        return cst.Call(func=cst.Name("DistributedDataParallel"), args=args)
+        return cst.Call(func=cst.Name("ddp_wrap"), args=args)
 
     def _reference(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:
         if original_node not in self.facts.dp_references:
