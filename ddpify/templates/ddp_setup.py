@@ -92,10 +92,14 @@ def ddp_split_random_streams(optimizer, args, kwargs):
     as the one DataParallel process drew different ones for each part of the batch."""
     if dist.get_rank() != 0 and not getattr(ddp_split_random_streams, "done", False):
         import random
+        import sys
 
         seed = torch.initial_seed() + dist.get_rank()
         torch.manual_seed(seed)
         random.seed(seed)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            numpy.random.seed(seed % 2**32)
     ddp_split_random_streams.done = True
 
 

@@ -109,6 +109,12 @@ SIDE_EFFECTS = {
     "matplotlib.pyplot.savefig",
     "cv2.imwrite",
     *(f"imageio.{name}" for name in ("imwrite", "imsave", "mimsave")),
+    # audio and object writers
+    "librosa.output.write_wav",
+    "soundfile.write",
+    "scipy.io.wavfile.write",
+    "torchaudio.save",
+    "joblib.dump",
 }
 OPEN = {"builtins.open", "io.open"}
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).

@@ -43,6 +43,8 @@ DataLoader was found: shard the data by hand.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
@@ -87,6 +89,14 @@ class SamplerTransform(Transform):
                     "this training loop's data could not be traced to a DataLoader of this file: every rank "
                     "would train on all of it",
                 )
+        if self.facts.wraps and not self.facts.has_training_step and self._imports_project_modules():
+            self.context.report_unsound(
+                self.facts.wraps[0].call,
+                "DDP304",
+                "no backward()/step() in this file, which imports its own project's modules "
+                f"({', '.join(self._imports_project_modules())}): the training step lives there, so the loaders it "
+                "draws from cannot be confirmed sharded (ddpify converts one file at a time)",
+            )
         if self.facts.wraps and self.facts.has_training_step and not self.facts.training_loaders:
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
@@ -99,6 +109,22 @@ class SamplerTransform(Transform):
                 "DDP304",
                 f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
             )
+
+    def _imports_project_modules(self) -> list[str]:
+        """Modules this script imports from its own project (a relative import, or a module or
+        package next to the script): where its training step may live."""
+        folder = Path(self.context.path).parent
+        found = []
+        for statement in self.context.module.body:
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else []:
+                if isinstance(small, cst.ImportFrom) and small.relative:
+                    found.append(self.context.code(small.module) if small.module else ".")
+                elif isinstance(small, cst.ImportFrom) and small.module is not None:
+                    found.append(self.context.code(small.module))
+                elif isinstance(small, cst.Import):
+                    found += [self.context.code(alias.name) for alias in small.names]
+        local = [name for name in found if name == "." or _next_to(folder, name.split(".")[0])]
+        return local
 
     def _unfed_training_loops(self) -> list[cst.CSTNode]:
         """Training loops that neither draw from a known loader nor sit inside or around one
@@ -292,3 +318,7 @@ def _calls_backward(loop: cst.CSTNode) -> bool:
         isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
         for node in walk(loop)
     )
+
+
+def _next_to(folder: Path, name: str) -> bool:
+    return (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file() or (folder / name).is_dir()

@@ -62,6 +62,12 @@ DDP112  (refuses) only a submodule is wrapped (``model.encoder = DP(model.encode
 ``self.features = DP(self.features)`` inside an ``nn.Module``, as torchvision's AlexNet/VGG
 recipe did): the rest of the model would train unsynchronised.
 
+DDP113  a method of the user's model class called on the wrapped model
+(``model.reverse(...)``, ``model.generate(...)``): DDP does not forward it, so it is called
+on the module inside, whether or not the model was wrapped::
+
+    model.reverse(z)   ->   getattr(model, "module", model).reverse(z)
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -78,6 +84,15 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
+# Methods a DDP-wrapped model answers itself (nn.Module's and DDP's own).
+MODULE_METHODS = {
+    "forward", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+    "modules", "named_modules", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "half",
+    "float", "double", "bfloat16", "type", "apply", "zero_grad", "requires_grad_", "register_buffer",
+    "register_parameter", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+    "register_backward_hook", "register_module", "add_module", "get_submodule", "get_parameter", "get_buffer",
+    "extra_repr", "share_memory", "no_sync", "join", "register_comm_hook", "to_empty", "compile",
+}
 SYNC_BN_CALLBACK = "patch_replication_callback"
 
 
@@ -106,6 +121,17 @@ class WrapModelTransform(Transform):
         }
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _custom_method(self, call: cst.Call) -> bool:
+        """``model.reverse(...)`` on a wrapped model: a method of the user's class, not of
+        nn.Module; DataParallel scripts chose ``model`` or ``model.module`` by a flag that no
+        longer tells whether the model is wrapped."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or dotted(func.value) not in self.facts.model_names:
+            return False
+        if func.attr.value in MODULE_METHODS or func.attr.value.startswith("_"):
+            return False
+        return call not in self.sites
 
     def _maybe_loaded_wrapper(self, module: cst.BaseExpression | None) -> bool:
         """Is the wrapped name ever assigned a checkpoint's entry (``checkpoint["net"]``) or a
@@ -234,6 +260,16 @@ class WrapModelTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if self._custom_method(original_node):
+            name = dotted(original_node.func.value)
+            self.context.report(
+                original_node,
+                "DDP113",
+                f"`{name}.{original_node.func.attr.value}()` is the model's own method, which DDP does not forward: "
+                "called on the module inside",
+            )
+            inner = cst.parse_expression(f'getattr({name}, "module", {name})')
+            return updated_node.with_changes(func=updated_node.func.with_changes(value=inner))
         site = self.sites.get(original_node)
         if site is None:
             return updated_node

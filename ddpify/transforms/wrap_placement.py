@@ -136,7 +136,10 @@ class WrapPlacementTransform(Transform):
                     return True
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
                 assigned = dotted(node.target) or ""
-                if assigned.startswith(f"{target}.") or assigned.endswith(".requires_grad"):
+                if assigned.endswith(".requires_grad"):
+                    return True
+                # `model.fc = nn.Linear(...)` replaces a layer; `model.ss_prob = p` sets a number.
+                if assigned.startswith(f"{target}.") and calls_in(self.context.parent(node) or node):
                     return True
         return False
 
