@@ -110,7 +110,11 @@ class WrapModelTransform(Transform):
             for line, call in self._statement_calls(SYNC_BN_CALLBACK)
             if call.args
         }
-        self.sync_bn_targets = set(self.sync_bn_calls.values())
+        # Only where the callback always follows the wrap (same block): sync BN the user asked
+        # for under a condition (`if config["BN_sync"]:`) is not forced on.
+        self.sync_bn_targets = {
+            target for line, target in self.sync_bn_calls.items() if self._beside_its_wrap(line, target)
+        }
         # `discriminator(x, step=step, alpha=alpha)`: forward may leave parameters unused
         self.switched_models = {
             dotted(node.func): self.context.code(node)
@@ -195,6 +199,17 @@ class WrapModelTransform(Transform):
                     found.append((line, node))
         return found
 
+    def _beside_its_wrap(self, line: cst.CSTNode, target: str | None) -> bool:
+        wraps = [site.call for site in self.facts.wraps if site.target == target]
+        block = self.context.parent(line)
+        for call in wraps:
+            node = call
+            while node is not None and not isinstance(node, cst.SimpleStatementLine):
+                node = self.context.parent(node)
+            if node is not None and self.context.parent(node) is block:
+                return True
+        return False
+
     def edit_block(self, owner: cst.CSTNode, block):
         kept = []
         for original, updated in block:
@@ -204,6 +219,16 @@ class WrapModelTransform(Transform):
                     "DDP107",
                     f"DataParallel's synchronised BatchNorm ({SYNC_BN_CALLBACK}) -> "
                     "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap",
+                )
+                continue
+            if original in self.sync_bn_calls and self.sync_bn_calls[original] in self.facts.model_names:
+                self.context.report(
+                    original,
+                    "DDP107",
+                    f"{SYNC_BN_CALLBACK} under its own condition removed (it only accepts a DataParallel): "
+                    "BatchNorm statistics stay per process; for synchronised BatchNorm apply "
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap by hand",
+                    Severity.WARNING,
                 )
                 continue
             kept.append((original, updated))
