@@ -188,3 +188,16 @@ def test_every_code_the_goldens_emit_is_explained_by_rule():
     result = runner.invoke(app, ["rule", "DDP105"])
     assert result.exit_code == 0 and "just before the optimizer" in result.output
     assert "convert codes:" in runner.invoke(app, ["rule"]).output
+
+
+def test_training_step_in_a_project_module_refuses(tmp_path):
+    (tmp_path / "train_fns.py").write_text("def train(model, loader, opt):\n    for x in loader:\n        model(x).sum().backward()\n        opt.step()\n")
+    text = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport train_fns\n"
+        "model = nn.DataParallel(nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)\ntrain_fns.train(model, loader, opt)\n"
+    )
+    path = write(tmp_path, "main.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 1 and "DDP304" in result.output and "train_fns" in result.output
+    assert path.read_text() == text

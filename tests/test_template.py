@@ -181,3 +181,16 @@ def test_unseeded_draws_agree_before_training_and_differ_during_it(tmp_path):
     result = _torchrun(tmp_path, UNSEEDED)
     assert result.returncode == 0, result.stderr
     assert "same before training: True same during training: False" in result.stdout
+
+
+def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    template.ddp_setup()
+    try:
+        frozen = torch.nn.Linear(2, 2).requires_grad_(False)  # a perceptual-loss network
+        assert template.ddp_wrap(frozen) is frozen
+        wrapped = template.ddp_wrap(torch.nn.Linear(2, 2), find_unused_parameters=True)
+        assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.find_unused_parameters
+    finally:
+        template.ddp_cleanup()
