@@ -3,7 +3,10 @@ DDP scripts with the classic mistakes fail with the right reasons."""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -15,10 +18,11 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, ROOT, fixture_inputs
 from ddpify.cli import app
+from ddpify.verify import checks
 from ddpify.verify import runner as verify_runner
 from ddpify.verify.runner import VerifyOptions, verify
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 cli = CliRunner()
 
@@ -59,6 +63,142 @@ def test_broken_hand_written_ddp_fails_for_each_mistake():
     assert "checkpoint.pt written by ranks 0,1" in failed["checkpoints written by one rank"]
     assert "broken_ddp.py:32 printed on ranks 0,1" in failed["no line printed by more than one rank"]
     assert report.notes and "verifying it as it is" in report.notes[0]
+
+
+def failures(report) -> dict[str, str]:
+    return {c.name: c.reason for c in report.checks if c.passed is False}
+
+
+def test_weights_are_compared_after_the_last_step_not_at_exit():
+    # Every rank loads rank 0's checkpoint before exit: the weights agree then, not after training.
+    report = verify(FIXTURES / "verify" / "reload_rank0.py")
+    failed = failures(report)
+    assert set(failed) == {
+        "process group and DDP model on every rank",
+        "weights identical across ranks",
+        "every trained parameter is inside a DDP module",
+    }, reasons(report)
+    assert "after the last optimizer step ranks disagree" in failed["weights identical across ranks"]
+    assert "at exit they agree" in failed["weights identical across ranks"]
+    assert "2 of 2 trained parameter tensor(s) on rank 0 (and on rank(s) 1)" in failed["every trained parameter is inside a DDP module"]
+
+
+def test_ranks_with_different_random_splits_fail_the_sample_check():
+    report = verify(FIXTURES / "verify" / "split_per_rank.py")
+    failed = failures(report)
+    assert set(failed) == {"each training sample once per epoch"}, reasons(report)
+    assert "ranks 0 / 1 shard different subsets of the dataset" in failed["each training sample once per epoch"]
+
+
+def test_sampler_positions_map_through_nested_subsets():
+    from torch.utils.data import Subset, TensorDataset
+
+    from ddpify.verify import probe
+
+    base = TensorDataset(torch.arange(10))
+    chain = probe._subset_chain(Subset(Subset(base, [9, 8, 7, 6, 5]), [4, 0, 4]))
+    assert [probe._base_index(chain, position) for position in range(3)] == [5, 9, 5]
+    assert probe._subset_summary(chain, 3)["distinct"] == 2
+    assert probe._subset_chain(base) == []
+
+
+def test_one_split_shared_by_the_ranks_checks_base_indices():
+    # Positions 0..3 split evenly, but they map to base samples 7, 7, 2, 9: a repeat and a miss.
+    def rank(indices):
+        return {"site": "t.py:1", "kind": "DistributedSampler", "distributed": True, "dataset_size": 4,
+                "subset": {"digest": "same", "distinct": 4}, "drop_last": False, "complete": True, "indices": indices}
+
+    problem = checks._pass_problem({0: rank([7, 2]), 1: rank([7, 9])}, world=2)
+    assert problem == "1 sample draws repeat across ranks, more than the sampler's padding of 0"
+    assert checks._pass_problem({0: rank([7, 2]), 1: rank([3, 9])}, world=2) is None
+
+
+def test_parameters_added_after_the_wrap_are_outside_ddp():
+    report = verify(FIXTURES / "verify" / "head_after_wrap.py")
+    failed = failures(report)
+    assert set(failed) == {"weights identical across ranks", "every trained parameter is inside a DDP module"}, reasons(report)
+    assert "2 of 4 trained parameter tensor(s) on rank 0" in failed["every trained parameter is inside a DDP module"]
+
+
+def test_optimizer_hyper_parameters_must_agree_after_the_last_step():
+    def report(lr):
+        stepped = {"steps": 3, "hyper": [{"lr": lr, "momentum": 0.9, "betas": [0.9, 0.99]}]}
+        return {"optimizers": [stepped, {"steps": 0, "hyper": None}]}
+
+    assert checks.hyper_parameters_agree({0: report(0.1), 1: report(0.1)}).passed
+    check = checks.hyper_parameters_agree({0: report(0.1), 1: report(0.05)})
+    assert check.passed is False and check.reason == "optimizer 0 group 0 lr: 0.1 on rank 0, 0.05 on rank 1"
+    assert checks.hyper_parameters_agree({0: report(float("nan")), 1: report(float("nan"))}).passed
+
+
+def test_nan_weights_fail_rank_agreement_and_equivalence():
+    report = verify(FIXTURES / "verify" / "diverges.py", options=VerifyOptions(equivalence=True))
+    failed = failures(report)
+    assert set(failed) == {"weights identical across ranks", "same weights as the original run"}, reasons(report)
+    assert "rank(s) 0,1 hold NaN or infinite weights (5 on rank 0, 5 on rank 1)" in failed["weights identical across ranks"]
+    assert failed["same weights as the original run"].startswith("5 NaN or infinite weight value(s) in the original run")
+    assert "difference" not in failed["same weights as the original run"]
+
+
+def test_compare_reports_nan_in_the_converted_run():
+    from ddpify.verify.compare import compare
+
+    finite, broken = torch.zeros(3), torch.tensor([0.0, float("nan"), float("inf")])
+    result = compare([[finite]], [[broken]], rtol=1e-5, atol=1e-6)
+    assert result == {"equal": False, "reason": "2 NaN or infinite weight value(s) in the converted run", "max_abs_diff": None}
+
+
+def test_library_warnings_are_not_printing_lines():
+    # pin_memory without a GPU, a deprecated GradScaler and the script's own warnings.warn
+    # appear on both ranks; only the rank-0 print is the script's.
+    report = verify(FIXTURES / "verify" / "library_warnings.py")
+    assert report.exit_code == 0, reasons(report)
+    printed = next(c for c in report.checks if c.name == "no line printed by more than one rank")
+    assert printed.reason == "1 printing line(s), each by one rank"
+
+
+def test_library_prints_and_logs_are_not_attributed_to_the_user(tmp_path, monkeypatch):
+    from ddpify.verify import probe
+
+    library, user = tmp_path / "lib", tmp_path / "user"
+    library.mkdir(), user.mkdir()
+    (library / "ddpify_test_noisy.py").write_text(
+        "import logging\n"
+        "def shout():\n"
+        "    print('a library prints')\n"
+        "    logging.getLogger('ddpify_test_noisy').warning('a library logs')\n"
+    )
+    (user / "train.py").write_text(
+        "import logging, ddpify_test_noisy\n"
+        "def main():\n"
+        "    print('the script prints')\n"
+        "    ddpify_test_noisy.shout()\n"
+        "    logging.getLogger('ddpify_test_user').warning('the script logs')\n"
+    )
+    monkeypatch.syspath_prepend(str(library))
+    recorder = probe.Recorder(str(user / "train.py"), [str(user)])
+    monkeypatch.setattr(sys, "stdout", probe.RecordingStream(io.StringIO(), "stdout", recorder))
+    for name in ("ddpify_test_noisy", "ddpify_test_user"):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", [logging.StreamHandler(sys.stdout)])
+        monkeypatch.setattr(logger, "propagate", False)
+    runpy.run_path(str(user / "train.py"))["main"]()
+    assert recorder.data["outputs"] == {"stdout train.py:3": 1, "stdout train.py:5": 1}
+
+
+def test_a_crashing_script_keeps_its_traceback_under_the_probe(tmp_path):
+    # The interpreter prints an uncaught exception with no Python frame on the stack.
+    script = tmp_path / "crash.py"
+    script.write_text("raise ValueError('boom')\n")
+    result = subprocess.run([sys.executable, "-m", "ddpify.verify.probe", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "ValueError: boom" in result.stderr, result.stderr
+
+
+def test_equivalence_with_batchnorm_compares_running_statistics_and_says_so():
+    report = verify(FIXTURES / "verify" / "batchnorm.py", options=VerifyOptions(equivalence=True))
+    check = next(c for c in report.checks if c.name == "same weights as the original run")
+    assert check.passed, check.reason
+    assert "1 BatchNorm layer(s) normalised with their running statistics in both runs" in check.reason
 
 
 def test_a_hung_world_is_killed_at_the_timeout():

@@ -98,7 +98,7 @@ def weights_in_sync(reports: dict[int, dict]) -> Check:
     broken = _nonfinite(after_step)
     if broken:
         return Check(name, False, f"{broken} after the last optimizer step")
-    if len({w["hash"] for w in after_step.values()}) == 1:
+    if _same_hash(after_step):
         count = next(iter(after_step.values()))["count"]
         return Check(name, True, f"{count} parameter values after the last optimizer step, the same bytes on every rank")
     at_exit = {rank: r["weights"]["at_exit"] for rank, r in reports.items()}
@@ -151,12 +151,13 @@ def trained_parameters_in_ddp(reports: dict[int, dict]) -> Check:
     trained = {rank: sum(o["trained_params"] for o in found) for rank, found in stepped.items()}
     failing = [rank for rank, count in outside.items() if count]
     if failing:
-        rank = failing[0]
+        rank, others = failing[0], failing[1:]
+        also = f" (and on rank(s) {_list(others)})" if others else ""
         return Check(
             name, False,
-            f"rank(s) {_list(failing)}: {outside[rank]} of {trained[rank]} trained parameters (rank {rank}) are in no "
-            "DistributedDataParallel module built on the rank when its optimizer first stepped: "
-            "their gradients are not averaged across ranks",
+            f"{outside[rank]} of {trained[rank]} trained parameter tensor(s) on rank {rank}{also} are in no "
+            "DistributedDataParallel module built on that rank by its optimizer's first step: "
+            "DDP does not average their gradients",
         )
     count = max(trained.values())
     return Check(name, True, f"{count} trained parameter tensor(s) in {max(map(len, stepped.values()))} optimizer(s), all inside DDP")
@@ -251,9 +252,13 @@ def _pass_problem(by_rank: dict[int, dict], world: int) -> str | None:
             f"{first['kind']} over {size} samples is not sharded: every rank trains on all of it, "
             f"each sample {world} times per epoch (use a DistributedSampler)"
         )
-    split = _split_problem(by_rank)
-    if split:
-        return split
+    return _split_problem(by_rank) or _coverage_problem(by_rank, world)
+
+
+def _coverage_problem(by_rank: dict[int, dict], world: int) -> str | None:
+    """Indices are the base dataset's (through any Subset), so ranks are compared by sample."""
+    first = next(iter(by_rank.values()))
+    size = first["dataset_size"]
     counts = Counter(i for r in by_rank.values() for i in r["indices"])
     repeated = sum(n - 1 for n in counts.values())
     if size is None:
@@ -280,10 +285,10 @@ def _split_problem(by_rank: dict[int, dict]) -> str | None:
         digests[(record.get("subset") or {}).get("digest")].append(rank)
     if len(digests) < 2:
         return None
-    groups = "; ".join(f"rank(s) {_list(ranks)}" for ranks in digests.values())
+    groups = " / ".join(_list(ranks) for ranks in digests.values())
     return (
-        f"the ranks draw from different subsets of the dataset ({groups}): a random split or "
-        "permutation not made the same on every rank, so samples overlap or are never seen"
+        f"ranks {groups} shard different subsets of the dataset: a random split or permutation "
+        "not made the same on every rank, so some samples are trained twice and some never"
     )
 
 

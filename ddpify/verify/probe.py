@@ -135,7 +135,10 @@ class Recorder:
     def printing_site(self, depth: int) -> str | None:
         """``file:line`` of the user's line behind a write to stdout/stderr, or None when the
         write is a library's own (a warning, a library's print or log record)."""
-        frame = sys._getframe(depth)
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:  # no Python caller: the interpreter printing an uncaught exception
+            return None
         for _ in range(USER_FRAME_DEPTH):
             if frame is None:
                 return None
@@ -261,15 +264,16 @@ def _copy_into(kept: list | None, tensors: list) -> list:
 
 
 def _weights_summary(tensors: list) -> dict | None:
-    """SHA-256 of the values (as float32), their number, and how many are NaN or infinite
-    (NaN weights have the same bytes on every rank: equal hashes alone would pass them)."""
+    """SHA-256 of the values' bytes, their number, and how many are NaN or infinite (NaN
+    weights have the same bytes on every rank: equal hashes alone would pass them)."""
     if not tensors:
         return None
     digest, nonfinite = hashlib.sha256(), 0
     for tensor in tensors:
-        values = tensor.detach().cpu().contiguous().float()
-        digest.update(values.numpy().tobytes())
-        nonfinite += int((~torch.isfinite(values)).sum())
+        values = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(values.view(torch.uint8).numpy().tobytes())  # any dtype, bit for bit
+        if values.is_floating_point() or values.is_complex():
+            nonfinite += int((~torch.isfinite(values)).sum())
     return {"hash": digest.hexdigest(), "count": sum(t.numel() for t in tensors), "nonfinite": nonfinite}
 
 
@@ -462,10 +466,19 @@ def patch_batchnorm(recorder: Recorder) -> None:
     own part of the batch (as DataParallel's replicas did), which one process cannot match.
     SyncBatchNorm has its own forward and is not counted."""
     original_forward = _BatchNorm.forward
+    # --equivalence with BatchNorm: both runs normalise with the running statistics (a fixed
+    # transform), so one process and N processes compute the same thing.
+    running_stats_only = os.environ.get("DDPIFY_PROBE_BN_EVAL") == "1"
 
     def forward(self, input):
         if self.training or self.running_mean is None:
             recorder.batch_stat_layers.add(id(self))
+        if running_stats_only and self.training and self.running_mean is not None:
+            self.training = False
+            try:
+                return original_forward(self, input)
+            finally:
+                self.training = True
         return original_forward(self, input)
 
     _BatchNorm.forward = forward
