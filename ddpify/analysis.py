@@ -122,7 +122,8 @@ class Facts:
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
     fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
-    star_imports: bool = False  # `from models import *` may bind torch and nn
+    star_imports: bool = False
+    dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes  # `from models import *` may bind torch and nn
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
     module_level_runs: bool = False
@@ -278,6 +279,26 @@ def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
     return {f"{STAR_IMPORTED_ROOTS[root]}.{rest}"}
 
 
+# What a DataParallel subclass may define and still work on top of DDP unchanged.
+FORWARDING_METHODS = {"__getattr__", "__init__"}
+# DataParallel internals DDP does not have.
+DATA_PARALLEL_INTERNALS = ("scatter", "gather", "replicate", "parallel_apply", "chunk_sizes", "output_device", "src_device_obj")
+
+
+def _subclass_blocker(node: cst.ClassDef) -> str | None:
+    """Why a DataParallel subclass cannot simply become a DDP subclass, or None."""
+    for statement in node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value not in FORWARDING_METHODS:
+            return f"overrides {statement.name.value}()"
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+            calls = [c for c in calls_in(statement.body)]
+            if len(calls) != 2 or not isinstance(calls[0].func, cst.Attribute) or calls[0].func.attr.value != "__init__":
+                return "does more than call super().__init__() in __init__"
+    code = cst.Module([]).code_for_node(node)
+    used = [word for word in DATA_PARALLEL_INTERNALS if word in code]
+    return f"uses DataParallel's {used[0]}" if used else None
+
+
 def _imports(statement: cst.CSTNode) -> bool:
     """A top-level statement that imports (``import x``, ``from x import y``)."""
     return isinstance(statement, cst.SimpleStatementLine) and any(
@@ -376,7 +397,13 @@ class Analyzer(cst.CSTVisitor):
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         for base in node.bases:
             if self.qualified(base.value) & DATA_PARALLEL:
-                self.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel; convert it by hand")
+                reason = _subclass_blocker(node)
+                if reason:
+                    self.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel and {reason}; convert it by hand")
+                else:
+                    # Attribute forwarding only: the same class works on top of DDP.
+                    self.facts.dp_subclasses[node.name.value] = node
+                    self.facts.dp_references.append(base.value)
         self._classes.append(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -407,7 +434,7 @@ class Analyzer(cst.CSTVisitor):
         context = self.context()
         self._calls.append((node, context))
         self.facts.contexts[node] = context
-        if names & DATA_PARALLEL:
+        if names & DATA_PARALLEL or self._subclass_called(node):
             self._record_wrap(node)
         elif names & DATA_PARALLEL_FUNCTION:
             self.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
@@ -421,6 +448,15 @@ class Analyzer(cst.CSTVisitor):
             self.facts.has_training_step = True
             for loop in self._loops[-1]:
                 self._training_loops.setdefault(loop, self.facts.contexts[loop])
+
+    def _subclass_called(self, call: cst.Call) -> bool:
+        """``MyDataParallel(model)`` for a DataParallel subclass of this file that converts."""
+        if not isinstance(call.func, cst.Name) or call.func.value not in self.facts.dp_subclasses:
+            return False
+        scope = self.get_metadata(ScopeProvider, call.func, None)
+        return scope is not None and any(
+            getattr(a, "node", None) is self.facts.dp_subclasses[call.func.value] for a in scope[call.func.value]
+        )
 
     def _runs_here(self, call: cst.Call, names: set[str]) -> bool:
         """Does this module-level call wrap, train, or run a function or class of this file?"""

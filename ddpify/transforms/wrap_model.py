@@ -323,6 +323,14 @@ class WrapModelTransform(Transform):
             site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
         )
         self.context.add_import(*DDP_IMPORT)
+        subclass = site.call.func.value if isinstance(site.call.func, cst.Name) and site.call.func.value in self.facts.dp_subclasses else None
+        if subclass:
+            # The project's subclass now builds on DDP (its base is rewritten): keep using it.
+            placed = placed if site.move is not None else cst.parse_expression("_.to(ddp_device())").with_changes(
+                func=cst.Attribute(value=_atom(module), attr=cst.Name("to"))
+            )
+            args = [cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))]
+            return cst.Call(func=cst.Name(subclass), args=args)
         self.context.use_helper("ddp_wrap")
         args = [cst.Arg(placed)]
         if site.target in self.switched_models:
