@@ -17,8 +17,9 @@ CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "
 OTHER_CODES = {
     "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
-    "DDP004": "DDP004  (error) DataParallel is subclassed, called as the functional `data_parallel()`, "
-    "or given no module: convert it by hand.",
+    "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
+    "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
+    "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",
 }
 
 
