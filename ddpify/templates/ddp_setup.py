@@ -21,7 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 # ddpify:begin
 # Distributed set-up added by ddpify. Launch with
 #   torchrun --standalone --nproc-per-node=N this_script.py
-# or with srun under Slurm; plain `python this_script.py` runs as a world of one.
+# or with srun under Slurm; plain `python this_script.py` starts one process per visible GPU
+# (DDPIFY_NO_RELAUNCH=1: just one), and without GPUs runs as a world of one.
 
 
 def ddp_setup():
