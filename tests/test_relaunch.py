@@ -41,7 +41,11 @@ if __name__ == "__main__":
     model = main()
 '''
 # Appended after conversion, so that every rank reports (the converter would guard a print).
-REPORT = 'print("rank", dist.get_rank(), "of", dist.get_world_size(), "weights", float(sum(p.sum() for p in model.parameters())))\n'
+# A file per rank: printed lines of two ranks may interleave.
+REPORT = (
+    'open(f"report{dist.get_rank()}.txt", "w").write(f"rank {dist.get_rank()} of {dist.get_world_size()} '
+    'weights {float(sum(p.sum() for p in model.parameters()))}")\n'
+)
 
 
 def converted(tmp_path, relaunch: bool = True):
@@ -55,9 +59,11 @@ def converted(tmp_path, relaunch: bool = True):
 def run(command, tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.update(OMP_NUM_THREADS="1", **extra)
+    for stale in tmp_path.glob("report*.txt"):
+        stale.unlink()
     result = run_launched(command, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stderr
-    return sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    return sorted(path.read_text() for path in tmp_path.glob("report*.txt"))
 
 
 def test_plain_python_with_several_gpus_runs_one_process_per_gpu(tmp_path):
