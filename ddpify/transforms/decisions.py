@@ -22,6 +22,12 @@ world's samples::
 
     used_sample += real_image.shape[0]  ->  used_sample += real_image.shape[0] * dist.get_world_size()
 
+DDP805  an early stop in the epoch loop on a value the loop computed (``train_loss =
+train(...)``, then ``if train_loss < 0.5: break``) decides on its mean across ranks, so
+every rank stops together, on the global value DataParallel saw::
+
+    if train_loss < 0.5:   ->   if ddp_mean(train_loss) < 0.5:
+
 DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition
 (``if loss.isnan(): continue``, ``except RuntimeError:`` around ``backward()``): one rank
 then skips a backward the others run, and DDP's all-reduce waits for it forever (a hang).
@@ -40,8 +46,15 @@ from ddpify.transforms.base import Transform
 class DecisionsTransform(Transform):
     CODE_PREFIX = "DDP8"
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._averaged_tests: dict[cst.If, set[str]] = {}  # early stops decided on the mean
+
     def check(self) -> None:
-        for loop in self.facts.training_loops:
+        # Training loops, and epoch loops around them (`for epoch ...: train(...)`), where an
+        # early stop on a per-rank value leaves the other ranks waiting.
+        loops = dict.fromkeys([*self.facts.training_loops, *self.facts.epoch_hooks])
+        for loop in loops:
             self._report_per_rank_skips(loop)
 
     def _report_per_rank_skips(self, loop: cst.CSTNode) -> None:
@@ -53,11 +66,44 @@ class DecisionsTransform(Transform):
                 continue  # checked with its own loop's counters
             if isinstance(node, cst.If) and _reads_data(node.test) and not same_on_every_rank(node.test, loop_names):
                 if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
-                    self._hang_risk(node, f"`if {self.context.code(node.test)}:` skips an iteration")
+                    metrics = self._epoch_metrics(loop, node) if loop in self.facts.epoch_hooks else None
+                    if metrics:
+                        self._averaged_tests[node] = metrics
+                    else:
+                        self._hang_risk(node, f"`if {self.context.code(node.test)}:` skips an iteration")
             if isinstance(node, cst.Try) and node.handlers and any(
                 isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" for call in calls_in(node.body)
             ):
                 self._hang_risk(node, "an exception handler around backward() skips it")
+
+    def _epoch_metrics(self, loop: cst.CSTNode, test_owner: cst.If) -> set[str] | None:
+        """Names an epoch loop's early stop reads that the loop assigns from a call
+        (``train_loss = train(...)``): averaged across ranks they are the same on every rank.
+        None when the test reads anything else that may differ."""
+        assigned_from_calls = {
+            name
+            for node in walk(loop.body)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and self._innermost_loop(node) is loop
+            for target in node.targets
+            for name in [dotted(target.target)]
+            if name
+        }
+        reads = _variables(test_owner.test)
+        data = {name for name in reads if "loss" in name.lower() or name in assigned_from_calls}
+        if not data or not data <= assigned_from_calls or any(
+            name not in assigned_from_calls and not name.isupper() for name in reads - data
+        ):
+            return None
+        return data
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        metrics = self._averaged_tests.get(original_node)
+        if not metrics:
+            return updated_node
+        self.context.use_helper("ddp_mean")
+        shown = ", ".join(sorted(metrics))
+        self.context.report(original_node, "DDP805", f"the early stop decides on the mean of {shown} across ranks, the same on every rank")
+        return updated_node.with_changes(test=updated_node.test.visit(_AverageNames(metrics)))
 
     def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
         counter = dotted(original_node.target)
@@ -152,3 +198,30 @@ def _reads_data(test: cst.BaseExpression) -> bool:
     if any(name not in ("len", "range", "min", "max", "int", "float") for name in calls):
         return True
     return any("loss" in node.value.lower() for node in walk(test) if isinstance(node, cst.Name))
+
+
+def _variables(test: cst.BaseExpression) -> set[str]:
+    """Variables a condition reads (not attribute fields, not called names)."""
+    nodes = walk(test)
+    skip = {id(part) for n in nodes if isinstance(n, cst.Attribute) for part in (n.attr, n.value)}  # `args.delta`: a setting
+    skip |= {id(n.func) for n in nodes if isinstance(n, cst.Call)}
+    return {
+        n.value for n in nodes
+        if isinstance(n, cst.Name) and id(n) not in skip and n.value not in ("True", "False", "None")
+    }
+
+
+class _AverageNames(cst.CSTTransformer):
+    """``train_loss`` -> ``ddp_mean(train_loss)`` inside one condition."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # `self.loss` / `x.loss`: fields, not the variable
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node.value in self.names:
+            return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
+        return updated_node
