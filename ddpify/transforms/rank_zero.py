@@ -54,9 +54,9 @@ ranks build it after rank 0 is done (no two processes write the same files)::
     if dist.get_rank() == 0:
         dist.barrier()
 
-DDP614  ``torch.save(model, path)`` of a whole wrapped model saves ``model.module``: a pickled
-DDP wrapper does not load in a process without a process group (``getattr(model, "module",
-model)`` where the wrap is conditional).
+DDP614  ``torch.save(model, path)`` of a whole wrapped model saves the module inside,
+``getattr(model, "module", model)``: a pickled DDP wrapper does not load in a process without
+a process group.
 
 DDP615  a ``torch.load`` that every rank runs, in a script that saves checkpoints on rank 0,
 waits at a barrier first (a best-model save under a metric condition has none after it)::
@@ -270,8 +270,9 @@ class RankZeroTransform(Transform):
         return self._saved_names_cache
 
     def _unwrapped(self, name: str) -> str:
-        guarded = any(site.guards for site in self.facts.wraps if site.target == name)
-        return f'getattr({name}, "module", {name})' if guarded else f"{name}.module"
+        # getattr: the name may hold the bare module here (a conditional wrap, a world of one,
+        # or a helper's parameter of the same name).
+        return f'getattr({name}, "module", {name})'
 
     def _save_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``torch.save(model, path)`` pickles the whole DDP wrapper, which does not load
