@@ -194,3 +194,17 @@ def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):
         assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.find_unused_parameters
     finally:
         template.ddp_cleanup()
+
+
+def test_sampler_of_a_sharded_loader_is_its_distributed_sampler():
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=2, rank=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
+    assert template.ddp_sampler(loader) is sampler
+
+
+def test_a_loader_that_does_not_shard_stops_at_set_epoch():
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True)
+    with pytest.raises(RuntimeError, match="RandomSampler, not a DistributedSampler"):
+        template.ddp_sampler(loader)

@@ -132,6 +132,17 @@ def ddp_check_in_sync(optimizer, args, kwargs):
             )
 
 
+def ddp_sampler(loader):
+    """The training loader's DistributedSampler (for set_epoch); stops if the loader does
+    not shard, which would have every rank train on all the data."""
+    if not isinstance(loader.sampler, torch.utils.data.distributed.DistributedSampler):
+        raise RuntimeError(
+            f"the training loader samples with {type(loader.sampler).__name__}, not a "
+            "DistributedSampler: every rank would train on all the data"
+        )
+    return loader.sampler
+
+
 def ddp_relaunch():
     """Plain `python train.py` on a machine with several GPUs: run again under torchrun, one
     process per GPU, as DataParallel used them all; exit with its status. DDPIFY_NO_RELAUNCH=1

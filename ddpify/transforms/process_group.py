@@ -45,6 +45,7 @@ TEMPLATE_NAMES = (
     "ddp_from_rank_zero",
     "ddp_split_random_streams",
     "ddp_check_in_sync",
+    "ddp_sampler",
     "ddp_relaunch",
     "ddp_first_slurm_host",
     "ddp_cleanup",
@@ -57,7 +58,7 @@ TEMPLATE_NAMES = (
     "DdpNoOp",
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_wrap"}
+OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_wrap"}
 RELAUNCH_MARK = "  # ddpify:relaunch"
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {

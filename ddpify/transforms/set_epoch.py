@@ -11,8 +11,13 @@ DDP501  set_epoch added::
         train(train_loader, model)
     # becomes
     for epoch in range(epochs):
-        train_loader.sampler.set_epoch(epoch)
+        ddp_sampler(train_loader).set_epoch(epoch)
         train(train_loader, model)
+
+``ddp_sampler`` (an emitted helper) returns the loader's DistributedSampler, and is the
+run-time backstop for the data: if the loader does not shard after all (a shape the static
+analysis misread), training stops at the first epoch with a clear error instead of every
+rank training on all the data.
 
 When the loop has no epoch number (``while True:``, ``for batch_set in schedule:``) a counter
 is added before it and incremented at the top of the loop.
@@ -45,8 +50,10 @@ class SetEpochTransform(Transform):
         statements: Block = []
         for loader in self._loaders(hook):
             code = self.context.code(loader)
-            self.context.report(owner, "DDP501", f"{code}.sampler.set_epoch() at the top of the epoch loop")
-            statements.append((None, cst.parse_statement(f"{code}.sampler.set_epoch({epoch or COUNTER})")))
+            self.context.report(owner, "DDP501", f"ddp_sampler({code}).set_epoch() at the top of the epoch loop")
+            # ddp_sampler stops with a clear error if the loader does not shard after all.
+            statements.append((None, cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch or COUNTER})")))
+            self.context.use_helper("ddp_sampler")
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
