@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst.metadata import (
+    Assignment,
     ParentNodeProvider,
     PositionProvider,
     QualifiedNameProvider,
@@ -131,6 +132,7 @@ class Facts:
     names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
     gpu_count_names: set[str] = field(default_factory=set)
+    project_names: frozenset[str] = frozenset()  # bound from other project modules (project mode)
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
 
     @property
@@ -894,6 +896,29 @@ class Analyzer(cst.CSTVisitor):
                     self.facts.unsafe_method_names.add(function.name.value)
                     changed = True
 
+    def _may_reach_project_code(self, func: cst.BaseExpression) -> bool:
+        """Project mode: a function from another project module, a value bound in this file
+        (a model built by a project factory), or a method of an object that is not an
+        imported module (a trainer built from a project class)."""
+        root = _root_name(func)
+        if root is None:
+            return False
+        if root.value in self.facts.project_names:
+            return True
+        definitions = (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
+        bound_here = [
+            a for a in self._assignments_of(root) if isinstance(a, Assignment) and not isinstance(a.node, definitions)
+        ]
+        if isinstance(func, cst.Name):
+            return bool(bound_here)
+        if func.attr.value in HARMLESS_METHODS:
+            return False
+        return not any(isinstance(getattr(a, "node", None), (cst.Import, cst.ImportFrom)) for a in self._assignments_of(root))
+
+    def _assignments_of(self, name: cst.Name) -> list:
+        scope = self.get_metadata(ScopeProvider, name, None)
+        return list(scope[name.value]) if scope is not None else []
+
     def call_is_unsafe(self, call: cst.Call, local_params: set[str]) -> bool:
         """Does this call (maybe) run a model forward/backward or a collective?"""
         func = call.func
@@ -901,6 +926,8 @@ class Analyzer(cst.CSTVisitor):
             return True
         name = dotted(func)
         if name in self.facts.model_names or (isinstance(func, cst.Name) and func.value in local_params):
+            return True
+        if self.facts.project_names and self._may_reach_project_code(func):
             return True
         if isinstance(func, cst.Attribute):
             if func.attr.value in COLLECTIVE_METHODS:
@@ -916,8 +943,28 @@ class Analyzer(cst.CSTVisitor):
         return False
 
 
-def analyze(wrapper: cst.MetadataWrapper) -> Facts:
+# Methods of values that never run a model or a collective (strings, numbers, containers,
+# tensors read out); project mode treats other method calls as possibly training.
+HARMLESS_METHODS = {
+    "format", "join", "split", "strip", "replace", "upper", "lower", "startswith", "endswith", "get",
+    "items", "keys", "values", "append", "extend", "update", "copy", "item", "tolist", "cpu",
+    "detach", "numpy", "mean", "sum", "max", "min", "size", "numel", "dim", "strftime", "isoformat",
+    "info", "debug", "warning", "error", "add_scalar", "add_scalars", "write", "flush", "set_description",
+    "set_postfix", "close",
+}
+
+
+def _root_name(node: cst.BaseExpression) -> cst.Name | None:
+    while isinstance(node, (cst.Attribute, cst.Call, cst.Subscript)):
+        node = node.value if not isinstance(node, cst.Call) else node.func
+    return node if isinstance(node, cst.Name) else None
+
+
+def analyze(wrapper: cst.MetadataWrapper, project_names: frozenset[str] = frozenset()) -> Facts:
+    """``project_names``: names the module binds from other modules of the project (project
+    mode); a call through one may run a model or a collective there."""
     analyzer = Analyzer()
+    analyzer.facts.project_names = project_names
     wrapper.visit(analyzer)
     # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
     # whether a call reaches the model.

@@ -78,6 +78,22 @@ def convert_files(paths: list[Path], options: ConvertOptions = ConvertOptions(),
     return _map(functools.partial(convert_file, options=options), paths, jobs)
 
 
+def convert_project(root: Path, files: list[Path], options: ConvertOptions = ConvertOptions()) -> list[FileResult]:
+    """Convert a project (ddpify.project): one view across its files, results in ``files``
+    order; files that cannot be read come back with their error."""
+    from ddpify.project import convert_project as convert
+
+    sources: dict[Path, str] = {}
+    unreadable: dict[Path, FileResult] = {}
+    for path in files:
+        try:
+            sources[path] = read_source(path)[0]
+        except (OSError, UnicodeDecodeError, SyntaxError) as error:
+            unreadable[path] = FileResult(str(path), "", "", (), None, f"cannot read: {error}")
+    converted = {Path(result.path): result for result in convert(root, sources, options)}
+    return [unreadable.get(path) or converted[path] for path in files]
+
+
 def _map(function, items: list, jobs: int) -> list:
     workers = min(jobs or os.cpu_count() or 1, len(items))
     if workers <= 1:

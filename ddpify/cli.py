@@ -80,11 +80,27 @@ def convert(
         allow_partial=allow_partial,
         relaunch=not no_relaunch,
     )
-    results = api.convert_files(files, options, jobs)
+    results = _convert_paths(paths, files, options, jobs)
     status = EXIT_OK
     for result in results:
         status = max(status, _report_conversion(result, diff, output))
     raise typer.Exit(status)
+
+
+def _convert_paths(paths: List[Path], files: list[Path], options: ConvertOptions, jobs: int) -> list[FileResult]:
+    """Files named on their own convert alone; a folder converts as one project (its entry
+    scripts, and the modules they import, seen together)."""
+    from ddpify import api
+    from ddpify.files import discover
+
+    by_path: dict[Path, FileResult] = {}
+    folders = [path for path in paths if path.is_dir()]
+    for folder in folders:
+        inside = [file for file in discover([folder]) if file in set(files) and file not in by_path]
+        by_path.update((Path(r.path), r) for r in api.convert_project(folder, inside, options))
+    alone = [file for file in files if file not in by_path]
+    by_path.update((Path(r.path), r) for r in api.convert_files(alone, options, jobs))
+    return [by_path[file] for file in files]
 
 
 def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> int:

@@ -10,6 +10,10 @@ import enum
 from dataclasses import dataclass
 
 
+# A file's part in a conversion; project mode (ddpify.project) gives the last two.
+SCRIPT, LIBRARY, ENTRY = "script", "library", "entry"
+
+
 class Severity(str, enum.Enum):
     """How a diagnostic affects the file."""
 

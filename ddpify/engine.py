@@ -9,40 +9,70 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import analyze
-from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
-from ddpify.transforms import EXISTING_DDP, REFERENCES_ONLY, TRANSFORMS
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
+from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
-def convert_text(source: str, options: ConvertOptions, path: str) -> FileResult:
-    """Parse, analyse and rewrite one script's text (see ddpify.api.convert_source)."""
+def convert_text(
+    source: str,
+    options: ConvertOptions,
+    path: str,
+    role: str = SCRIPT,
+    project_names: frozenset[str] = frozenset(),
+    trains_elsewhere: bool = False,
+) -> FileResult:
+    """Parse, analyse and rewrite one file's text (see ddpify.api.convert_source). The rest
+    comes from project mode (ddpify.project): the file's role (a library module, an entry
+    script), the names it binds from other project modules, and whether another module of
+    the project has a training step."""
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         return _refused(path, source, [_parse_error(source, error)])
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    facts = analyze(wrapper)
-    if not facts.wraps and not facts.dp_references and not facts.problems:
+    facts = analyze(wrapper, frozenset(project_names))
+    if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
         return FileResult(path, source, source)
-    context = ConversionContext(module, facts, options, MetadataView(wrapper), path=path)
+    context = ConversionContext(
+        module,
+        facts,
+        options,
+        MetadataView(wrapper),
+        path=path,
+        role=role,
+        model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
+        trains_elsewhere=trains_elsewhere,
+    )
     for problem in facts.problems:
         context.report(problem.node, problem.code, problem.message, Severity.ERROR)
-    # A module that only names the class (isinstance checks in a library) gets those names
-    # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
-    chosen = EXISTING_DDP if facts.existing_ddp else TRANSFORMS if facts.wraps else REFERENCES_ONLY
-    transforms = [transform(context) for transform in chosen]
+    transforms = [transform(context) for transform in _transforms_for(context)]
     for transform in transforms:
         transform.check()
     if context.has_errors:
         return _refused(path, source, context.diagnostics)
     converted = module.visit(Pipeline(context, transforms))
+    launches = role == ENTRY or (role == SCRIPT and facts.wraps)
     return FileResult(
         path,
         source,
         converted.code,
         tuple(sorted(set(context.diagnostics))),
-        context.launch_command or (launch_command(path, context) if facts.wraps else None),
+        context.launch_command or (launch_command(path, context) if launches else None),
     )
+
+
+def _transforms_for(context: ConversionContext) -> tuple:
+    facts = context.facts
+    if context.model_elsewhere:  # trains a model wrapped in another module: shard, guard
+        return TRANSFORMS
+    if context.role == ENTRY:
+        return ENTRY_TRANSFORMS
+    if context.role == LIBRARY and not facts.wraps:
+        return LIBRARY_SIDE_EFFECTS
+    # A module that only names the class (isinstance checks in a library) gets those names
+    # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
+    return EXISTING_DDP if facts.existing_ddp else TRANSFORMS if facts.wraps else REFERENCES_ONLY
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

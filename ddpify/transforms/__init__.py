@@ -36,3 +36,7 @@ TRANSFORMS = (
 REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)
 # For a script that already has a DDP path beside DataParallel: select that path.
 EXISTING_DDP = (ExistingDdpTransform, ImportsTransform)
+# Project mode (ddpify.project): an entry script whose training runs in imported modules,
+# and an imported module that only prints, saves or names DataParallel.
+ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
+LIBRARY_SIDE_EFFECTS = (WrapModelTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)

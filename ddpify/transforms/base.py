@@ -18,7 +18,7 @@ from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis import Facts, star_imported_torch
-from ddpify.diagnostics import ConvertOptions, Diagnostic, Severity
+from ddpify.diagnostics import LIBRARY, SCRIPT, ConvertOptions, Diagnostic, Severity
 
 Pair = tuple[cst.BaseStatement | None, cst.BaseStatement]
 Block = list[Pair]
@@ -56,6 +56,23 @@ class ConversionContext:
     sharded_loaders: set[cst.Call] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
+    role: str = SCRIPT
+    # Project mode: this file trains a model that another project module wraps (it shards
+    # its loaders as if it wrapped); and some other project module has a training step.
+    model_elsewhere: bool = False
+    trains_elsewhere: bool = False
+
+    @property
+    def is_library(self) -> bool:
+        """An imported module: its code runs after the entry script's set-up, its module
+        level at import time (before it)."""
+        return self.role == LIBRARY
+
+    def at_module_level(self, node: cst.CSTNode) -> bool:
+        """Not inside a function: in a library module, that runs at import time."""
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            node = self.parent(node)
+        return node is None
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

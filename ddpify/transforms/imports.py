@@ -65,7 +65,13 @@ class ImportsTransform(Transform):
         at = 0
         while at < len(block) and is_header(block[at][1]):
             at += 1
-        return [*block[:at], *[(None, s) for s in statements], *block[at:]]
+        rest = block[at:]
+        if statements and rest and not any(is_import(updated) for _, updated in block[:at]):
+            # The first imports of the file: the code below them keeps two blank lines' distance.
+            original, first = rest[0]
+            missing = max(0, 2 - sum(1 for line in first.leading_lines if line.comment is None))
+            rest = [(original, first.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *first.leading_lines])), *rest[1:]]
+        return [*block[:at], *[(None, s) for s in statements], *rest]
 
     def _drop_data_parallel_imports(self, block: Block) -> Block:
         kept: Block = []
@@ -110,4 +116,10 @@ def is_header(statement: cst.BaseStatement) -> bool:
         isinstance(small, (cst.Import, cst.ImportFrom))
         or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
         for small in statement.body
+    )
+
+
+def is_import(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )

@@ -17,17 +17,27 @@ DDP201  set-up added.
 DDP202  (error) no entry point: the module only defines things, or its module-level code
         never trains (an imported helper module); convert the script that runs it.
 DDP203  (error) a name the set-up needs is already bound to something else in the script.
+
+In project mode (``ddpify convert DIR``) an imported module that wraps, trains, prints or
+saves gets no set-up: its functions run after the entry script's ``ddp_setup()``. It gets
+only the helpers its converted code calls (and those they call), with a one-line header.
+
+DDP204  entry script of a project: set-up added here, for the training that runs in the
+        modules it imports.
+DDP206  (error) a project module whose module-level code wraps or trains runs at import
+        time, before the entry script's set-up.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.diagnostics import Severity
+from ddpify.diagnostics import ENTRY, Severity
 from ddpify.transforms.base import Block, Pair, Transform
 from ddpify.transforms.imports import is_header
 
@@ -103,10 +113,47 @@ def template_statements(used: frozenset[str] = frozenset(), newline: str = "\n")
     return [first.with_changes(leading_lines=lines), *rest]
 
 
+LIBRARY_HEADER = "# Distributed helpers added by ddpify; the entry script sets up the process group."
+HELPER_NAME = re.compile(r"\b(?:ddp_[a-z_]+|DdpNoOp)\b")
+
+
+def library_helper_statements(code: str, newline: str = "\n") -> list[cst.BaseStatement]:
+    """The template helpers ``code`` calls, and those they call: definitions only."""
+    parsed = cst.parse_module(template_source())
+    defined = {
+        statement.name.value: statement
+        for statement in parsed.body
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value != "ddp_setup"
+    }
+    wanted, pending = set(), set(HELPER_NAME.findall(code)) & defined.keys()
+    while pending:
+        name = pending.pop()
+        wanted.add(name)
+        pending |= (set(HELPER_NAME.findall(parsed.code_for_node(defined[name]))) & defined.keys()) - wanted
+    chosen = [statement for name, statement in defined.items() if name in wanted]
+    if not chosen:
+        return []
+    comment = cst.EmptyLine(comment=cst.Comment(LIBRARY_HEADER))
+    first = chosen[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment, cst.EmptyLine(), cst.EmptyLine()])
+    rest = [statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for statement in chosen[1:]]
+    return [first, *rest]
+
+
 class ProcessGroupTransform(Transform):
     CODE_PREFIX = "DDP2"
 
     def check(self) -> None:
+        if self.context.is_library:
+            if self.facts.module_level_runs:
+                self.context.report(
+                    self.context.module,
+                    "DDP206",
+                    "imported module whose module-level code wraps or trains: it runs at import time, before "
+                    "the entry script sets up the process group",
+                    Severity.ERROR,
+                )
+            self._report_conflicts()
+            return
         anchor = self.facts.setup_anchor
         if anchor is not None and self.facts.main_guard is None and not self.facts.module_level_runs:
             # Module-level code that never trains (a logger, a constant table): this module is
@@ -126,6 +173,9 @@ class ProcessGroupTransform(Transform):
                 "call ddp_setup() from the script that runs this module",
                 Severity.ERROR,
             )
+        self._report_conflicts()
+
+    def _report_conflicts(self) -> None:
         for name, node in self._conflicts():
             self.context.report(
                 node, "DDP203", f"`{name}` is already bound in this script; the DDP set-up needs that name", Severity.ERROR
@@ -145,6 +195,8 @@ class ProcessGroupTransform(Transform):
         return found
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        if self.context.is_library:
+            return self._library_helpers(block) if isinstance(owner, cst.Module) else block
         anchor = self.facts.setup_anchor
         if owner is anchor and anchor is self.facts.main_guard:  # everything in it runs inside try
             return self._wrap(block, 0)
@@ -155,6 +207,26 @@ class ProcessGroupTransform(Transform):
         for module, name, alias in TEMPLATE_IMPORTS:
             self.context.add_import(module, name, alias)
         return self._insert_helpers(block)
+
+    def _library_helpers(self, block: Block) -> Block:
+        code = cst.Module(body=[statement for _, statement in block]).code
+        helpers = library_helper_statements(code, self.context.module.default_newline)
+        text = code + "".join(cst.Module(body=[h]).code for h in helpers)
+        if "dist." not in text and not helpers:
+            return block
+        for module, name, alias in TEMPLATE_IMPORTS:
+            bound = alias or name or module
+            if re.search(rf"\b{re.escape(bound)}\.", text):
+                self.context.add_import(module, name, alias)
+        at = 0
+        while at < len(block) and is_header(block[at][1]):
+            at += 1
+        rest = block[at:]
+        if rest and helpers:
+            original, statement = rest[0]
+            missing = max(0, 2 - sum(1 for line in statement.leading_lines if line.comment is None))
+            rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
+        return [*block[:at], *[(None, h) for h in helpers], *rest]
 
     def _position_of(self, anchor: cst.CSTNode, block: Block) -> int:
         """Index of the anchor in the block, or of what follows it if a transform removed it."""
@@ -174,8 +246,9 @@ class ProcessGroupTransform(Transform):
         setup = cst.parse_statement("ddp_setup()").with_changes(leading_lines=first.leading_lines[:blank])
         self.context.report(
             block[start][0] or first,
-            "DDP201",
-            "process group set up here (torchrun, Slurm, or a world of one); destroyed at exit",
+            "DDP204" if self.context.role == ENTRY else "DDP201",
+            "process group set up here (torchrun, Slurm, or a world of one); destroyed at exit"
+            + (", for the training in the modules this script imports" if self.context.role == ENTRY else ""),
         )
         moved = (block[start][0], first.with_changes(leading_lines=first.leading_lines[blank:]))
         return [*block[:start], (None, setup), moved, *block[start + 1 :]]

@@ -138,9 +138,14 @@ class RankZeroTransform(Transform):
         call = statement.value
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
-        if self._imported_saver(call.func):
+        if self._imported_saver(call.func) and not self._from_project(call.func):
             return call
         return None
+
+    def _from_project(self, func: cst.BaseExpression) -> bool:
+        """Project mode: the function's own module is converted too, and guards its writes."""
+        root = (dotted(func) or "").split(".")[0]
+        return root in self.facts.project_names
 
     def _imported_saver(self, func: cst.BaseExpression) -> bool:
         """``save_checkpoint(...)`` / ``util.save_model(...)`` from the project's utils: every
@@ -215,6 +220,8 @@ class RankZeroTransform(Transform):
     # -- expressions: progress bars, makedirs, SummaryWriter --------------------------------
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if self._import_time(original_node):
+            return updated_node
         names = self.context.qualified(original_node.func)
         if "torch.save" in names:
             return self._save_unwrapped(original_node, updated_node)
@@ -235,6 +242,8 @@ class RankZeroTransform(Transform):
         return updated_node
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
+        if self._import_time(original_node):
+            return updated_node
         """``state = {"net": net, ...}`` saved with ``torch.save(state, ...)``: the module
         inside DDP is pickled, not the wrapper."""
         if not self._saved(original_node):
@@ -301,6 +310,8 @@ class RankZeroTransform(Transform):
         )
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if self._import_time(original_node):
+            return updated_node
         value = original_node.value
         if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & TRACKER_FACTORIES):
             return updated_node
@@ -314,6 +325,8 @@ class RankZeroTransform(Transform):
         return updated_node.with_changes(value=on_rank_zero)
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
+        if self._import_time(original_node):
+            return updated_node
         calls = [self._side_effect(small) for small in original_node.body]
         if any(calls):
             self._report_inline(original_node, calls)
@@ -321,7 +334,13 @@ class RankZeroTransform(Transform):
 
     # -- statements ---------------------------------------------------------------------------
 
+    def _import_time(self, node: cst.CSTNode) -> bool:
+        """Module-level code of an imported module runs before the entry's set-up: no guards."""
+        return self.context.is_library and self.context.at_module_level(node)
+
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        if self._import_time(owner):
+            return block
         result: Block = []
         run: list[Pair] = []  # consecutive statements of one kind share one guard
         kind = None
@@ -382,7 +401,8 @@ class RankZeroTransform(Transform):
 
     def _guard(self, run: list[Pair]) -> Block:
         # A barrier only where every rank reaches it, else it would hang.
-        barrier = self._same_path_on_every_rank(run[0][0])
+        # In an imported module the callers are not in sight: no barrier there.
+        barrier = self._same_path_on_every_rank(run[0][0]) and not self.context.is_library
         saves = [self._report_guarded(original, barrier) for original, _ in run]
         self.context.add_import("torch.distributed", None, "dist")
         reductions, statements = self._loss_means(run)

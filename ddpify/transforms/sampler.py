@@ -81,7 +81,8 @@ class SamplerTransform(Transform):
             reason = self._unsupported(site.call)
             if reason:
                 self.context.report(site.call, "DDP303", f"cannot shard this training DataLoader: {reason}", Severity.ERROR)
-        if self.facts.wraps and self.facts.training_loaders:
+        trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
+        if trains_ddp and self.facts.training_loaders:
             for loop in self._unfed_training_loops():
                 self.context.report_unsound(
                     loop,
@@ -89,7 +90,12 @@ class SamplerTransform(Transform):
                     "this training loop's data could not be traced to a DataLoader of this file: every rank "
                     "would train on all of it",
                 )
-        if self.facts.wraps and not self.facts.has_training_step and self._imports_project_modules():
+        if (
+            self.facts.wraps
+            and not self.facts.has_training_step
+            and not self.context.trains_elsewhere  # project mode converts that module too
+            and self._imports_project_modules()
+        ):
             self.context.report_unsound(
                 self.facts.wraps[0].call,
                 "DDP304",
@@ -97,7 +103,7 @@ class SamplerTransform(Transform):
                 f"({', '.join(self._imports_project_modules())}): the training step lives there, so the loaders it "
                 "draws from cannot be confirmed sharded (ddpify converts one file at a time)",
             )
-        if self.facts.wraps and self.facts.has_training_step and not self.facts.training_loaders:
+        if trains_ddp and self.facts.has_training_step and not self.facts.training_loaders:
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
                 if self.facts.loaders
@@ -105,7 +111,7 @@ class SamplerTransform(Transform):
                 "subclass cannot be sharded here"
             )
             self.context.report_unsound(
-                self.facts.wraps[0].call,
+                self.facts.wraps[0].call if self.facts.wraps else self.context.module,
                 "DDP304",
                 f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
             )

@@ -1,0 +1,202 @@
+"""Project mode: ``ddpify convert DIR`` converts a project with one view across its files.
+
+Real DataParallel code is spread over a project: the entry script parses arguments and
+calls a trainer in another module, which wraps the model and runs the loop, while utils
+print and save. Converted file by file, the trainer module is refused (no entry point
+for the set-up) and the entry script has nothing to convert. Here every file gets a role:
+
+- **script**: a file that wraps with DataParallel and runs as a script (a ``__main__``
+  block or module-level training): converted exactly as on its own;
+- **library**: a module imported by a script, that wraps and trains (a trainer class) or
+  prints and saves (utils): converted without set-up (its code runs after the entry's
+  ``ddp_setup()``), with only the helpers it uses, nothing guarded at import time;
+- **entry**: a script that imports a converted library module: gets the process-group
+  set-up, rank-0 guards and the launch line, but no wrap of its own.
+
+A project is converted whole or not at all: if one of the files that work together is
+refused, all of them are left untouched (a converted library under an unconverted entry
+would fail at the first collective), and the report says which file and why.
+
+The import graph comes from :mod:`ast` (fast, no libcst); conversion from the engine.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
+from ddpify.names import has_word
+# A library module is worth converting when its functions print, save or write files.
+TRAINING_STEP = re.compile(r"\.(?:backward|step)\s*\(")
+SIDE_EFFECT_WORDS = ("print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.")
+
+
+@dataclass
+class ModuleInfo:
+    path: Path
+    name: str  # dotted, relative to the project root
+    source: str
+    imports: set[str] = field(default_factory=set)  # project modules it imports
+    imported_names: set[str] = field(default_factory=set)  # names bound from project modules
+    runs: bool = False  # a `__main__` block
+    wraps: bool = False  # says DataParallel
+    trains: bool = False  # calls .backward() or .step()
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
+    info = ModuleInfo(
+        path, module_name(root, path), source, wraps=has_word(source, "DataParallel"), trains=bool(TRAINING_STEP.search(source))
+    )
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return info
+    package = info.name.split(".") if path.name == "__init__.py" else info.name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            info.imports.update(alias.name for alias in node.names)
+            info.imported_names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            info.imports.add(module)
+            info.imports.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+            info.imported_names.update(alias.asname or alias.name for alias in node.names)
+        elif isinstance(node, ast.If) and _is_main_test(node.test):
+            info.runs = True
+    return info
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    )
+
+
+class Project:
+    """The project's modules and who imports whom (only modules inside the project). Files
+    are parsed lazily: scripts and DataParallel modules first, then what they import."""
+
+    def __init__(self, root: Path, sources: dict[Path, str]) -> None:
+        self.root = root
+        self.sources = sources
+        self.paths = {module_name(root, path): path for path in sources if path.suffix == ".py"}
+        self._read: dict[str, ModuleInfo] = {}
+
+    def module(self, name: str) -> ModuleInfo:
+        if name not in self._read:
+            path = self.paths[name]
+            info = read_module(self.root, path, self.sources[path])
+            info.imports = {other for other in info.imports if other in self.paths and other != name}
+            self._read[name] = info
+        return self._read[name]
+
+    def candidates(self) -> list[ModuleInfo]:
+        """Scripts and DataParallel modules (a text pre-filter before any parse)."""
+        return [
+            self.module(name)
+            for name, path in self.paths.items()
+            if "__main__" in self.sources[path] or has_word(self.sources[path], "DataParallel")
+        ]
+
+    def reachable(self, info: ModuleInfo) -> list[ModuleInfo]:
+        """The project modules this one imports, directly or not (itself excluded)."""
+        seen: dict[str, ModuleInfo] = {}
+        stack = list(info.imports)
+        while stack:
+            name = stack.pop()
+            if name in seen or name == info.name:
+                continue
+            seen[name] = self.module(name)
+            stack.extend(seen[name].imports)
+        return sorted(seen.values(), key=lambda module: str(module.path))
+
+    @staticmethod
+    def project_names(info: ModuleInfo) -> frozenset[str]:
+        """Names this module binds from other project modules (calls to them may train)."""
+        return frozenset(info.imported_names) if info.imports else frozenset()
+
+
+def convert_project(root: Path, sources: dict[Path, str], options: ConvertOptions) -> list[FileResult]:
+    """Convert every file of the project; results in the order of ``sources``."""
+    project = Project(root, sources)
+    results: dict[Path, FileResult] = {}
+    candidates = project.candidates()
+    groups = [group for entry in candidates if entry.runs and (group := _convert_group(project, entry, options, results))]
+    while any(_refuse_together(group, results) for group in groups):
+        pass  # a module shared by two groups, refused in one: the other goes too
+    for info in candidates:  # a DataParallel module no script of the project imports
+        if info.path not in results and info.wraps:
+            results[info.path] = _convert(info, SCRIPT, options, frozenset(), False)
+    return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
+
+
+def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions, results: dict) -> list[Path]:
+    """The entry script and the project modules it imports: converted together (or none:
+    see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
+    members = [entry, *project.reachable(entry)]
+    if not any(member.wraps for member in members):
+        return []
+    converted: dict[Path, FileResult] = {}
+    for member in members:
+        if member.path in results:
+            converted[member.path] = results[member.path]
+            continue
+        if member is entry:
+            role = SCRIPT if member.wraps else ENTRY
+        elif member.runs or not (member.wraps or member.trains or _has_side_effects(member.source)):
+            continue  # another script (its own group), or nothing to do
+        else:
+            role = LIBRARY
+        trains_elsewhere = any(other.trains for other in members if other is not member)
+        converted[member.path] = _convert(member, role, options, project.project_names(member), trains_elsewhere)
+    if not any(_wraps(result) for result in converted.values()):
+        return []  # DataParallel only named (isinstance checks): not a DataParallel project
+    results.update(converted)
+    return list(converted)
+
+
+def _convert(info: ModuleInfo, role: str, options: ConvertOptions, names: frozenset[str], elsewhere: bool) -> FileResult:
+    from ddpify.engine import convert_text
+
+    return convert_text(info.source, options, str(info.path), role, names, elsewhere)
+
+
+def _wraps(result: FileResult) -> bool:
+    """A refusal, or a conversion that built DistributedDataParallel."""
+    return bool(result.error) or (result.changed and "DistributedDataParallel" in result.output)
+
+
+def _has_side_effects(source: str) -> bool:
+    return any(word in source for word in SIDE_EFFECT_WORDS)
+
+
+def _refuse_together(group: list[Path], results: dict[Path, FileResult]) -> bool:
+    """One refused file leaves every file of its group untouched, each saying why. True if
+    that refused a file that was converted."""
+    refused = [path for path in group if results[path].error]
+    if not refused:
+        return False
+    reason = f"{refused[0]} works together with this file and was not converted"
+    changed = False
+    for path in group:
+        result = results[path]
+        if result.error:
+            continue
+        diagnostic = Diagnostic(1, 1, "DDP210", reason, Severity.ERROR)
+        results[path] = FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+        changed = True
+    return changed

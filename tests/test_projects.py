@@ -1,0 +1,183 @@
+"""Project mode: fixtures/projects/<name>/ is a whole DataParallel project (entry script,
+models, data, utils); fixtures/projects/<name>.ddp/ holds what `ddpify convert <name>/`
+makes of it: the files it changes, and report.txt (every file's diagnostics, refusals and
+the launch line). `pytest tests/test_projects.py --update-golden` rewrites them.
+
+The end-to-end tests run the original project as one process and the converted one under
+torchrun with 2 gloo ranks (and as plain `python`), under the probe, and compare.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, run_launched
+from ddpify.api import convert_project
+from ddpify.diagnostics import FileResult
+
+PROJECTS = sorted(p for p in (FIXTURES / "projects").iterdir() if p.is_dir() and not p.name.endswith(".ddp"))
+
+
+def convert_tree(root: Path) -> dict[str, FileResult]:
+    files = sorted(root.rglob("*.py"))
+    return {str(Path(r.path).relative_to(root)): r for r in convert_project(root, files)}
+
+
+def render_report(results: dict[str, FileResult]) -> str:
+    lines = []
+    for name, result in sorted(results.items()):
+        state = "refused" if result.error else "converted" if result.changed else "unchanged"
+        lines.append(f"{name}: {state}")
+        lines += [f"  {d.line}:{d.col}: {d.code} {d.message} [{d.severity.value}]" for d in result.diagnostics]
+        if result.launch_command:
+            lines.append(f"  launch: {result.launch_command.replace(str(Path(result.path).parent), '.')}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+@pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_project_golden(project: Path, update_golden: bool) -> None:
+    results = convert_tree(project)
+    expected = project.with_name(project.name + ".ddp")
+    if update_golden:
+        shutil.rmtree(expected, ignore_errors=True)
+        for name, result in results.items():
+            if result.changed:
+                (expected / name).parent.mkdir(parents=True, exist_ok=True)
+                (expected / name).write_text(result.output, encoding="utf-8")
+        expected.mkdir(exist_ok=True)
+        (expected / "report.txt").write_text(render_report(results), encoding="utf-8")
+    assert render_report(results) == (expected / "report.txt").read_text(encoding="utf-8")
+    for name, result in results.items():
+        golden = expected / name
+        assert result.output == (golden.read_text(encoding="utf-8") if golden.exists() else result.source), name
+        compile(result.output, name, "exec")
+        if not result.changed:
+            assert result.output == result.source, "files that do not change stay byte-identical"
+
+
+@pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_converting_a_converted_project_changes_nothing(project: Path, tmp_path: Path) -> None:
+    converted = tmp_path / project.name
+    shutil.copytree(project, converted)
+    for name, result in convert_tree(converted).items():
+        (converted / name).write_text(result.output, encoding="utf-8")
+    again = convert_tree(converted)
+    assert not [name for name, result in again.items() if result.changed]
+
+
+def test_cli_converts_a_folder_as_one_project(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddpify.cli import app
+
+    project = tmp_path / "factory"
+    shutil.copytree(FIXTURES / "projects" / "factory", project)
+    before = {p: p.read_bytes() for p in project.rglob("*.py")}
+    diff = CliRunner().invoke(app, ["convert", str(project), "--diff"])
+    assert diff.exit_code == 1 and diff.stdout.count("+++ ") == 4  # one patch: four files change
+    assert {p: p.read_bytes() for p in project.rglob("*.py")} == before
+    result = CliRunner().invoke(app, ["convert", str(project)])
+    assert result.exit_code == 0, result.output
+    assert f"launch: torchrun --standalone --nproc-per-node=gpu {project / 'train.py'}" in result.stdout
+    assert f"{project / 'models' / '__init__.py'}: converted" in result.stdout
+    assert (project / "models" / "tiny.py").read_bytes() == before[project / "models" / "tiny.py"]
+
+
+def test_a_refused_module_leaves_the_whole_project_untouched(tmp_path: Path) -> None:
+    project = tmp_path / "factory"
+    shutil.copytree(FIXTURES / "projects" / "factory", project)
+    factory = project / "models" / "__init__.py"
+    # A gradient penalty in the factory's module: refused (DDP111), so nothing may change.
+    factory.write_text(factory.read_text() + "\n\ndef penalty(d, x):\n    return torch.autograd.grad(d(x).sum(), x, create_graph=True)\n")
+    results = convert_tree(project)
+    assert all(not r.changed for r in results.values())
+    assert results["train.py"].error and "DDP210" in {d.code for d in results["train.py"].diagnostics}
+
+
+# -- end to end ---------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+RUNNABLE = [p for p in PROJECTS if (p / "train.py").exists() and "e2e: refused" not in (p / "train.py").read_text()]
+
+
+def run(command: list[str], cwd: Path, probe_dir: Path) -> subprocess.CompletedProcess:
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DDPIFY_PROBE_DIR": str(probe_dir), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
+        env.pop(name, None)
+    result = run_launched(command, cwd=cwd, env=env, timeout=300)
+    assert result.returncode == 0, f"{command} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module", params=RUNNABLE, ids=[p.name for p in RUNNABLE])
+def runs(request, tmp_path_factory):
+    project: Path = request.param
+    work = tmp_path_factory.mktemp(project.name)
+    original, converted = work / "original", work / "converted"
+    shutil.copytree(project, original)
+    shutil.copytree(project, converted)
+    for name, result in convert_tree(converted).items():
+        assert not result.error, result.error
+        (converted / name).write_text(result.output, encoding="utf-8")
+    probe = [sys.executable, "-m", "ddpify.verify.probe", "train.py"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    return {
+        "work": work,
+        "original": run(probe, original, work / "p-original"),
+        "ddp": run([*torchrun, "-m", "ddpify.verify.probe", "train.py"], converted, work / "p-ddp"),
+        "single": run(probe, converted, work / "p-single"),
+    }
+
+
+def params(probe_dir: Path, rank: int = 0) -> list:
+    return torch.load(probe_dir / f"rank{rank}.pt")["params"]
+
+
+def record(probe_dir: Path, rank: int) -> dict:
+    return json.loads((probe_dir / f"rank{rank}.json").read_text())
+
+
+def assert_same(left: list, right: list, exact: bool = False) -> None:
+    assert len(left) == len(right) and left
+    for group_a, group_b in zip(left, right):
+        assert len(group_a) == len(group_b)
+        for a, b in zip(group_a, group_b):
+            assert torch.equal(a, b) if exact else torch.allclose(a, b, **TOLERANCE), (a - b).abs().max()
+
+
+def test_two_ranks_train_one_model(runs):
+    assert_same(params(runs["work"] / "p-ddp", 0), params(runs["work"] / "p-ddp", 1), exact=True)
+
+
+def test_two_ranks_end_with_the_original_weights(runs):
+    assert_same(params(runs["work"] / "p-ddp"), params(runs["work"] / "p-original"))
+    assert_same(params(runs["work"] / "p-single"), params(runs["work"] / "p-original"))
+
+
+def test_every_rank_sees_its_shard_each_epoch(runs):
+    for rank in (0, 1):
+        data = record(runs["work"] / "p-ddp", rank)
+        assert data["set_epoch_calls"] == list(range(len(data["set_epoch_calls"]))) and len(data["set_epoch_calls"]) >= 2
+
+
+def test_each_line_is_printed_once(runs):
+    converted = sorted(line for line in runs["ddp"].stdout.splitlines() if line.strip())
+    original = sorted(line for line in runs["original"].stdout.splitlines() if line.strip())
+    # The same lines, as often as the original printed them (losses may differ in the last digit).
+    mask = lambda lines: sorted(line.split(":")[0] for line in lines)  # noqa: E731
+    assert mask(converted) == mask(original)
+
+
+def test_each_checkpoint_is_written_once(runs):
+    saves = [save["path"] for rank in (0, 1) for save in record(runs["work"] / "p-ddp", rank)["saves"]]
+    original = [save["path"] for save in record(runs["work"] / "p-original", 0)["saves"]]
+    assert len(saves) == len(original) >= 1
