@@ -71,11 +71,22 @@ class WrapSite:
     device_count: int | None = None  # number of GPUs named by a literal device_ids
 
 
+@dataclass(frozen=True)
+class ForeignLoader:
+    """Project mode: a loader that a function of another project module returns
+    (``train_loader, val_loader = build_loaders(args)``): sharded there, set_epoch here."""
+
+    call: cst.Call  # the call of that function, in this file
+    function: str  # its dotted name here: "build_loaders", "data.build_loaders"
+    index: int | None  # which element of the returned tuple; None: the whole value
+
+
 @dataclass
 class LoaderSite:
-    call: cst.Call
+    call: cst.Call  # a stand-in node for a foreign loader (never found in the tree)
     target: str | None
     training: bool = False
+    foreign: ForeignLoader | None = None
 
 
 @dataclass
@@ -133,6 +144,14 @@ class Facts:
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
     gpu_count_names: set[str] = field(default_factory=set)
     project_names: frozenset[str] = frozenset()  # bound from other project modules (project mode)
+    # project mode: functions of this module whose returned DataLoaders (at these indices of
+    # a returned tuple; None: the value itself) another module trains on
+    loader_functions: dict[str, set[int | None]] = field(default_factory=dict)
+    loader_functions_unresolved: list[str] = field(default_factory=list)  # none to shard there
+
+    @property
+    def foreign_training_loaders(self) -> list[ForeignLoader]:
+        return [site.foreign for site in self.training_loaders if site.foreign is not None]
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
 
     @property
@@ -355,6 +374,8 @@ class Analyzer(cst.CSTVisitor):
         self._training_loops: dict[Loop, Context] = {}
         self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
+        self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
+        self._module_functions: dict[str, Function] = {}  # top-level functions, by name
 
     # -- helpers -----------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:
@@ -383,6 +404,8 @@ class Analyzer(cst.CSTVisitor):
 
     # -- scopes ------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if not self._functions and self._classes == [None]:
+            self._module_functions[node.name.value] = node
         self._functions.append(node)
         self._classes.append(self._classes[-1] if self._is_method(node) else None)
         self._loops.append([])
@@ -599,7 +622,20 @@ class Analyzer(cst.CSTVisitor):
         self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
         self.facts.setup_anchor = self._setup_anchor(original_node)
         self._resolve_training_loops()
+        self._mark_loader_functions()
         self._find_unsafe_functions()
+
+    def _mark_loader_functions(self) -> None:
+        """Project mode: the loaders this module's builders return, that another module
+        trains on, are training loaders here (sharded where they are built)."""
+        for name, indices in self.facts.loader_functions.items():
+            function = self._module_functions.get(name)
+            for index in indices:
+                calls = self._loaders_returned(function, index, 0) if function is not None else []
+                if not calls:
+                    self.facts.loader_functions_unresolved.append(name)
+                for call in calls:
+                    self.facts.loaders[call].training = True
 
     def _setup_anchor(self, module: cst.Module) -> cst.CSTNode | None:
         """The first top-level statement that does work: set-up must run before it.
@@ -761,8 +797,27 @@ class Analyzer(cst.CSTVisitor):
         if value in self.facts.loaders:
             return [value] if index is None else []
         function = self._local_function(value.func)
+        if function is None and self._from_project(value.func):
+            return [self._foreign_loader(value, index)]
         if function is None or depth > 4:
             return []
+        return self._loaders_returned(function, index, depth)
+
+    def _from_project(self, func: cst.BaseExpression) -> bool:
+        root = _root_name(func)
+        return root is not None and root.value in self.facts.project_names and dotted(func) is not None
+
+    def _foreign_loader(self, call: cst.Call, index: int | None) -> cst.Call:
+        """A stand-in node for element ``index`` of what ``call`` returns, as a loader site."""
+        key = (call, index)
+        if key not in self._foreign:
+            stand_in = call.deep_clone()
+            foreign = ForeignLoader(call, dotted(call.func), index)
+            self.facts.loaders[stand_in] = LoaderSite(stand_in, None, foreign=foreign)
+            self._foreign[key] = stand_in
+        return self._foreign[key]
+
+    def _loaders_returned(self, function: Function, index: int | None, depth: int) -> list[cst.Call]:
         found = []
         shared = len(self._call_sites(function)) > 1  # the same DataLoader call builds other loaders too
         for returned in _returns(function):
@@ -960,11 +1015,17 @@ def _root_name(node: cst.BaseExpression) -> cst.Name | None:
     return node if isinstance(node, cst.Name) else None
 
 
-def analyze(wrapper: cst.MetadataWrapper, project_names: frozenset[str] = frozenset()) -> Facts:
-    """``project_names``: names the module binds from other modules of the project (project
-    mode); a call through one may run a model or a collective there."""
+def analyze(
+    wrapper: cst.MetadataWrapper,
+    project_names: frozenset[str] = frozenset(),
+    loader_functions: dict[str, set[int | None]] | None = None,
+) -> Facts:
+    """Project mode: ``project_names``, the names the module binds from other modules of the
+    project (a call through one may run a model or a collective there); ``loader_functions``,
+    this module's functions whose returned loaders another module trains on."""
     analyzer = Analyzer()
     analyzer.facts.project_names = project_names
+    analyzer.facts.loader_functions = dict(loader_functions or {})
     wrapper.visit(analyzer)
     # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
     # whether a call reaches the model.

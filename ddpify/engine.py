@@ -21,17 +21,23 @@ def convert_text(
     role: str = SCRIPT,
     project_names: frozenset[str] = frozenset(),
     trains_elsewhere: bool = False,
+    loader_functions: dict[str, set[int | None]] | None = None,
+    foreign_loaders: list | None = None,
 ) -> FileResult:
     """Parse, analyse and rewrite one file's text (see ddpify.api.convert_source). The rest
     comes from project mode (ddpify.project): the file's role (a library module, an entry
     script), the names it binds from other project modules, and whether another module of
-    the project has a training step."""
+    the project has a training step; ``loader_functions``, this module's functions whose
+    returned loaders another module trains on; ``foreign_loaders`` receives the loaders this
+    file trains on that functions of other modules return (ddpify.analysis.ForeignLoader)."""
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         return _refused(path, source, [_parse_error(source, error)])
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    facts = analyze(wrapper, frozenset(project_names))
+    facts = analyze(wrapper, frozenset(project_names), loader_functions)
+    if foreign_loaders is not None:
+        foreign_loaders.extend(facts.foreign_training_loaders)
     if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
         return FileResult(path, source, source)
     context = ConversionContext(
@@ -64,8 +70,8 @@ def convert_text(
 
 def _transforms_for(context: ConversionContext) -> tuple:
     facts = context.facts
-    if context.model_elsewhere:  # trains a model wrapped in another module: shard, guard
-        return TRANSFORMS
+    if context.model_elsewhere or facts.loader_functions:
+        return TRANSFORMS  # trains a model wrapped elsewhere, or builds loaders trained on elsewhere
     if context.role == ENTRY:
         return ENTRY_TRANSFORMS
     if context.role == LIBRARY and not facts.wraps:

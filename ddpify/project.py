@@ -41,6 +41,10 @@ class ModuleInfo:
     source: str
     imports: set[str] = field(default_factory=set)  # project modules it imports
     imported_names: set[str] = field(default_factory=set)  # names bound from project modules
+    # name -> (module, attribute): `from data import build` -> ("data", "build"); `import data`
+    # -> ("data", None)
+    bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    functions: set[str] = field(default_factory=set)  # defined at the top level
     runs: bool = False  # a `__main__` block
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
@@ -66,14 +70,19 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
         if isinstance(node, ast.Import):
             info.imports.update(alias.name for alias in node.names)
             info.imported_names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+            for alias in node.names:
+                info.bindings[alias.asname or alias.name] = (alias.name, None)
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *(node.module.split(".") if node.module else [])])
             info.imports.add(module)
             info.imports.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
             info.imported_names.update(alias.asname or alias.name for alias in node.names)
+            for alias in node.names:
+                info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
+    info.functions = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     return info
 
 
@@ -95,6 +104,9 @@ class Project:
         self.sources = sources
         self.paths = {module_name(root, path): path for path in sources if path.suffix == ".py"}
         self._read: dict[str, ModuleInfo] = {}
+
+    def modules_by_path(self) -> dict[Path, ModuleInfo]:
+        return {info.path: info for info in self._read.values()}
 
     def module(self, name: str) -> ModuleInfo:
         if name not in self._read:
@@ -124,6 +136,31 @@ class Project:
             stack.extend(seen[name].imports)
         return sorted(seen.values(), key=lambda module: str(module.path))
 
+    def resolve(self, info: ModuleInfo, dotted: str) -> tuple[ModuleInfo, str] | None:
+        """The project module and top-level function a dotted call name in ``info`` refers
+        to (``build_loaders``, ``data.build_loaders``), following re-exports."""
+        head, _, rest = dotted.partition(".")
+        module, attribute = info.bindings.get(head, (None, None))
+        if module is None:
+            return None
+        if attribute is not None:
+            if f"{module}.{attribute}" in self.paths:  # `from pkg import mod`: mod.function
+                module, attribute = f"{module}.{attribute}", None
+        path = [*([attribute] if attribute else []), *(rest.split(".") if rest else [])]
+        while len(path) > 1 and f"{module}.{path[0]}" in self.paths:
+            module, path = f"{module}.{path[0]}", path[1:]
+        if len(path) != 1 or module not in self.paths:
+            return None
+        for _ in range(5):  # `from .loaders import build_loaders` in a package's __init__
+            target = self.module(module)
+            if path[0] in target.functions:
+                return target, path[0]
+            module, attribute = target.bindings.get(path[0], (None, None))
+            if module not in self.paths or attribute is None:
+                return None
+            path = [attribute]
+        return None
+
     @staticmethod
     def project_names(info: ModuleInfo) -> frozenset[str]:
         """Names this module binds from other project modules (calls to them may train)."""
@@ -151,6 +188,8 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     if not any(member.wraps for member in members):
         return []
     converted: dict[Path, FileResult] = {}
+    roles: dict[Path, tuple[str, bool]] = {}
+    builders: dict[Path, dict[str, set[int | None]]] = {}  # module -> its loader functions to shard
     for member in members:
         if member.path in results:
             converted[member.path] = results[member.path]
@@ -162,17 +201,50 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         else:
             role = LIBRARY
         trains_elsewhere = any(other.trains for other in members if other is not member)
-        converted[member.path] = _convert(member, role, options, project.project_names(member), trains_elsewhere)
+        requests: list = []
+        converted[member.path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, requests=requests)
+        roles[member.path] = (role, trains_elsewhere)
+        for foreign in requests:
+            _route(project, member, foreign, builders, converted)
+    for path, functions in builders.items():  # shard the loaders where they are built
+        member = project.modules_by_path()[path]
+        role, trains_elsewhere = roles.get(path, (LIBRARY, True))
+        converted[path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, functions)
     if not any(_wraps(result) for result in converted.values()):
         return []  # DataParallel only named (isinstance checks): not a DataParallel project
     results.update(converted)
     return list(converted)
 
 
-def _convert(info: ModuleInfo, role: str, options: ConvertOptions, names: frozenset[str], elsewhere: bool) -> FileResult:
+def _convert(
+    info: ModuleInfo,
+    role: str,
+    options: ConvertOptions,
+    names: frozenset[str],
+    elsewhere: bool,
+    loader_functions: dict | None = None,
+    requests: list | None = None,
+) -> FileResult:
     from ddpify.engine import convert_text
 
-    return convert_text(info.source, options, str(info.path), role, names, elsewhere)
+    return convert_text(info.source, options, str(info.path), role, names, elsewhere, loader_functions, requests)
+
+
+def _route(project: Project, member: ModuleInfo, foreign, builders: dict, converted: dict) -> None:
+    """A loader ``member`` trains on comes from a function of another module: that module
+    shards it. If the function cannot be found, ``member`` is refused."""
+    found = project.resolve(member, foreign.function)
+    if found is None:
+        reason = (
+            f"the training loader comes from `{foreign.function}()`, which is not a function of this project "
+            "that ddpify can find: every rank would train on all the data"
+        )
+        diagnostic = Diagnostic(1, 1, "DDP308", reason, Severity.ERROR)
+        result = converted[member.path]
+        converted[member.path] = FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+        return
+    module, function = found
+    builders.setdefault(module.path, {}).setdefault(function, set()).add(foreign.index)
 
 
 def _wraps(result: FileResult) -> bool:

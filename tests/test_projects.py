@@ -81,7 +81,7 @@ def test_cli_converts_a_folder_as_one_project(tmp_path: Path) -> None:
     shutil.copytree(FIXTURES / "projects" / "factory", project)
     before = {p: p.read_bytes() for p in project.rglob("*.py")}
     diff = CliRunner().invoke(app, ["convert", str(project), "--diff"])
-    assert diff.exit_code == 1 and diff.stdout.count("+++ ") == 4  # one patch: four files change
+    assert diff.exit_code == 1 and diff.stdout.count("+++ ") == 5  # one patch: five files change
     assert {p: p.read_bytes() for p in project.rglob("*.py")} == before
     result = CliRunner().invoke(app, ["convert", str(project)])
     assert result.exit_code == 0, result.output
@@ -99,6 +99,18 @@ def test_a_refused_module_leaves_the_whole_project_untouched(tmp_path: Path) -> 
     results = convert_tree(project)
     assert all(not r.changed for r in results.values())
     assert results["train.py"].error and "DDP210" in {d.code for d in results["train.py"].diagnostics}
+
+
+def test_a_loader_builder_whose_loader_cannot_be_traced_refuses_the_project(tmp_path: Path) -> None:
+    project = tmp_path / "factory"
+    shutil.copytree(FIXTURES / "projects" / "factory", project)
+    loaders = project / "data" / "loaders.py"
+    # The builder hands back a loader made by a class of its own: nothing ddpify can shard.
+    loaders.write_text(loaders.read_text().replace("return train_loader, val_loader", "return Wrapped(train_loader), val_loader")
+                       + "\n\nclass Wrapped:\n    def __init__(self, loader):\n        self.loader = loader\n")
+    results = convert_tree(project)
+    assert all(not r.changed for r in results.values())
+    assert "DDP308" in {d.code for d in results["data/loaders.py"].diagnostics}
 
 
 # -- end to end ---------------------------------------------------------------------------------

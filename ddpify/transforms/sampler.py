@@ -37,6 +37,13 @@ DDP306  (warning) the training loader is built by a helper function that also bu
 loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
 sharded, so evaluation on the others covers each rank's share only.
 
+DDP308  (error; a warning with ``--allow-partial``) project mode: another module trains on
+what a function of this one returns, and no DataLoader built here could be traced to it.
+
+In project mode (``ddpify convert DIR``) a training loader that a function of another
+project module returns (``train_loader, val_loader = build_loaders(args)``) is sharded
+where that function builds it, and gets ``set_epoch`` where it is iterated.
+
 DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
 """
@@ -68,6 +75,11 @@ class SamplerTransform(Transform):
 
     def check(self) -> None:
         for site in self.facts.training_loaders:
+            if site.foreign is not None:
+                # Built by another module of the project, which shards it (or the project
+                # is refused with it): here it only needs set_epoch.
+                self.context.sharded_loaders.add(site.call)
+                continue
             own = self._own_sampler(site.call)
             if own is not None:
                 if "Distributed" not in self.context.code(own.value):
@@ -102,6 +114,13 @@ class SamplerTransform(Transform):
                 "no backward()/step() in this file, which imports its own project's modules "
                 f"({', '.join(self._imports_project_modules())}): the training step lives there, so the loaders it "
                 "draws from cannot be confirmed sharded (ddpify converts one file at a time)",
+            )
+        for name in self.facts.loader_functions_unresolved:
+            self.context.report_unsound(
+                self.context.module,
+                "DDP308",
+                f"another module of the project trains on what `{name}()` returns, but no DataLoader built "
+                "here could be traced to it: every rank would train on all the data",
             )
         if trains_ddp and self.facts.has_training_step and not self.facts.training_loaders:
             why = (
