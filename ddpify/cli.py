@@ -42,7 +42,7 @@ def main_options(
 
 @app.command()
 def convert(
-    paths: List[Path] = typer.Argument(..., help="Scripts (or folders of them) to convert in place."),
+    paths: List[Path] = typer.Argument(..., help="Scripts to convert in place; a folder converts as one project (its entry scripts and the modules they import, together)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here instead (one input only)."),
     diff: bool = typer.Option(False, "--diff", help="Write nothing; print a unified diff. Exit 1 if there is one."),
     per_process_batch: bool = typer.Option(

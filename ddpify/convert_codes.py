@@ -13,10 +13,13 @@ import re
 from importlib import resources
 
 CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "DDP105/DDP106:" title
-# Codes raised outside the transforms (parsing, the analysis pass).
+# Codes raised outside the transforms (parsing, the analysis pass, project mode).
 OTHER_CODES = {
     "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
+    "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file this one works with (its "
+    "entry script, or a module it imports) was refused, so this one is left untouched too: a converted module "
+    "under an unconverted entry would fail at its first collective. The refused file's own diagnostics say why.",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",
