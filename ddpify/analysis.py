@@ -254,8 +254,33 @@ def bound_names(target: cst.BaseExpression) -> list[str]:
     return [name] if name else []
 
 
+class _Subtrees:
+    """Every node of the tree being converted in source order, and where each node's subtree
+    starts and ends in that list: ``walk`` of an original node is then a slice, not a new
+    traversal (transforms ask for the calls inside statements many times)."""
+
+    nodes: list[cst.CSTNode] = []
+    spans: dict[cst.CSTNode, tuple[int, int]] = {}
+
+    @classmethod
+    def start(cls) -> None:
+        cls.nodes, cls.spans, cls._starts = [], {}, {}
+
+    @classmethod
+    def enter(cls, node: cst.CSTNode) -> None:
+        cls._starts[node] = len(cls.nodes)
+        cls.nodes.append(node)
+
+    @classmethod
+    def leave(cls, node: cst.CSTNode) -> None:
+        cls.spans[node] = (cls._starts.pop(node), len(cls.nodes))
+
+
 def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node` and everything below it, in source order."""
+    span = _Subtrees.spans.get(node)
+    if span is not None:
+        return _Subtrees.nodes[span[0] : span[1]]
     found: list[cst.CSTNode] = []
 
     class Collect(cst.CSTVisitor):
@@ -376,6 +401,14 @@ class Analyzer(cst.CSTVisitor):
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        _Subtrees.enter(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        _Subtrees.leave(original_node)
 
     # -- helpers -----------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:
@@ -1023,6 +1056,7 @@ def analyze(
     """Project mode: ``project_names``, the names the module binds from other modules of the
     project (a call through one may run a model or a collective there); ``loader_functions``,
     this module's functions whose returned loaders another module trains on."""
+    _Subtrees.start()  # filled by the analyzer's walk
     analyzer = Analyzer()
     analyzer.facts.project_names = project_names
     analyzer.facts.loader_functions = dict(loader_functions or {})

@@ -62,7 +62,7 @@ def convert_text(
     return FileResult(
         path,
         source,
-        converted.code,
+        context.finish(converted.code),
         tuple(sorted(set(context.diagnostics))),
         context.launch_command or (launch_command(path, context) if launches else None),
     )

@@ -57,6 +57,7 @@ class ConversionContext:
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
     role: str = SCRIPT
+    helper_block: str | None = None  # text that replaces the helper placeholder statement
     # Project mode: this file trains a model that another project module wraps (it shards
     # its loaders as if it wrapped); and some other project module has a training step.
     model_elsewhere: bool = False
@@ -73,6 +74,15 @@ class ConversionContext:
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda)):
             node = self.parent(node)
         return node is None
+
+    def finish(self, code: str) -> str:
+        """The printed tree with the helper block in place of its placeholder line."""
+        if self.helper_block is None:
+            return code
+        from ddpify.transforms.process_group import HELPERS_PLACEHOLDER
+
+        newline = self.module.default_newline
+        return code.replace(HELPERS_PLACEHOLDER + newline, self.helper_block, 1)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -91,52 +91,65 @@ def template_source() -> str:
     return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n") + "\n"
 
 
-def template_statements(used: frozenset[str] = frozenset(), newline: str = "\n") -> list[cst.BaseStatement]:
-    """The helper block as statements, its header comment on the first one; optional
-    helpers only if ``used`` (without ``ddp_relaunch`` its call goes too). Docstrings get
-    the script's ``newline``."""
+def template_chunks() -> list[tuple[str | None, str]]:
+    """The block's top-level pieces, (name or None for the header comment, text); they are
+    separated by two blank lines in the template."""
+    chunks = []
+    for text in template_source().rstrip("\n").split("\n\n\n"):
+        first = text.split("\n", 1)[0]
+        name = first.split()[1].split("(")[0].rstrip(":") if first.startswith(("def ", "class ")) else None
+        chunks.append((name, text))
+    return chunks
+
+
+def template_text(used: frozenset[str] = frozenset(), newline: str = "\n") -> str:
+    """The helper block as text, its header comment first; optional helpers only if
+    ``used`` (without ``ddp_relaunch`` its call goes too). Lines end with ``newline``.
+
+    Text, not parsed statements: the converter puts a placeholder statement where the
+    block goes and swaps in this text after printing the tree (parsing the block cost a
+    tenth of a one-file conversion)."""
+    kept = [text for name, text in template_chunks() if name not in OPTIONAL_HELPERS - used]
     lines = []
-    for line in template_source().split("\n"):
+    for line in "\n\n\n".join(kept).split("\n"):
         if RELAUNCH_MARK not in line:
             lines.append(line)
         elif "ddp_relaunch" in used:
             lines.append(line.replace(RELAUNCH_MARK, ""))
         else:
             lines.pop()  # the `if not launched:` above it
-    parsed = cst.parse_module(newline.join(lines))
-    first, *rest = [
-        statement
-        for statement in parsed.body
-        if not (isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value in OPTIONAL_HELPERS - used)
-    ]
-    lines = [cst.EmptyLine(), cst.EmptyLine(), *parsed.header, *first.leading_lines]
-    return [first.with_changes(leading_lines=lines), *rest]
+    return newline.join(lines) + newline
+
+
+HELPERS_PLACEHOLDER = "__ddpify_helper_block__"
+
+
+def helpers_placeholder(text: str, context) -> cst.BaseStatement:
+    """A statement that stands for the helper block until the tree is printed (see
+    ConversionContext.finish), two blank lines above it."""
+    context.helper_block = text
+    return cst.SimpleStatementLine(
+        [cst.Expr(cst.Name(HELPERS_PLACEHOLDER))], leading_lines=[cst.EmptyLine(), cst.EmptyLine()]
+    )
 
 
 LIBRARY_HEADER = "# Distributed helpers added by ddpify; the entry script sets up the process group."
 HELPER_NAME = re.compile(r"\b(?:ddp_[a-z_]+|DdpNoOp)\b")
 
 
-def library_helper_statements(code: str, newline: str = "\n") -> list[cst.BaseStatement]:
-    """The template helpers ``code`` calls, and those they call: definitions only."""
-    parsed = cst.parse_module(template_source())
-    defined = {
-        statement.name.value: statement
-        for statement in parsed.body
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value != "ddp_setup"
-    }
+def library_helper_text(code: str, newline: str = "\n") -> str:
+    """The template helpers ``code`` calls, and those they call: definitions only, under a
+    one-line header; empty if it calls none."""
+    defined = {name: text for name, text in template_chunks() if name is not None and name != "ddp_setup"}
     wanted, pending = set(), set(HELPER_NAME.findall(code)) & defined.keys()
     while pending:
         name = pending.pop()
         wanted.add(name)
-        pending |= (set(HELPER_NAME.findall(parsed.code_for_node(defined[name]))) & defined.keys()) - wanted
-    chosen = [statement for name, statement in defined.items() if name in wanted]
+        pending |= (set(HELPER_NAME.findall(defined[name])) & defined.keys()) - wanted
+    chosen = [text for name, text in defined.items() if name in wanted]
     if not chosen:
-        return []
-    comment = cst.EmptyLine(comment=cst.Comment(LIBRARY_HEADER))
-    first = chosen[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine(), comment, cst.EmptyLine(), cst.EmptyLine()])
-    rest = [statement.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for statement in chosen[1:]]
-    return [first, *rest]
+        return ""
+    return newline.join("\n\n\n".join([LIBRARY_HEADER, *chosen]).split("\n")) + newline
 
 
 class ProcessGroupTransform(Transform):
@@ -210,8 +223,9 @@ class ProcessGroupTransform(Transform):
 
     def _library_helpers(self, block: Block) -> Block:
         code = cst.Module(body=[statement for _, statement in block]).code
-        helpers = library_helper_statements(code, self.context.module.default_newline)
-        text = code + "".join(cst.Module(body=[h]).code for h in helpers)
+        helper_text = library_helper_text(code, self.context.module.default_newline)
+        helpers = [helpers_placeholder(helper_text, self.context)] if helper_text else []
+        text = code + helper_text
         if "dist." not in text and not helpers:
             return block
         for module, name, alias in TEMPLATE_IMPORTS:
@@ -259,7 +273,8 @@ class ProcessGroupTransform(Transform):
             at += 1
         if self.context.options.relaunch:
             self.context.use_helper("ddp_relaunch")
-        helpers: list[Pair] = [(None, statement) for statement in template_statements(frozenset(self.context.helpers_used), self.context.module.default_newline)]
+        text = template_text(frozenset(self.context.helpers_used), self.context.module.default_newline)
+        helpers: list[Pair] = [(None, helpers_placeholder(text, self.context))]
         rest = block[at:]
         if rest:
             original, statement = rest[0]
