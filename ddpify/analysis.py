@@ -1038,7 +1038,8 @@ HARMLESS_METHODS = {
     "items", "keys", "values", "append", "extend", "update", "copy", "item", "tolist", "cpu",
     "detach", "numpy", "mean", "sum", "max", "min", "size", "numel", "dim", "strftime", "isoformat",
     "info", "debug", "warning", "error", "add_scalar", "add_scalars", "write", "flush", "set_description",
-    "set_postfix", "close",
+    "set_postfix", "close", "state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
+    "modules", "children", "train", "eval", "to", "cuda", "half", "float", "zero_grad", "param_groups",
 }
 
 

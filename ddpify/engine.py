@@ -36,6 +36,8 @@ def convert_text(
         return _refused(path, source, [_parse_error(source, error)])
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     facts = analyze(wrapper, frozenset(project_names), loader_functions)
+    if role == ENTRY and (facts.wraps or facts.existing_ddp):
+        role = SCRIPT  # a project's entry script that wraps too: converted as a script
     if foreign_loaders is not None:
         foreign_loaders.extend(facts.foreign_training_loaders)
     if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:

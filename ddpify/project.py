@@ -39,6 +39,7 @@ from pathlib import Path
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
 from ddpify.names import has_word
 # A library module is worth converting when its functions print, save or write files.
+TOP_LEVEL_LOOP = re.compile(r"^(?:for|while)\b", re.MULTILINE)  # a flat script's epoch loop
 TRAINING_STEP = re.compile(r"\.(?:backward|step)\s*\(")
 SIDE_EFFECT_WORDS = ("print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.")
 
@@ -49,7 +50,7 @@ class ModuleInfo:
     name: str  # dotted, relative to the project root
     source: str
     imports: set[str] = field(default_factory=set)  # project modules it imports
-    imported_names: set[str] = field(default_factory=set)  # names bound from project modules
+    imported_names: set[str] = field(default_factory=set)  # names bound from the project's modules
     # name -> (module, attribute): `from data import build` -> ("data", "build"); `import data`
     # -> ("data", None)
     bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -78,19 +79,21 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             info.imports.update(alias.name for alias in node.names)
-            info.imported_names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-            for alias in node.names:
-                info.bindings[alias.asname or alias.name] = (alias.name, None)
+            for alias in node.names:  # `import a.b` binds `a`; `import a.b as c` binds `c` to a.b
+                info.bindings[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0], None
+                )
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *(node.module.split(".") if node.module else [])])
             info.imports.add(module)
             info.imports.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
-            info.imported_names.update(alias.asname or alias.name for alias in node.names)
             for alias in node.names:
                 info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
+    # A flat script (no `__main__` block) runs its loops at the top level.
+    info.runs = info.runs or any(isinstance(node, (ast.For, ast.While)) for node in tree.body)
     info.functions = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     return info
 
@@ -114,6 +117,9 @@ class Project:
         self.paths = {module_name(root, path): path for path in sources if path.suffix == ".py"}
         self._read: dict[str, ModuleInfo] = {}
 
+    def in_project(self, module: str) -> bool:
+        return module in self.paths or any(other.startswith(module + ".") for other in self.paths)
+
     def modules_by_path(self) -> dict[Path, ModuleInfo]:
         return {info.path: info for info in self._read.values()}
 
@@ -122,6 +128,12 @@ class Project:
             path = self.paths[name]
             info = read_module(self.root, path, self.sources[path])
             info.imports = {other for other in info.imports if other in self.paths and other != name}
+            # Only names bound from the project's own modules (calls through them may train).
+            info.imported_names = {
+                bound
+                for bound, (module, attribute) in info.bindings.items()
+                if self.in_project(module) and (module, attribute) != (name, None)
+            }
             self._read[name] = info
         return self._read[name]
 
@@ -130,7 +142,9 @@ class Project:
         return [
             self.module(name)
             for name, path in self.paths.items()
-            if "__main__" in self.sources[path] or has_word(self.sources[path], "DataParallel")
+            if "__main__" in self.sources[path]
+            or has_word(self.sources[path], "DataParallel")
+            or TOP_LEVEL_LOOP.search(self.sources[path])
         ]
 
     def reachable(self, info: ModuleInfo) -> list[ModuleInfo]:
@@ -173,7 +187,7 @@ class Project:
     @staticmethod
     def project_names(info: ModuleInfo) -> frozenset[str]:
         """Names this module binds from other project modules (calls to them may train)."""
-        return frozenset(info.imported_names) if info.imports else frozenset()
+        return frozenset(info.imported_names)
 
 
 def convert_project(root: Path, sources: dict[Path, str], options: ConvertOptions) -> list[FileResult]:
@@ -204,7 +218,8 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
             converted[member.path] = results[member.path]
             continue
         if member is entry:
-            role = SCRIPT if member.wraps else ENTRY
+            role = ENTRY  # the engine makes it a script if it wraps
+
         elif member.runs or not (member.wraps or member.trains or _has_side_effects(member.source)):
             continue  # another script (its own group), or nothing to do
         else:
@@ -221,6 +236,13 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         converted[path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, functions)
     if not any(_wraps(result) for result in converted.values()):
         return []  # DataParallel only named (isinstance checks): not a DataParallel project
+    entry_result = converted[entry.path]
+    if not entry_result.error and "ddp_setup()" not in entry_result.output:
+        # Modules converted under a script that sets nothing up would fail at their first
+        # collective: refuse the entry, and so the group.
+        reason = "this script runs project modules that use DistributedDataParallel, but it could not be given the set-up"
+        diagnostic = Diagnostic(1, 1, "DDP210", reason, Severity.ERROR)
+        converted[entry.path] = FileResult(entry_result.path, entry_result.source, entry_result.source, (diagnostic,), None, f"not converted: {reason}")
     results.update(converted)
     return list(converted)
 

@@ -437,6 +437,15 @@ class RankZeroTransform(Transform):
         statements = []
         for original, updated in run:
             losses = self._printed_losses(original)
+            if losses and self.context.is_library:
+                self.context.report(
+                    original,
+                    "DDP608",
+                    f"prints rank 0's own {losses[0]} (a mean across ranks needs a collective that every rank reaches, "
+                    "and the callers of this imported module's function are not in sight)",
+                    Severity.WARNING,
+                )
+                losses = []
             if losses and not self._same_path_on_every_rank(original):
                 self.context.report(
                     original,
