@@ -1,8 +1,10 @@
 """``ddpify check``: flag DataParallel use and DDP hazards, one parse per file.
 
-The rules and their explanations live in ``ddpify/rules.py``. DDP100 applies to every file;
-the others only to files that already use torch.distributed (DDP code), where they are
-real bugs rather than style.
+The rules and their explanations live in ``ddpify/rules.py``. DDP100 and the other forms of
+DataParallel (DDP120 functional, DDP121 subclasses and forks, DDP122 variants from other
+modules, DDP123 its synchronised BatchNorm) apply to every file; the others only to files that
+already use torch.distributed (DDP code), where they are real bugs rather than style: DDP124 is
+a DDP path beside DataParallel whose switch plain torchrun leaves unset.
 
 Why ``ast`` and not libcst here: ``check`` only reads, must keep up with ruff on every
 commit of a large repository, and needs no byte-exact output. The standard library's
@@ -25,7 +27,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
-from ddpify.names import DATA_LOADER, DATA_PARALLEL, DDP, PROGRESS_BARS, RANK_WORDS, SAMPLER, TRACKER_FACTORIES, has_word
+from ddpify.names import (
+    DATA_LOADER,
+    DATA_PARALLEL,
+    DATA_PARALLEL_FUNCTION,
+    DDP,
+    PROGRESS_BARS,
+    RANK_WORDS,
+    SAMPLER,
+    TRACKER_FACTORIES,
+    has_word,
+)
 from ddpify.rules import RULES
 
 # Text pre-filter, per file: what the text must contain before any rule can fire there. Each
@@ -41,14 +53,27 @@ SHUFFLE_TRUE = re.compile(r"shuffle\s*=\s*True")
 DDP_CODE_HAZARDS = tuple(
     re.compile(pattern)
     for pattern in (r"print\s*\(", r"save\s*\(", r"cuda:\d", r"cuda\s*\(\s*\d", "device_ids", "DistributedSampler",
-                    r"print\s+as\b", r"save\s+as\b", "tqdm", "SummaryWriter", "wandb")
+                    r"print\s+as\b", r"save\s+as\b", "tqdm", "SummaryWriter", "wandb", "--gpu")
 )
 # Per line: a finding's statement holds one of these words (or an import alias of a name the
 # rules look for); statements that do not are not walked, which is most of a large file.
 HAZARD_WORDS = ("DataParallel", "CUDA_VISIBLE_DEVICES", "cuda", "print", "save", "Sampler", "set_epoch", "shuffle",
-                "device_ids", "tqdm", "trange", "SummaryWriter", "init(")
+                "device_ids", "tqdm", "trange", "SummaryWriter", "init(", "data_parallel", "replication_callback",
+                "SynchronizedBatchNorm", "--local", "--launcher", "--multiprocessing", "--distributed", "--gpu")
 DISTRIBUTED_WORDS = ("distributed", "DistributedDataParallel")  # references that make a file DDP code
-ALIASED = DATA_PARALLEL | DDP | SAMPLER | PROGRESS_BARS | TRACKER_FACTORIES | {"torch.save"}
+ALIASED = DATA_PARALLEL | DATA_PARALLEL_FUNCTION | DDP | SAMPLER | PROGRESS_BARS | TRACKER_FACTORIES | {"torch.save"}
+# DataParallel-only synchronised BatchNorm (Synchronized-BatchNorm-PyTorch), by the name's last part.
+SYNC_BN_HELPERS = ("patch_replication_callback", "DataParallelWithCallback")
+SYNC_BN_LAYER = "SynchronizedBatchNorm"
+# Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
+VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
+# Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
+DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
+# Command-line switches of a DDP path beside DataParallel that plain torchrun does not set.
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+SPAWN_FLAGS = ("--multiprocessing-distributed", "--multiprocessing_distributed")
+GPU_FLAGS = ("--gpu", "--gpu-id", "--gpu_id")
+LOCAL_RANK_READ = re.compile(r"""['"]LOCAL_RANK['"]""")  # the environment variable, read as a string key
 CUDA_INDEX = re.compile(r"cuda:\d+")
 SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
@@ -157,10 +182,18 @@ class Checker:
         self.guarded: list[tuple[int, int]] = []  # bodies of `if <rank test>:` seen so far
         self.guarded_nodes: set[int] = set()  # inside `x if <rank test> else y`
         self.inner_references: set[int] = set()  # `nn` inside `nn.DataParallel`: already qualified
+        self.uses_data_parallel = False  # torch's DataParallel is named (a DP+DDP script, DDP124)
+        self.subclass_bases: set[int] = set()  # `nn.DataParallel` in `class X(nn.DataParallel):`
+        self.local_variants: set[str] = set()  # classes and functions defined here named *DataParallel*
+        self.variant_calls: list[tuple[ast.Call, str]] = []  # `BalancedDataParallel(0, model)`, unless defined here
+        self.sync_bn_layers: list[ast.AST] = []  # mentions of SynchronizedBatchNorm*: the first is reported
+        self.switches: list[tuple[ast.Call, str]] = []  # add_argument of a DDP-path switch torchrun leaves unset
 
     def run(self, tree: ast.Module, lines: list[int] | None = None) -> None:
         """Visit the expressions of statements on `lines` (sorted; None: every statement)."""
         for statement in _statements(tree.body, lines):
+            if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                self._definition(statement)
             if isinstance(statement, ast.If) and _mentions_rank(statement.test):
                 # An enclosing `if` comes out of _statements before what it holds.
                 self.guarded.append((statement.body[0].lineno, statement.end_lineno or statement.lineno))
@@ -177,7 +210,11 @@ class Checker:
             if kind is ast.Call:
                 self.visit_Call(node)
             elif kind is ast.Attribute or kind is ast.Name:
+                if (node.id if kind is ast.Name else node.attr).startswith(SYNC_BN_LAYER):
+                    self.sync_bn_layers.append(node)
                 self._reference(node)
+            elif kind is ast.alias and node.name.rsplit(".", 1)[-1].startswith(SYNC_BN_LAYER):
+                self.sync_bn_layers.append(node)
             elif kind is ast.Constant:
                 self.visit_Constant(node)
             elif kind is ast.Assign:
@@ -214,13 +251,36 @@ class Checker:
         if name.startswith("torch.distributed") or name in DDP:
             self.uses_distributed = True
         if name in DATA_PARALLEL:
-            self.flag(node, "DDP100", ddp_only=False)
+            self.uses_data_parallel = True
+            self.flag(node, "DDP121" if id(node) in self.subclass_bases else "DDP100", ddp_only=False)
+
+    def _definition(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        """A class or function named *DataParallel* (its calls are not a foreign variant), a
+        subclass of DataParallel (DDP121 at its base), or a fork of it (DDP121 at the class)."""
+        if _variant_name(node.name):
+            self.local_variants.add(node.name)
+        if not isinstance(node, ast.ClassDef):
+            return
+        self.subclass_bases.update(id(base) for base in node.bases)
+        methods = {s.name for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if _variant_name(node.name) and methods & DATA_PARALLEL_METHODS:
+            if not any(self.qualify(base) in DATA_PARALLEL for base in node.bases):  # else flagged at the base
+                self.flag(node, "DDP121", ddp_only=False)
 
     def visit_Call(self, node: ast.Call) -> None:
         name = self.qualify(node.func)
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "set_epoch":
             self.calls_set_epoch = True
+        if isinstance(func, ast.Attribute) and func.attr == "add_argument":
+            self._check_argument(node)
+        last = (name or _dotted(func) or "").rsplit(".", 1)[-1]
+        if name in DATA_PARALLEL_FUNCTION:
+            self.flag(node, "DDP120", ddp_only=False)
+        elif last in SYNC_BN_HELPERS:
+            self.flag(node, "DDP123", ddp_only=False)
+        elif _variant_name(last) and node.args and name not in DATA_PARALLEL and not (name or "").startswith("torch."):
+            self.variant_calls.append((node, last))
         if name in SAMPLER and not _shuffle_off(node):  # set_epoch only changes a shuffled order
             self.samplers.append(node)
         elif name in DATA_LOADER:
@@ -240,6 +300,21 @@ class Checker:
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and len(node.args) == 1 and not node.keywords:
             if isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is int:
                 self.flag(node, "DDP710")
+
+    def _check_argument(self, call: ast.Call) -> None:
+        """``parser.add_argument(...)`` of a switch between a DDP path and DataParallel that
+        torchrun leaves at its default (DDP124), or of a GPU index with a default (DDP710)."""
+        flags = {_string(arg) for arg in call.args}
+        keywords = {k.arg: k.value for k in call.keywords if k.arg}
+        default = keywords.get("default")
+        if flags & set(LOCAL_RANK_FLAGS):
+            self.switches.append((call, "local_rank"))
+        elif "--launcher" in flags:  # mmcv/BasicSR: `--launcher pytorch` selects the DDP path
+            self.switches.append((call, "launcher" if _string(default) != "pytorch" else "launcher set"))
+        elif flags & set(SPAWN_FLAGS) or ("--distributed" in flags and _string(keywords.get("action")) == "store_true"):
+            self.switches.append((call, "flag"))
+        elif flags & set(GPU_FLAGS) and isinstance(default, ast.Constant) and type(default.value) is int:
+            self.flag(default, "DDP710")
 
     def _check_loader(self, call: ast.Call) -> None:
         keywords = {k.arg: k.value for k in call.keywords if k.arg}
@@ -268,6 +343,21 @@ def _string(node: ast.AST) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    return None
+
+
+def _variant_name(name: str) -> bool:
+    """A name for a DataParallel variant (``BalancedDataParallel``, ``DataParallelModel``,
+    a project's own ``DataParallel``), not for DDP or FSDP."""
+    return name.endswith(VARIANT_ENDINGS) and "Distributed" not in name and "Sharded" not in name
+
+
 def _mentions_rank(test: ast.AST) -> bool:
     for node in ast.walk(test):
         word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
@@ -277,13 +367,34 @@ def _mentions_rank(test: ast.AST) -> bool:
 
 
 def could_have_findings(source: str) -> bool:
-    if has_word(source, "DataParallel"):  # DDP100 (not FullyShardedDataParallel)
+    if _names_data_parallel_variant(source):  # DDP100, DDP121, DDP122, DDP124 (not DDP or FSDP)
+        return True
+    if has_word(source, "data_parallel"):  # DDP120 (not fully_sharded_data_parallel)
+        return True
+    if "replication_callback" in source or SYNC_BN_LAYER in source:  # DDP123
         return True
     if "CUDA_VISIBLE_DEVICES" in source and CUDA_VISIBLE_DEVICES_SET.search(source):  # DDP711
         return True
     if "sampler" in source and SHUFFLE_TRUE.search(source):  # DDP310
         return True
     return _may_use_distributed(source) and any(p.search(source) for p in DDP_CODE_HAZARDS)  # DDP5xx-7xx
+
+
+def _names_data_parallel_variant(source: str) -> bool:
+    """Whether the text holds a name that _variant_name may accept: one that ends in a
+    VARIANT_ENDINGS word, other than DistributedDataParallel and (Fully)ShardedDataParallel."""
+    if "DataParallel" not in source:
+        return False
+    text = source.replace("DistributedDataParallel", "").replace("ShardedDataParallel", "")
+    offset = text.find("DataParallel")
+    while offset != -1:
+        end = offset + len("DataParallel")
+        for ending in ("", "Model", "Criterion"):
+            after = text[end + len(ending) : end + len(ending) + 1]
+            if text.startswith(ending, end) and not (after.isidentifier() or after.isdigit()):
+                return True
+        offset = text.find("DataParallel", end)
+    return False
 
 
 def _may_use_distributed(source: str) -> bool:
@@ -302,7 +413,10 @@ def _shuffle_off(call: ast.Call) -> bool:
 
 def _aliases(imports: dict[str, str]) -> set[str]:
     """Local names bound straight to a name the rules look for (`DP` in `... import X as DP`)."""
-    return {name for name, target in imports.items() if target in ALIASED}
+    return {
+        name for name, target in imports.items()
+        if target in ALIASED or _variant_name(last := target.rsplit(".", 1)[-1]) or last in SYNC_BN_HELPERS
+    }
 
 
 def check_source(source: str, options: CheckOptions = CheckOptions()) -> tuple[Diagnostic, ...]:
@@ -331,6 +445,22 @@ def _checked(tree: ast.Module, source: str, selective: bool = True) -> Checker:
     if not checker.calls_set_epoch:
         for sampler in checker.samplers:
             checker.flag(sampler, "DDP510")
+    for call, name in checker.variant_calls:
+        if name not in checker.local_variants:
+            checker.flag(call, "DDP122", ddp_only=False)
+    # Once a file (a model has many such layers), unless it converts them to torch's SyncBatchNorm.
+    if checker.sync_bn_layers and "convert_sync_batchnorm" not in source:
+        checker.flag(min(checker.sync_bn_layers, key=lambda n: (n.lineno, n.col_offset)), "DDP123", ddp_only=False)
+    if checker.uses_data_parallel:
+        # With a --launcher switch, that one selects the DDP path (a --local_rank beside it is
+        # only the old launcher's argument); torchrun's "LOCAL_RANK" read anywhere is taken as the fix.
+        kinds = {kind for _, kind in checker.switches}
+        for call, kind in checker.switches:
+            if kind == "launcher set" or kind == "local_rank" and (
+                kinds & {"launcher", "launcher set"} or LOCAL_RANK_READ.search(source)
+            ):
+                continue
+            checker.flag(call, "DDP124")
     return checker
 
 

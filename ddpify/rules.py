@@ -37,6 +37,96 @@ RULES: dict[str, Rule] = {
             fixable=True,
         ),
         Rule(
+            "DDP120",
+            "functional-data-parallel",
+            "functional data_parallel() splits the batch inside one process: under DDP call the module itself",
+            "The functional form of DataParallel (often inside a model's forward, as old DCGAN code did) "
+            "replicates the module onto several GPUs every call. Under DistributedDataParallel each process "
+            "already holds its own share of the batch on its own GPU: call the module directly and wrap the "
+            "whole model in DDP once. `ddpify convert` refuses such a file (DDP004) rather than leave it "
+            "replicating inside every rank.",
+            "def forward(self, x):\n"
+            "    if x.is_cuda and self.ngpu > 1:\n"
+            "        return nn.parallel.data_parallel(self.main, x, range(self.ngpu))\n"
+            "    return self.main(x)\n",
+            "def forward(self, x):\n    return self.main(x)\n"
+            "# and once, where the model is built:\n"
+            "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])\n",
+        ),
+        Rule(
+            "DDP121",
+            "data-parallel-subclass",
+            "DataParallel subclass or fork: its scatter/gather/chunk_sizes logic has no DDP form "
+            "(attribute forwarding converts)",
+            "A project's DataParallel subclass (`class CustomDataParallel(nn.DataParallel)`) or a fork of its "
+            "code (a class named *DataParallel* with its own scatter, gather, replicate or parallel_apply) still "
+            "runs one process that splits each batch across GPUs. `ddpify convert` rebases a subclass that only "
+            "forwards attribute reads (`__getattr__`) onto DistributedDataParallel. Uneven `chunk_sizes`, a "
+            "lighter master GPU or a custom gather have no meaning under DDP, where every process holds its "
+            "own batch and nothing is gathered: replace the class with DistributedDataParallel by hand and "
+            "give each process its share of the batch through a DistributedSampler.",
+            "class BalancedDataParallel(nn.DataParallel):\n"
+            "    def scatter(self, inputs, kwargs, device_ids):\n"
+            "        ...  # gpu0 gets a smaller chunk\n"
+            "model = BalancedDataParallel(gpu0_bsz, model, dim=0)\n",
+            "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])\n"
+            "# the loader: DataLoader(ds, batch_size=global_batch // world_size, sampler=DistributedSampler(ds))\n",
+        ),
+        Rule(
+            "DDP122",
+            "data-parallel-variant",
+            "a DataParallel variant that is not torch's wraps a model: replace it with DistributedDataParallel by hand",
+            "Names like `DataParallel` imported from a project's own module (CenterNet's chunk_sizes fork), "
+            "`BalancedDataParallel` or `DataParallelModel` / `DataParallelCriterion` (PyTorch-Encoding) are "
+            "DataParallel variants: one process, one thread per GPU, outputs or losses gathered on one GPU. "
+            "`ddpify convert` only rewrites torch's own class, so these are left for a person: wrap the model "
+            "in DistributedDataParallel, compute the loss locally in each process (DDP averages gradients, "
+            "not losses), and shard the data with a DistributedSampler.",
+            "from encoding.parallel import DataParallelModel, DataParallelCriterion\n"
+            "model = DataParallelModel(model).cuda()\n"
+            "criterion = DataParallelCriterion(criterion).cuda()\n",
+            "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])\n"
+            "criterion = criterion.to(local_rank)  # each process computes its own loss\n",
+        ),
+        Rule(
+            "DDP123",
+            "sync-batchnorm-helper",
+            "DataParallel-only synchronised BatchNorm (SynchronizedBatchNorm*, patch_replication_callback): "
+            "use torch.nn.SyncBatchNorm",
+            "Synchronized-BatchNorm-PyTorch synchronises its layers through a callback that DataParallel "
+            "runs when it replicates the model; `patch_replication_callback` asserts a DataParallel. Under "
+            "DistributedDataParallel nothing replicates, so these layers silently compute per-process "
+            "statistics. torch's own SyncBatchNorm synchronises across DDP processes, and its "
+            "`convert_sync_batchnorm` replaces these layers (they subclass torch's BatchNorm). `ddpify "
+            "convert` does this for a `patch_replication_callback` right beside its wrap.",
+            "model = nn.DataParallel(model, device_ids=gpu_ids)\npatch_replication_callback(model)\n",
+            "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+            "model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])\n",
+        ),
+        Rule(
+            "DDP124",
+            "ddp-path-not-selected",
+            "a DDP path beside DataParallel reads a switch plain torchrun leaves unset: ranks run DataParallel "
+            "(or share one GPU)",
+            "Scripts of the HuggingFace, pytorch/examples and mmcv/BasicSR era choose between "
+            "DistributedDataParallel and DataParallel with a switch. torchrun passes the local rank only in the "
+            "LOCAL_RANK environment variable, so `--local_rank` keeps its default: with -1 each rank runs the "
+            "DataParallel branch on every GPU with all the data; with 0 (apex-style scripts that switch on "
+            "WORLD_SIZE) every rank takes GPU 0. Read the default from LOCAL_RANK and accept "
+            "both spellings (`ddpify convert` does this). A `--launcher` (default `none`) or `--distributed` "
+            "flag must be on the launch line: `torchrun --nproc-per-node=N train.py --launcher pytorch`. "
+            "`--multiprocessing-distributed` spawns its own processes: launch it with python, not torchrun "
+            "(`python train.py --multiprocessing-distributed --dist-url tcp://127.0.0.1:29500 --world-size 1 "
+            "--rank 0`).",
+            "parser.add_argument('--local_rank', type=int, default=-1)\n"
+            "...\n"
+            "if args.local_rank != -1:\n    model = DDP(model, device_ids=[args.local_rank])\n"
+            "elif n_gpu > 1:\n    model = nn.DataParallel(model)\n",
+            "parser.add_argument('--local_rank', '--local-rank', type=int,\n"
+            "                    default=int(os.environ.get('LOCAL_RANK', -1)))\n"
+            "# launch: torchrun --standalone --nproc-per-node=gpu train.py\n",
+        ),
+        Rule(
             "DDP310",
             "shuffle-with-sampler",
             "DataLoader gets shuffle=True and a sampler: DataLoader raises; move shuffle into the sampler",
@@ -93,8 +183,10 @@ RULES: dict[str, Rule] = {
             "DDP710",
             "hard-coded-device",
             "hard-coded GPU index in DDP code: every rank would use that GPU; use the local rank's device",
-            "Under DDP each process owns one GPU, chosen by LOCAL_RANK. `cuda:0`, `.cuda(0)` or "
-            "`device_ids=[0]` put every process on GPU 0 (NCCL then fails with 'Duplicate GPU detected').",
+            "Under DDP each process owns one GPU, chosen by LOCAL_RANK. `cuda:0`, `.cuda(0)`, "
+            "`device_ids=[0]` or a `--gpu` argument with a default index (`add_argument('--gpu', type=int, "
+            "default=0)`, used where no launcher overrides it, as under torchrun) put every process on GPU 0 "
+            "(NCCL then fails with 'Duplicate GPU detected').",
             "model = DDP(model.to('cuda:0'), device_ids=[0])\n",
             "torch.cuda.set_device(local_rank)\nmodel = DDP(model.to('cuda'), device_ids=[local_rank])\n",
         ),

@@ -54,6 +54,141 @@ def test_data_parallel_through_a_star_import_is_flagged():
     assert codes(source) == [(2, "DDP100"), (3, "DDP100")]
 
 
+def test_functional_data_parallel_is_flagged_in_any_file():
+    source = (
+        "import torch.nn as nn\nfrom torch.nn.parallel import data_parallel as dp\n"
+        "class Generator(nn.Module):\n    def forward(self, x):\n"
+        "        if x.is_cuda and self.ngpu > 1:\n"
+        "            return nn.parallel.data_parallel(self.main, x, range(self.ngpu))\n"  # 6
+        "        return dp(self.main, x, [0])\n"  # 7
+    )
+    assert codes(source) == [(6, "DDP120"), (7, "DDP120")]
+    assert codes("from models import *\ny = nn.parallel.data_parallel(net, x, [0, 1])\n") == [(2, "DDP120")]
+    assert codes("def data_parallel(m, x):\n    return m(x)\ny = data_parallel(net, x)\n") == []
+
+
+def test_data_parallel_subclasses_and_forks():
+    source = (
+        "import torch.nn as nn\nfrom torch.nn import Module\n"
+        "class CustomDataParallel(nn.DataParallel):\n    pass\n"  # 3: a subclass, at its base
+        "class _DataParallel(Module):\n    def replicate(self, module, device_ids):\n        return []\n"  # 5: a fork
+        "class DataParallelWrapper(Module):\n    def forward(self, x):\n        return x\n"  # only the name
+        "model = CustomDataParallel(net)\nother = _DataParallel(net)\n"  # defined here: not a foreign variant
+        "ok = isinstance(model, nn.DataParallel)\n"  # 13
+    )
+    assert codes(source) == [(3, "DDP121"), (5, "DDP121"), (13, "DDP100")]
+
+
+def test_data_parallel_variants_from_other_modules():
+    source = (
+        "from models.data_parallel import DataParallel\n"
+        "from encoding.parallel import DataParallelModel as DPM, DataParallelCriterion\n"
+        "import apex\n"
+        "model = DataParallel(net, device_ids=[0, 1], chunk_sizes=[2, 6])\n"  # 4: CenterNet's fork
+        "model = DPM(net)\ncriterion = DataParallelCriterion(criterion)\n"  # 5, 6
+        "ddp = apex.parallel.DistributedDataParallel(net)\n"  # DDP, not a DataParallel variant
+        "model = BalancedDataParallel(2, net, dim=0)\n"  # 8: bound elsewhere (a star import)
+        "criterion = DataParallelCriterion\n"  # named, not called with a model
+    )
+    assert codes(source) == [(4, "DDP122"), (5, "DDP122"), (6, "DDP122"), (8, "DDP122")]
+
+
+def test_dataparallel_only_sync_batchnorm():
+    source = (
+        "import torch.nn as nn\nfrom sync_batchnorm import SynchronizedBatchNorm2d, DataParallelWithCallback\n"
+        "from sync_batchnorm.replicate import patch_replication_callback\n"
+        "net = nn.Sequential(nn.Conv2d(3, 8, 3), SynchronizedBatchNorm2d(8), SynchronizedBatchNorm2d(8))\n"
+        "model = nn.DataParallel(net)\npatch_replication_callback(model)\n"  # 5, 6
+        "other = DataParallelWithCallback(net, device_ids=[0, 1])\n"  # 7
+    )
+    # The layers once a file (at their first mention), each DataParallel-only helper where it is called.
+    assert codes(source) == [(2, "DDP123"), (5, "DDP100"), (6, "DDP123"), (7, "DDP123")]
+    converted = (
+        "from sync_batchnorm import SynchronizedBatchNorm2d\nimport torch\n"
+        "net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(Net(SynchronizedBatchNorm2d))\n"
+    )
+    assert codes(converted) == []
+
+
+HF_SWITCH = """\
+import argparse
+import torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+if args.local_rank != -1:
+    torch.distributed.init_process_group("nccl")
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
+else:
+    model = torch.nn.DataParallel(model)
+"""
+
+
+def test_ddp_path_that_plain_torchrun_does_not_select():
+    assert codes(HF_SWITCH) == [(4, "DDP124"), (10, "DDP100")]
+    fixed = HF_SWITCH.replace("default=-1", 'default=int(os.environ.get("LOCAL_RANK", -1))')
+    assert codes(fixed) == [(10, "DDP100")]
+    # The DDP path alone (no DataParallel beside it), or DataParallel with no DDP path: no switch to take.
+    assert codes(HF_SWITCH.replace("torch.nn.DataParallel(model)", "model")) == []
+    assert codes(HF_SWITCH.replace('    torch.distributed.init_process_group("nccl")\n', "").replace(
+        "torch.nn.parallel.DistributedDataParallel", "Wrapper")) == [(9, "DDP100")]
+    # BasicSR/mmcv: --launcher selects the DDP path; its --local_rank is the old launcher's argument.
+    launcher = HF_SWITCH.replace(
+        'parser.add_argument("--local_rank", type=int, default=-1)\n',
+        'parser.add_argument("--launcher", choices=["none", "pytorch"], default="none")\n'
+        'parser.add_argument("--local_rank", type=int, default=0)\n',
+    )
+    assert codes(launcher) == [(4, "DDP124"), (11, "DDP100")]
+    assert codes(launcher.replace('default="none"', 'default="pytorch"')) == [(11, "DDP100")]
+    for switch in ('"--multiprocessing-distributed", action="store_true"', '"--distributed", action="store_true"'):
+        source = HF_SWITCH.replace('"--local_rank", type=int, default=-1', switch)
+        assert codes(source) == [(4, "DDP124"), (10, "DDP100")], switch
+    not_a_flag = HF_SWITCH.replace('"--local_rank", type=int, default=-1', '"--distributed", type=int')
+    assert codes(not_a_flag) == [(10, "DDP100")]
+
+
+def test_gpu_argument_with_a_default_index_in_ddp_code():
+    source = (
+        "import torch.distributed as dist\nparser.add_argument('--gpu', default=0, type=int)\n"
+        "parser.add_argument('--gpu-id', default=None, type=int)\nparser.add_argument('--gpus', default=0)\n"
+    )
+    assert codes(source) == [(2, "DDP710")]
+    assert codes(source.replace("import torch.distributed as dist\n", "import torch\n")) == []
+
+
+# Each DataParallel form (and DDP path beside DataParallel) in its golden fixture, and what
+# `check` reports there; where convert rewrote the switch (or replaced the layers), its output
+# no longer has the finding.
+FORM_FIXTURES = {
+    "wrap/star_import.py": "DDP123",
+    "wrap/star_import_nn.py": "DDP100",
+    "wrap/unwraps.py": "DDP100",
+    "wrap/functional_in_forward.py": "DDP120",
+    "wrap/chunk_sizes.py": "DDP121",
+    "wrap/subclass.py": "DDP121",
+    "wrap/subclass_forwarding.py": "DDP121",
+    "wrap/subclass_scatter.py": "DDP121",
+    "wrap/own_class.py": "DDP122",
+    "wrap/sync_bn.py": "DDP123",
+    "existing_ddp/local_rank.py": "DDP124",
+    "existing_ddp/hf_local_rank.py": "DDP124",
+    "existing_ddp/local_rank_dash.py": "DDP124",
+    "existing_ddp/world_size_env.py": "DDP124",
+    "existing_ddp/launcher_pytorch.py": "DDP124",
+    "existing_ddp/multiprocessing_distributed.py": "DDP124",
+}
+
+
+@pytest.mark.parametrize("name", FORM_FIXTURES)
+def test_every_form_is_reported_in_its_fixture(name):
+    path = FIXTURES / name
+    code = FORM_FIXTURES[name]
+    assert code in {d.code for d in check_source(path.read_text())}
+    converted = path.with_name(path.stem + ".ddp.py").read_text()
+    if converted != path.read_text() and code in ("DDP123", "DDP124"):
+        assert code not in {d.code for d in check_source(converted)}
+
+
 def test_progress_bars_and_trackers_on_every_rank():
     source = (
         "import torch.distributed as dist\nimport wandb as wb\nfrom tqdm import tqdm, trange as tr\n"
@@ -114,6 +249,47 @@ SELECTIVE_WALK_CASES = {
     ),
     "match": (
         "import torch.distributed as dist\nmatch x:\n    case [a]:\n        print(a)\n", [(4, "DDP611")],
+    ),
+    "star-imported DataParallel": ("from models import *\nnet = nn.DataParallel(\n    net)\n", [(2, "DDP100")]),
+    "functional alias": (
+        "from torch.nn.parallel import data_parallel as dp\ny = dp(\n    net, x)\n", [(2, "DDP120")],
+    ),
+    "subclass base on a continuation line": (
+        "from torch.nn import DataParallel as DP\nclass Wrapper(\n        DP):\n    pass\n", [(3, "DDP121")],
+    ),
+    "decorated fork": (
+        "@register\nclass BalancedDataParallel(Base):\n    def scatter(self, inputs, kwargs, ids):\n"
+        "        return inputs\n",
+        [(2, "DDP121")],
+    ),
+    "variant alias": (
+        "from encoding.parallel import DataParallelModel as DPM\nmodel = DPM(\n    net)\n", [(2, "DDP122")],
+    ),
+    "variant defined below its call": (
+        "def build(net):\n    return BalancedDataParallel(2, net)\nclass BalancedDataParallel(Base):\n    pass\n", [],
+    ),
+    "sync-BN layer in a parenthesised import": (
+        "from sync_batchnorm import (\n    SynchronizedBatchNorm2d,\n)\nbn = SynchronizedBatchNorm2d(8)\n",
+        [(2, "DDP123")],
+    ),
+    "sync-BN callback alias": (
+        "from sync_batchnorm import patch_replication_callback as patch\nif True:\n    patch(model)\n",
+        [(3, "DDP123")],
+    ),
+    "switch on a continuation line": (
+        "import torch.distributed as dist\nimport torch.nn as nn\nparser.add_argument(\n"
+        "    '--local_rank', type=int, default=-1)\nm = nn.DataParallel(net)\n",
+        [(3, "DDP124"), (5, "DDP100")],
+    ),
+    "launcher beside local_rank": (
+        "from torch.nn.parallel import DataParallel as DP, DistributedDataParallel\n"
+        "def parse(parser):\n    parser.add_argument('--local_rank', type=int, default=0)\n"
+        "    parser.add_argument(\n        '--launcher', default='none')\nm = DP(net)\n",
+        [(4, "DDP124"), (6, "DDP100")],
+    ),
+    "gpu default on a continuation line": (
+        "import torch.distributed as dist\nparser.add_argument('--gpu',\n    type=int, default=0)\n",
+        [(3, "DDP710")],
     ),
 }
 
