@@ -45,6 +45,8 @@ ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
 # Method names that run the model's forward or backward (a DDP collective).
 COLLECTIVE_METHODS = {"backward", "forward"}
 TRAINING_METHODS = {"backward", "step"}
+# `scheduler.step()` steps a learning-rate schedule, not a model.
+SCHEDULER_WORDS = ("sched", "warmup")
 
 Loop = cst.For | cst.While
 Function = cst.FunctionDef
@@ -502,7 +504,7 @@ class Analyzer(cst.CSTVisitor):
             self.facts.metric_schedulers.update(name for t in assignment.targets for name in bound_names(t.target))
         if context.function is None and context.cls is None and self._runs_here(node, names):
             self.facts.module_level_runs = True
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value in TRAINING_METHODS:
+        if _is_training_call(node):
             self.facts.has_training_step = True
             for loop in self._loops[-1]:
                 self._training_loops.setdefault(loop, self.facts.contexts[loop])
@@ -521,7 +523,7 @@ class Analyzer(cst.CSTVisitor):
         if names & DATA_PARALLEL:
             return True
         if isinstance(call.func, cst.Attribute):
-            return call.func.attr.value in TRAINING_METHODS
+            return _is_training_call(call)
         scope = self.get_metadata(ScopeProvider, call.func, None) if isinstance(call.func, cst.Name) else None
         return scope is not None and any(
             isinstance(getattr(assignment, "node", None), (cst.FunctionDef, cst.ClassDef))
@@ -1067,3 +1069,13 @@ def analyze(
     analyzer.metadata = wrapper.resolve_many(analyzer.get_inherited_dependencies())
     analyzer.facts.analyzer = analyzer
     return analyzer.facts
+
+
+def _is_training_call(call: cst.Call) -> bool:
+    """``loss.backward()``, ``optimizer.step()``; not ``scheduler.step()``."""
+    if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in TRAINING_METHODS:
+        return False
+    if call.func.attr.value == "backward":
+        return True
+    receiver = (dotted(call.func.value) or "").lower()
+    return not any(word in receiver for word in SCHEDULER_WORDS)

@@ -20,6 +20,13 @@ OTHER_CODES = {
     "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file this one works with (its "
     "entry script, or a module it imports) was refused, so this one is left untouched too: a converted module "
     "under an unconverted entry would fail at its first collective. The refused file's own diagnostics say why.",
+    "DDP211": "DDP211  (error; a warning with `--allow-partial`) project mode: the group's model is wrapped in DistributedDataParallel, but no "
+    "training DataLoader was found sharded in the entry script or the modules it imports (a loader built inside a "
+    "class, a model or dataset loaded dynamically with importlib, a module outside the project): every rank would "
+    "train on all the data. The whole group is left untouched; shard the data by hand.",
+    "DDP212": "DDP212  (warning) project mode: a script uses the project's DataParallel models but trains nothing "
+    "(no backward() in it or the modules it imports: evaluation, export): it is left as it is. Modules converted "
+    "for the project's training scripts allow a process with no process group, so it runs as one process.",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",

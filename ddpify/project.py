@@ -33,15 +33,17 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
 from ddpify.names import has_word
-# A library module is worth converting when its functions print, save or write files.
+# A library module is worth converting when its functions print, save or write files, or
+# pick a GPU by index (every rank would use that one).
 TOP_LEVEL_LOOP = re.compile(r"^(?:for|while)\b", re.MULTILINE)  # a flat script's epoch loop
-TRAINING_STEP = re.compile(r"\.(?:backward|step)\s*\(")
-SIDE_EFFECT_WORDS = ("print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.")
+BACKWARD = re.compile(r"\.backward\s*\(")
+TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
+SIDE_EFFECT_WORDS = ("print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(")
 
 
 @dataclass
@@ -58,6 +60,8 @@ class ModuleInfo:
     runs: bool = False  # a `__main__` block
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
+    # `importlib.import_module("models." + name)`: every project module under "models."
+    dynamic_prefixes: set[str] = field(default_factory=set)
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -69,7 +73,7 @@ def module_name(root: Path, path: Path) -> str:
 
 def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     info = ModuleInfo(
-        path, module_name(root, path), source, wraps=has_word(source, "DataParallel"), trains=bool(TRAINING_STEP.search(source))
+        path, module_name(root, path), source, wraps=has_word(source, "DataParallel"), trains=_trains(source)
     )
     try:
         tree = ast.parse(source)
@@ -92,10 +96,37 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
                 info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
+        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node)):
+            info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level.
     info.runs = info.runs or any(isinstance(node, (ast.For, ast.While)) for node in tree.body)
     info.functions = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     return info
+
+
+def _dynamic_import_prefix(call: ast.Call) -> str | None:
+    """``importlib.import_module("models." + name)`` (or an f-string, ``__import__``): the
+    module name's constant start, if it names a package ("models.")."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__") or not call.args:
+        return None
+    name = call.args[0]
+    while isinstance(name, ast.BinOp) and isinstance(name.op, ast.Add):
+        name = name.left
+    if isinstance(name, ast.JoinedStr) and name.values:
+        name = name.values[0]
+    if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
+        return name.value[: name.value.rindex(".") + 1]
+    return None
+
+
+def _trains(source: str) -> bool:
+    """Calls ``.backward()``, or ``.step()`` on something that is not a scheduler."""
+    return any(
+        method == "backward" or not any(word in receiver.lower() for word in ("sched", "warmup"))
+        for receiver, method in TRAINING_STEP.findall(source)
+    )
 
 
 def _is_main_test(test: ast.expr) -> bool:
@@ -127,6 +158,7 @@ class Project:
         if name not in self._read:
             path = self.paths[name]
             info = read_module(self.root, path, self.sources[path])
+            info.imports |= {other for other in self.paths for prefix in info.dynamic_prefixes if other.startswith(prefix)}
             info.imports = {other for other in info.imports if other in self.paths and other != name}
             # Only names bound from the project's own modules (calls through them may train).
             info.imported_names = {
@@ -196,7 +228,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     results: dict[Path, FileResult] = {}
     candidates = project.candidates()
     groups = [group for entry in candidates if entry.runs and (group := _convert_group(project, entry, options, results))]
-    while any(_refuse_together(group, results) for group in groups):
+    while any(_refuse_together(group, results, root) for group in groups):
         pass  # a module shared by two groups, refused in one: the other goes too
     for info in candidates:  # a DataParallel module no script of the project imports
         if info.path not in results and info.wraps:
@@ -209,6 +241,13 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
     members = [entry, *project.reachable(entry)]
     if not any(member.wraps for member in members):
+        return []
+    trains = any(BACKWARD.search(member.source) for member in members)
+    if len(members) > 1 and not trains:
+        # Evaluates or exports with the project's models: nothing to shard or synchronise.
+        # It stays as it is (modules converted for a training script allow a process that
+        # set up no group). A script on its own converts as it would alone.
+        results.setdefault(entry.path, _left_for_evaluation(entry))
         return []
     converted: dict[Path, FileResult] = {}
     roles: dict[Path, tuple[str, bool]] = {}
@@ -237,14 +276,40 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     if not any(_wraps(result) for result in converted.values()):
         return []  # DataParallel only named (isinstance checks): not a DataParallel project
     entry_result = converted[entry.path]
-    if not entry_result.error and "ddp_setup()" not in entry_result.output:
+    if trains and not any(result.error for result in converted.values()) and not any(
+        "DistributedSampler" in result.output for result in converted.values()
+    ):
+        reason = (
+            "the project's model is wrapped in DistributedDataParallel, but no training DataLoader was found "
+            "sharded in this script or the modules it imports (built in a class, loaded dynamically, or in a "
+            "module ddpify cannot follow): every rank would train on all the data"
+        )
+        if options.allow_partial:
+            warning = Diagnostic(1, 1, "DDP211", f"{reason} (converted anyway: --allow-partial)", Severity.WARNING)
+            converted[entry.path] = replace(entry_result, diagnostics=(*entry_result.diagnostics, warning))
+        else:
+            converted[entry.path] = _refusal(entry_result, "DDP211", reason)
+    elif not entry_result.error and "ddp_setup()" not in entry_result.output:
         # Modules converted under a script that sets nothing up would fail at their first
         # collective: refuse the entry, and so the group.
         reason = "this script runs project modules that use DistributedDataParallel, but it could not be given the set-up"
-        diagnostic = Diagnostic(1, 1, "DDP210", reason, Severity.ERROR)
-        converted[entry.path] = FileResult(entry_result.path, entry_result.source, entry_result.source, (diagnostic,), None, f"not converted: {reason}")
+        converted[entry.path] = _refusal(entry_result, "DDP210", reason)
     results.update(converted)
     return list(converted)
+
+
+def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
+    diagnostic = Diagnostic(1, 1, code, reason, Severity.ERROR)
+    return FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+
+
+def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
+    reason = (
+        "uses the project's DataParallel models but trains nothing (no backward() here or in the modules it "
+        "imports): left as it is; it runs as one process, the converted modules allow that"
+    )
+    diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
+    return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
 
 
 def _convert(
@@ -287,13 +352,14 @@ def _has_side_effects(source: str) -> bool:
     return any(word in source for word in SIDE_EFFECT_WORDS)
 
 
-def _refuse_together(group: list[Path], results: dict[Path, FileResult]) -> bool:
+def _refuse_together(group: list[Path], results: dict[Path, FileResult], root: Path) -> bool:
     """One refused file leaves every file of its group untouched, each saying why. True if
     that refused a file that was converted."""
     refused = [path for path in group if results[path].error]
     if not refused:
         return False
-    reason = f"{refused[0]} works together with this file and was not converted"
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    reason = f"{name} works together with this file and was not converted"
     changed = False
     for path in group:
         result = results[path]

@@ -193,3 +193,18 @@ def test_each_checkpoint_is_written_once(runs):
     saves = [save["path"] for rank in (0, 1) for save in record(runs["work"] / "p-ddp", rank)["saves"]]
     original = [save["path"] for save in record(runs["work"] / "p-original", 0)["saves"]]
     assert len(saves) == len(original) >= 1
+
+
+def test_a_script_that_only_evaluates_still_runs_as_one_process(runs):
+    """evaluate.py trains nothing and is left as it is (DDP212); the modules converted for
+    train.py must still work in its process, which sets up no process group."""
+    converted, original = runs["work"] / "converted", runs["work"] / "original"
+    if not (converted / "evaluate.py").exists():
+        pytest.skip("no evaluation script in this project")
+    assert (converted / "evaluate.py").read_bytes() == (original / "evaluate.py").read_bytes()
+    command = [sys.executable, "evaluate.py"]
+    env = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    before = subprocess.run(command, cwd=original, env=env, capture_output=True, text=True, timeout=120)
+    after = subprocess.run(command, cwd=converted, env=env, capture_output=True, text=True, timeout=120)
+    assert after.returncode == 0, after.stderr
+    assert after.stdout == before.stdout and "evaluated 96 samples" in after.stdout

@@ -208,3 +208,20 @@ def test_a_loader_that_does_not_shard_stops_at_set_epoch():
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True)
     with pytest.raises(RuntimeError, match="RandomSampler, not a DistributedSampler"):
         template.ddp_sampler(loader)
+
+
+def test_library_helpers_allow_a_process_with_no_group():
+    """A project script that was not converted imports a converted module: rank 0 of a
+    world of one, and ddp_wrap leaves the module as it is."""
+    assert not template.dist.is_initialized()
+    assert template.ddp_rank() == 0 and template.ddp_world_size() == 1
+    module = torch.nn.Linear(2, 2)
+    assert template.ddp_wrap(module) is module
+
+
+def test_library_helper_text_uses_the_tolerant_calls():
+    from ddpify.transforms.process_group import library_helper_text
+
+    text = library_helper_text("x = ddp_local_batch_size(8)")
+    assert "world_size = ddp_world_size()" in text and "def ddp_world_size():" in text
+    assert "dist.get_world_size() if dist.is_initialized() else 1" in text

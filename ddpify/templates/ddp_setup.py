@@ -187,9 +187,10 @@ def ddp_device_ids():
 
 def ddp_wrap(module, **options):
     """DistributedDataParallel around a module on this process's device. A module with
-    nothing to train (a frozen loss network) is only moved there: DDP refuses it."""
+    nothing to train (a frozen loss network) is only moved there: DDP refuses it; so is
+    every module in a process that set up no group (a project script left as it was)."""
     module = module.to(ddp_device())
-    if not any(parameter.requires_grad for parameter in module.parameters()):
+    if not any(parameter.requires_grad for parameter in module.parameters()) or not dist.is_initialized():
         return module
     return DistributedDataParallel(module, device_ids=ddp_device_ids(), **options)
 
@@ -228,6 +229,17 @@ def ddp_no_sync(model, accumulating):
     if accumulating and hasattr(model, "no_sync"):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def ddp_rank():
+    """This process's rank; 0 in a process that set up no group (a script of the project
+    that imports this module and was not converted runs as before, on one device)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def ddp_world_size():
+    """The number of processes; 1 in a process that set up no group."""
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 class DdpNoOp:

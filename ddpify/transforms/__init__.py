@@ -39,4 +39,6 @@ EXISTING_DDP = (ExistingDdpTransform, ImportsTransform)
 # Project mode (ddpify.project): an entry script whose training runs in imported modules,
 # and an imported module that only prints, saves or names DataParallel.
 ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
-LIBRARY_SIDE_EFFECTS = (WrapModelTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
+LIBRARY_SIDE_EFFECTS = (
+    DevicesTransform, WrapModelTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform
+)

@@ -69,6 +69,16 @@ class ConversionContext:
         level at import time (before it)."""
         return self.role == LIBRARY
 
+    @property
+    def rank(self) -> str:
+        """This process's rank, as emitted code (see process_group.LIBRARY_CALLS)."""
+        return "ddp_rank()" if self.is_library else "dist.get_rank()"
+
+    @property
+    def world_size(self) -> str:
+        """The number of processes, as emitted code."""
+        return "ddp_world_size()" if self.is_library else "dist.get_world_size()"
+
     def at_module_level(self, node: cst.CSTNode) -> bool:
         """Not inside a function: in a library module, that runs at import time."""
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda)):

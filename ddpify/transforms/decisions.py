@@ -118,7 +118,7 @@ class DecisionsTransform(Transform):
             f"`{counter}` counts samples and decides something: it now counts every rank's (x world size)",
         )
         value = self.context.code(updated_node.value)
-        return updated_node.with_changes(value=cst.parse_expression(f"{value} * dist.get_world_size()"))
+        return updated_node.with_changes(value=cst.parse_expression(f"{value} * {self.context.world_size}"))
 
     def _in_training_loop(self, node: cst.CSTNode) -> bool:
         parent = self.context.parent(node)

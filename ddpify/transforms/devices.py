@@ -27,8 +27,16 @@ DDP705  ``torch.load`` without ``map_location`` loads onto the device it was sav
 
     state = torch.load("model.pt")  ->  state = torch.load("model.pt", map_location=ddp_device())
 
-DDP704  (warning) the script calls ``torch.cuda.set_device`` itself: that overrides the
-process's GPU chosen by set-up; left alone.
+DDP704  ``torch.cuda.set_device(N)`` on a line of its own is removed: it would put every
+rank on GPU N, over the GPU chosen by set-up (inside an expression it is left alone, a
+warning)::
+
+    torch.cuda.set_device(opt.gpu_ids[0])
+    # becomes
+    # ddpify: removed torch.cuda.set_device(opt.gpu_ids[0]); ddp_setup() sets this process's GPU
+
+DDP701 also covers device strings built from an index: ``f"cuda:{gpu}"``,
+``"cuda:{}".format(gpu)``, ``"cuda:%d" % gpu`` and ``"cuda:" + str(gpu)`` become ``"cuda"``.
 """
 
 from __future__ import annotations
@@ -55,8 +63,39 @@ class DevicesTransform(Transform):
         quote = original_node.quote
         return updated_node.with_changes(value=f"{prefix}{quote}cuda{quote}")
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+    def leave_FormattedString(self, original_node: cst.FormattedString, updated_node: cst.BaseExpression) -> cst.BaseExpression:
+        parts = original_node.parts
+        if (
+            len(parts) == 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and isinstance(parts[1], cst.FormattedStringExpression)
+        ):
+            return self._bare_cuda(original_node, original_node.start + "cuda:{" + self.context.code(parts[1].expression) + "}" + original_node.end)
+        return updated_node
+
+    def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BaseExpression) -> cst.BaseExpression:
+        left = _literal(original_node.left)
+        if (isinstance(original_node.operator, cst.Modulo) and left in ("cuda:%d", "cuda:%s", "cuda:%i")) or (
+            isinstance(original_node.operator, cst.Add) and left == "cuda:"
+        ):
+            return self._bare_cuda(original_node, self.context.code(original_node))
+        return updated_node
+
+    def _bare_cuda(self, original_node: cst.CSTNode, shown: str) -> cst.SimpleString:
+        """A device string built from a GPU index -> "cuda", this process's GPU."""
+        self.context.report(original_node, "DDP701", f'{shown} -> "cuda": this process\'s GPU, set by ddp_setup()')
+        return cst.SimpleString('"cuda"')
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = original_node.func
+        if (
+            isinstance(func, cst.Attribute)
+            and func.attr.value == "format"
+            and _literal(func.value) in ("cuda:{}", "cuda:{0}")
+            and len(original_node.args) == 1
+        ):
+            return self._bare_cuda(original_node, self.context.code(original_node))
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
             if args and not _is_module_call(func):
@@ -69,11 +108,13 @@ class DevicesTransform(Transform):
             if len(positional_args(original_node)) < 2:
                 self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
                 return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))
-        if "torch.cuda.set_device" in self.context.qualified(func):
+        if "torch.cuda.set_device" in self.context.qualified(func) and not self._is_set_device(
+            self.context.parent(self.context.parent(original_node))
+        ):
             self.context.report(
                 original_node,
                 "DDP704",
-                "torch.cuda.set_device() overrides the GPU ddp_setup() chose for this process; remove it",
+                "torch.cuda.set_device() inside an expression overrides the GPU ddp_setup() chose for this process; remove it",
                 Severity.WARNING,
             )
         return updated_node
@@ -82,6 +123,12 @@ class DevicesTransform(Transform):
         kept: Block = []
         carried: list[cst.EmptyLine] = []  # comments of removed statements, for the next one
         for original, updated in block:
+            if self._is_set_device(original):
+                code = self.context.code(original.body[0])
+                self.context.report(original, "DDP704", f"removed {code}: ddp_setup() sets this process's GPU")
+                comment = f"# ddpify: removed {code}; ddp_setup() sets this process's GPU"
+                carried += [*updated.leading_lines, cst.EmptyLine(comment=cst.Comment(comment))]
+                continue
             value = self._visible_devices_value(original)
             if value is None:
                 if carried:
@@ -95,6 +142,17 @@ class DevicesTransform(Transform):
             # and an emptied block needs a body.
             kept.append((None, cst.SimpleStatementLine([cst.Pass()], leading_lines=carried)))
         return kept
+
+    def _is_set_device(self, statement: cst.BaseStatement | None) -> bool:
+        """``torch.cuda.set_device(...)`` alone on its line."""
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        return (
+            isinstance(small, cst.Expr)
+            and isinstance(small.value, cst.Call)
+            and "torch.cuda.set_device" in self.context.qualified(small.value.func)
+        )
 
     def _flag_for(self, expression: str) -> str | None:
         """`opts.gpu_id` -> `--gpu_id` when the script declares that command-line flag."""

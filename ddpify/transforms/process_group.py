@@ -65,10 +65,17 @@ TEMPLATE_NAMES = (
     "ddp_local_batch_size",
     "ddp_mean",
     "ddp_no_sync",
+    "ddp_rank",
+    "ddp_world_size",
     "DdpNoOp",
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {"ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_wrap"}
+OPTIONAL_HELPERS = {
+    "ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_wrap", "ddp_rank", "ddp_world_size"
+}
+# In an imported module, the process may have set up no group (a project script that was
+# not converted imports it too): rank and world size come from helpers that allow for that.
+LIBRARY_CALLS = {"dist.get_rank()": "ddp_rank()", "dist.get_world_size()": "ddp_world_size()"}
 RELAUNCH_MARK = "  # ddpify:relaunch"
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {
@@ -140,7 +147,11 @@ HELPER_NAME = re.compile(r"\b(?:ddp_[a-z_]+|DdpNoOp)\b")
 def library_helper_text(code: str, newline: str = "\n") -> str:
     """The template helpers ``code`` calls, and those they call: definitions only, under a
     one-line header; empty if it calls none."""
-    defined = {name: text for name, text in template_chunks() if name is not None and name != "ddp_setup"}
+    defined = {
+        name: text if name in ("ddp_rank", "ddp_world_size") else _library_calls(text)
+        for name, text in template_chunks()
+        if name is not None and name != "ddp_setup"
+    }
     wanted, pending = set(), set(HELPER_NAME.findall(code)) & defined.keys()
     while pending:
         name = pending.pop()
@@ -150,6 +161,12 @@ def library_helper_text(code: str, newline: str = "\n") -> str:
     if not chosen:
         return ""
     return newline.join("\n\n\n".join([LIBRARY_HEADER, *chosen]).split("\n")) + newline
+
+
+def _library_calls(text: str) -> str:
+    for call, tolerant in LIBRARY_CALLS.items():
+        text = text.replace(call, tolerant)
+    return text
 
 
 class ProcessGroupTransform(Transform):

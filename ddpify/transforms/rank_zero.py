@@ -119,8 +119,6 @@ SIDE_EFFECTS = {
 OPEN = {"builtins.open", "io.open"}
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
 PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
-GUARD = "dist.get_rank() == 0"
-OTHER_RANKS = "dist.get_rank() != 0"
 
 
 class RankZeroTransform(Transform):
@@ -214,6 +212,14 @@ class RankZeroTransform(Transform):
             params = {p.name.value for p in function.function.params.params}
         return self.facts.analyzer.call_is_unsafe(call, params)
 
+    @property
+    def _rank_zero(self) -> str:
+        return f"{self.context.rank} == 0"
+
+    @property
+    def _other_ranks(self) -> str:
+        return f"{self.context.rank} != 0"
+
     def _under_rank_guard(self, node: cst.CSTNode) -> bool:
         return under_rank_guard(node, self.context.parent, self.context.code)
 
@@ -296,15 +302,15 @@ class RankZeroTransform(Transform):
 
     def _quiet_progress_bar(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         existing = keyword_arg(updated, "disable")
-        if existing is not None and "get_rank" in self.context.code(existing.value):
+        if existing is not None and "_rank()" in self.context.code(existing.value):
             return updated
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original, "DDP604", "progress bar shown by rank 0 only (disable= on the others)")
         if existing is None:
-            return append_arg(updated, keyword("disable", cst.parse_expression(OTHER_RANKS)))
+            return append_arg(updated, keyword("disable", cst.parse_expression(self._other_ranks)))
         text = self.context.code(existing.value)
         atomic = isinstance(existing.value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
-        combined = cst.parse_expression(f"{text if atomic else f'({text})'} or {OTHER_RANKS}")
+        combined = cst.parse_expression(f"{text if atomic else f'({text})'} or {self._other_ranks}")
         return updated.with_changes(
             args=[arg.with_changes(value=combined) if arg is existing else arg for arg in updated.args]
         )
@@ -321,7 +327,7 @@ class RankZeroTransform(Transform):
         what = self.context.code(value.func)
         self.context.report(original_node, "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)")
         self.context.use_helper("DdpNoOp")
-        on_rank_zero = cst.parse_expression(f"_ if {GUARD} else DdpNoOp()").with_changes(body=updated_node.value)
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
@@ -393,8 +399,8 @@ class RankZeroTransform(Transform):
         for original, _ in run:
             self.context.report(original, "DDP607", "rank 0 downloads first; the other ranks wait, then read its files")
         (first_original, first), rest = run[0], run[1:]
-        before = cst.parse_statement(f"if {OTHER_RANKS}:\n    dist.barrier()  # rank 0 downloads first\n")
-        after = cst.parse_statement(f"if {GUARD}:\n    dist.barrier()\n")
+        before = cst.parse_statement(f"if {self._other_ranks}:\n    dist.barrier()  # rank 0 downloads first\n")
+        after = cst.parse_statement(f"if {self._rank_zero}:\n    dist.barrier()\n")
         before = before.with_changes(leading_lines=first.leading_lines)
         # `before` stands for the first original (set-up must precede its barrier).
         return [(first_original, before), (None, first.with_changes(leading_lines=[])), *rest, (None, after)]
@@ -409,7 +415,7 @@ class RankZeroTransform(Transform):
         # The comments above the first statement stay above everything emitted for it.
         comments = statements[0].leading_lines
         statements[0] = statements[0].with_changes(leading_lines=[])
-        emitted = [*reductions, cst.If(test=cst.parse_expression(GUARD), body=cst.IndentedBlock(body=statements))]
+        emitted = [*reductions, cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock(body=statements))]
         emitted[0] = emitted[0].with_changes(leading_lines=[*comments, *emitted[0].leading_lines])
         if any(saves) and barrier:
             # Nothing may read the checkpoint before rank 0 has finished writing it.

@@ -300,9 +300,17 @@ class SamplerTransform(Transform):
             updated_node, dataset = self._hoist_dataset(original_node, updated_node, site)
         updated_node, shuffle = _shuffle_by_keyword(updated_node)
         shuffle_value = shuffle.value if shuffle else cst.Name("False")
+        placement = []
+        if self.context.is_library:
+            # A project script that was not converted may build this loader too: with the
+            # rank and world size given, the sampler needs no process group.
+            placement = [
+                keyword("num_replicas", cst.parse_expression(self.context.world_size)),
+                keyword("rank", cst.parse_expression(self.context.rank)),
+            ]
         sampler = cst.Call(
             func=cst.Name("DistributedSampler"),
-            args=[cst.Arg(dataset.deep_clone()), keyword("shuffle", shuffle_value)],
+            args=[cst.Arg(dataset.deep_clone()), *placement, keyword("shuffle", shuffle_value)],
         )
         self.context.report(
             original_node,

@@ -352,7 +352,7 @@ class WrapModelTransform(Transform):
 
     def _world_size(self) -> cst.BaseExpression:
         self.context.add_import("torch.distributed", None, "dist")
-        return cst.parse_expression("dist.get_world_size()")
+        return cst.parse_expression(self.context.world_size)
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         return self._world_size_decides(original_node, updated_node)
@@ -369,12 +369,12 @@ class WrapModelTransform(Transform):
         loose = (cst.IfExp, cst.Lambda, cst.NamedExpr)
         if self.guard_rewrites[original_node]:
             needs_parens = isinstance(test, loose)
-            template = "dist.get_world_size() > 1 or {}"
+            template = self.context.world_size + " > 1 or {}"
         else:
             needs_parens = isinstance(test, loose) or (
                 isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.Or)
             )
-            template = "dist.get_world_size() == 1 and {}"
+            template = self.context.world_size + " == 1 and {}"
         code = self.context.code(test.with_changes(lpar=[], rpar=[])) if test.lpar else self.context.code(test)
         operand = f"({code})" if needs_parens and not test.lpar else self.context.code(test)
         return updated_node.with_changes(test=cst.parse_expression(template.format(operand)))
