@@ -559,10 +559,22 @@ class Analyzer(cst.CSTVisitor):
     def visit_AsName(self, node: cst.AsName) -> None:
         self._other_bindings.update(bound_names(node.name))
 
+    def _in_type_test(self, node: cst.CSTNode) -> bool:
+        """An argument of ``isinstance``/``issubclass``, or compared with ``type(x) is``/``in``."""
+        while not isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)) and node is not None:
+            parent = self.parent(node)
+            if isinstance(parent, cst.Call) and node is not parent.func:
+                return isinstance(parent.func, cst.Name) and parent.func.value in ("isinstance", "issubclass")
+            if isinstance(parent, cst.Comparison):
+                return any(isinstance(t.operator, (cst.Is, cst.In, cst.IsNot, cst.NotIn, cst.Equal)) for t in parent.comparisons)
+            node = parent
+        return False
+
     def _check_reference(self, node: cst.Attribute | cst.Name) -> None:
         names = self.qualified(node)
         if names & ALREADY_DISTRIBUTED:
-            self.facts.distributed_uses.append(node)
+            if not self._in_type_test(node):  # `isinstance(m, (DataParallel, DDP))` is an unwrap
+                self.facts.distributed_uses.append(node)
             return
         if not names & DATA_PARALLEL:
             return

@@ -34,3 +34,21 @@ def test_the_original_under_torchrun_never_reaches_its_ddp_path(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
     run = run_launched(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert run.stdout.count("False") == 2 and "True" not in run.stdout  # why the fix is needed
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("distributed_flag.py", "distributed: True"), ("world_size_switch.py", "DistributedDataParallel")],
+)
+def test_the_printed_launch_line_takes_the_ddp_path(tmp_path, name, expected):
+    """The switch that selects the DDP path (a --distributed flag, the WORLD_SIZE torchrun
+    sets) is on the launch line ddpify prints: run that line, with 2 processes."""
+    result = convert_source((FIXTURES / "existing_ddp" / name).read_text(), path="train.py")
+    launch = result.launch_command.split()
+    assert launch[:3] == ["torchrun", "--standalone", "--nproc-per-node=gpu"] and launch[3] == "train.py"
+    (tmp_path / "train.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *launch[3:]]
+    run = run_launched(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count(expected) == 2, run.stdout

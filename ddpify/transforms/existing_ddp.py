@@ -15,12 +15,19 @@ so that under torchrun the DDP branch runs and the DataParallel branch is unreac
     parser.add_argument("--local_rank", "--local-rank", type=int, default=int(os.environ.get("LOCAL_RANK", -1)))
 
 DDP007  the script selects its DDP path with a flag (``--multiprocessing-distributed`` of
-pytorch/examples, ``--launcher pytorch``): nothing is rewritten; the launch line names it.
+pytorch/examples, ``--launcher pytorch``, a ``--distributed`` flag tested around the DDP
+code) or with the ``WORLD_SIZE``/``LOCAL_RANK`` variables that torchrun sets: nothing is
+rewritten; the launch line names the flag. Where the script also has ``--local_rank``, both
+apply (``torchrun ... train.py --launcher pytorch``).
 
 DDP008  (warning) DataParallel's batch size was global; the script's DDP path loads it per
 process: pass it divided by the number of processes to train as before.
 
 DDP009  (warning) the script's own DistributedSampler never gets ``set_epoch``.
+
+DDP010  (warning) a ``--gpu`` argument with a number as default picks the device
+(``torch.cuda.set_device(args.gpu)``): under torchrun every rank would use that GPU unless
+the script sets it from the local rank.
 
 DDP005  (error) neither switch is found: a half-done hand conversion; finish it by hand.
 """
@@ -57,6 +64,8 @@ class ExistingDdpTransform(Transform):
         if self.context.launch_command is None:
             return
         anchor = self.facts.distributed_uses[0]
+        if not self.facts.loaders:
+            return
         self.context.report(
             anchor,
             "DDP008",
@@ -65,7 +74,7 @@ class ExistingDdpTransform(Transform):
             "DataParallel did",
             Severity.WARNING,
         )
-        if "set_epoch" not in self.context.module.code:
+        if "DistributedSampler(" in self.context.module.code and "set_epoch" not in self.context.module.code:
             self.context.report(
                 anchor,
                 "DDP009",
@@ -76,8 +85,12 @@ class ExistingDdpTransform(Transform):
 
     def _choose_launch(self) -> None:
         path = self.context.path
-        if self.local_rank is not None:
-            self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path}"
+        switches = self._switches()
+        for switch in switches:
+            self._report_flag(switch)
+        if self.local_rank is not None or switches:
+            self.context.launch_command = " ".join(["torchrun --standalone --nproc-per-node=gpu", path, *switches])
+            self._warn_fixed_gpu()
             return
         if self._argument("--multiprocessing-distributed") and self._argument("--dist-url"):
             self.context.launch_command = (
@@ -86,18 +99,72 @@ class ExistingDdpTransform(Transform):
             )
             self._report_flag("--multiprocessing-distributed (pytorch/examples: one process per GPU, spawned by the script)")
             return
-        launcher = self._argument("--launcher")
-        if launcher is not None and "pytorch" in self.context.code(launcher):
-            self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path} --launcher pytorch"
-            self._report_flag("--launcher pytorch")
+        if self._reads_launcher_environment():
+            self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path}"
+            self._report_flag("the WORLD_SIZE/RANK/LOCAL_RANK variables that torchrun sets")
+            self._warn_fixed_gpu()
             return
         self.context.report(
             self.facts.distributed_uses[0],
             "DDP005",
             "the file already uses torch.distributed next to DataParallel, and no switch to its DDP path "
-            "(--local_rank, --multiprocessing-distributed, --launcher pytorch) was found; finish this conversion by hand",
+            "(--local_rank, --multiprocessing-distributed, --launcher pytorch, a --distributed flag, WORLD_SIZE) "
+            "was found; finish this conversion by hand",
             Severity.ERROR,
         )
+
+    def _switches(self) -> list[str]:
+        """What the launch line must pass to select the DDP path: ``--launcher pytorch``
+        (BasicSR, mmcv), and ``store_true`` flags tested in an ``if`` around the DDP code
+        (``if args.distributed:``)."""
+        found = []
+        launcher = self._argument("--launcher")
+        if launcher is not None and "pytorch" in self.context.code(launcher):
+            found.append("--launcher pytorch")
+        for name in self._names_testing_ddp_code():
+            flag = self._argument(f"--{name}", f"--{name.replace('_', '-')}")
+            if flag is not None and "store_true" in self.context.code(flag) and name != "multiprocessing_distributed":
+                spelled = next(arg.value.evaluated_value for arg in flag.args if arg.keyword is None)
+                if spelled not in found:
+                    found.append(spelled)
+        return found
+
+    def _names_testing_ddp_code(self) -> list[str]:
+        """``distributed`` for ``if args.distributed:`` (or ``if distributed:``) around DDP code."""
+        names: list[str] = []
+        for use in self.facts.distributed_uses:
+            child, node = use, self.context.parent(use)
+            while node is not None:
+                # Only the branch the test selects: `if args.distributed:` (or `... and ...`),
+                # the DDP code in its body.
+                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
+                    for part in _flags_required(node.test):
+                        if part not in names:
+                            names.append(part)
+                child, node = node, self.context.parent(node)
+        return names
+
+    def _reads_launcher_environment(self) -> bool:
+        source = self.context.module.code
+        return any(f'"{name}"' in source or f"'{name}'" in source for name in ("WORLD_SIZE", "LOCAL_RANK")) and (
+            "os.environ" in source or "getenv" in source
+        )
+
+    def _warn_fixed_gpu(self) -> None:
+        """``--gpu`` with a number as default, used to pick the device: every rank on that GPU."""
+        gpu = self._argument("--gpu")
+        default = keyword_arg(gpu, "default") if gpu is not None else None
+        source = self.context.module.code
+        if default is None or not isinstance(default.value, cst.Integer):
+            return
+        if "set_device(args.gpu)" in source or ".cuda(args.gpu)" in source or "cuda:{args.gpu}" in source:
+            self.context.report(
+                gpu,
+                "DDP010",
+                f"--gpu defaults to {default.value.value} and picks the device: under torchrun every rank would use "
+                "that GPU; in the DDP path, set the device from the local rank (int(os.environ[\"LOCAL_RANK\"]))",
+                Severity.WARNING,
+            )
 
     def _report_flag(self, flag: str) -> None:
         self.context.report(
@@ -129,10 +196,27 @@ class ExistingDdpTransform(Transform):
         else:
             updated = append_arg(updated, cst.Arg(from_env, keyword=cst.Name("default"), equal=cst.AssignEqual(
                 whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
-        self.context.report(
-            original_node,
-            "DDP006",
-            "the script has its own DDP path, selected by --local_rank: it now also reads torchrun's LOCAL_RANK "
-            "and --local-rank, so under torchrun the DDP branch runs (the DataParallel branch is then unreachable)",
-        )
+        if self._switches():
+            message = (
+                "--local_rank now also reads torchrun's LOCAL_RANK and --local-rank (the DDP path itself is "
+                "selected by the switch on the launch line)"
+            )
+        else:
+            message = (
+                "the script has its own DDP path, selected by --local_rank: it now also reads torchrun's LOCAL_RANK "
+                "and --local-rank, so under torchrun the DDP branch runs (the DataParallel branch is then unreachable)"
+            )
+        self.context.report(original_node, "DDP006", message)
         return updated
+
+
+def _flags_required(test: cst.BaseExpression) -> list[str]:
+    """Flags a condition needs true: ``args.distributed`` -> [distributed]; ``a and b``,
+    both; anything else (``or``, ``not``, comparisons), none."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return [*_flags_required(test.left), *_flags_required(test.right)]
+    if isinstance(test, cst.Attribute):
+        return [test.attr.value]
+    if isinstance(test, cst.Name):
+        return [test.value]
+    return []
