@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddpify.diagnostics import ConvertOptions, Diagnostic, FileResult, Severity
-from ddpify.names import has_word
+from ddpify.names import mentions_data_parallel
 
-# Text pre-filter: a file that never says DataParallel (as a word) has nothing to convert.
-MARKER = "DataParallel"
 
 if TYPE_CHECKING:
     from ddpify.report import FileFindings
@@ -29,7 +27,7 @@ __all__ = ["ConvertOptions", "Diagnostic", "FileResult", "Severity", "convert_so
 
 def convert_source(source: str, options: ConvertOptions = ConvertOptions(), path: str = "<string>") -> FileResult:
     """Convert one script's text. Never raises for bad input: errors come back in the result."""
-    if not has_word(source, MARKER):
+    if not mentions_data_parallel(source):
         return FileResult(path, source, source)
     from ddpify.engine import convert_text  # libcst only when there is something to convert
 

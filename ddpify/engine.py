@@ -41,7 +41,7 @@ def convert_text(
     if foreign_loaders is not None:
         foreign_loaders.extend(facts.foreign_training_loaders)
     if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
-        return FileResult(path, source, source)
+        return variant_refusal(path, source) or FileResult(path, source, source)
     context = ConversionContext(
         module,
         facts,
@@ -81,6 +81,23 @@ def _transforms_for(context: ConversionContext) -> tuple:
     # A module that only names the class (isinstance checks in a library) gets those names
     # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
     return EXISTING_DDP if facts.existing_ddp else TRANSFORMS if facts.wraps else REFERENCES_ONLY
+
+
+# check's forms of DataParallel that convert cannot rewrite: functional, forks, variants.
+VARIANT_CODES = {"DDP120", "DDP121", "DDP122"}
+
+
+def variant_refusal(path: str, source: str) -> FileResult | None:
+    """A file with no torch DataParallel to convert that still splits batches with a form of
+    it (`DataParallelModel(net)` from a project's fork, mmcv's `MMDataParallel`): refused
+    with check's finding, never "nothing to convert"."""
+    from ddpify.check import check_source
+
+    found = [d for d in check_source(source) if d.code in VARIANT_CODES]
+    if not found:
+        return None
+    errors = [Diagnostic(d.line, d.col, d.code, f"{d.message}; not converted", Severity.ERROR) for d in found]
+    return _refused(path, source, errors)
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

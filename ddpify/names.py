@@ -41,3 +41,13 @@ def has_word(source: str, word: str) -> bool:
             return True
         offset = source.find(word, offset + 1)
     return False
+
+
+def mentions_data_parallel(source: str) -> bool:
+    """The convert pre-filter: torch's DataParallel, its functional ``data_parallel``, or a
+    ``*DataParallel`` variant (reported, not converted; see engine.variant_refusal)."""
+    if has_word(source, "DataParallel") or has_word(source, "data_parallel"):
+        return True
+    from ddpify.check import _names_data_parallel_variant
+
+    return _names_data_parallel_variant(source)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
-from ddpify.names import has_word
+from ddpify.names import mentions_data_parallel
 # A library module is worth converting when its functions print, save or write files, or
 # pick a GPU by index (every rank would use that one).
 TOP_LEVEL_LOOP = re.compile(r"^(?:for|while)\b", re.MULTILINE)  # a flat script's epoch loop
@@ -73,7 +73,7 @@ def module_name(root: Path, path: Path) -> str:
 
 def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     info = ModuleInfo(
-        path, module_name(root, path), source, wraps=has_word(source, "DataParallel"), trains=_trains(source)
+        path, module_name(root, path), source, wraps=mentions_data_parallel(source), trains=_trains(source)
     )
     try:
         tree = ast.parse(source)
@@ -175,7 +175,7 @@ class Project:
             self.module(name)
             for name, path in self.paths.items()
             if "__main__" in self.sources[path]
-            or has_word(self.sources[path], "DataParallel")
+            or mentions_data_parallel(self.sources[path])
             or TOP_LEVEL_LOOP.search(self.sources[path])
         ]
 

@@ -46,6 +46,9 @@ statement is removed (it asserts a DataParallel)::
     model = nn.DataParallel(model)                ->   model = ddp_wrap(
     patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model))
 
+Under its own ``if args.sync_bn:`` right after the wrap, the conversion happens under that
+condition: ``convert_sync_batchnorm(model) if args.sync_bn else model``.
+
 DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
 forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
@@ -115,6 +118,15 @@ class WrapModelTransform(Transform):
         self.sync_bn_targets = {
             target for line, target in self.sync_bn_calls.items() if self._beside_its_wrap(line, target)
         }
+        # `if args.sync_bn: patch_replication_callback(model)` right beside the wrap: the
+        # wrap converts under the same condition. guard (an If) -> (target, condition code)
+        self.sync_bn_guards = {
+            guard: (target, self.context.code(guard.test))
+            for line, target in self.sync_bn_calls.items()
+            if target not in self.sync_bn_targets and (guard := self._sole_body_of_if(line)) is not None
+            and self._beside_its_wrap(guard, target) and self._repeatable(target)
+        }
+        self.conditional_sync_bn = dict(self.sync_bn_guards.values())
         # `discriminator(x, step=step, alpha=alpha)`: forward may leave parameters unused
         self.switched_models = {
             dotted(node.func): self.context.code(node)
@@ -199,6 +211,20 @@ class WrapModelTransform(Transform):
                     found.append((line, node))
         return found
 
+    def _repeatable(self, target: str | None) -> bool:
+        """The wrapped module is a plain name or attribute (it appears twice in the result)."""
+        site = next((site for site in self.facts.wraps if site.target == target), None)
+        module = first_positional(site.call, "module") if site is not None else None
+        return isinstance(module, (cst.Name, cst.Attribute))
+
+    def _sole_body_of_if(self, line: cst.CSTNode) -> cst.If | None:
+        """The ``if`` (no ``else``) whose whole body is this statement."""
+        block = self.context.parent(line)
+        guard = self.context.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(guard, cst.If) and guard.orelse is None and len(block.body) == 1:
+            return guard
+        return None
+
     def _beside_its_wrap(self, line: cst.CSTNode, target: str | None) -> bool:
         wraps = [site.call for site in self.facts.wraps if site.target == target]
         block = self.context.parent(line)
@@ -220,6 +246,18 @@ class WrapModelTransform(Transform):
                     f"DataParallel's synchronised BatchNorm ({SYNC_BN_CALLBACK}) -> "
                     "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap",
                 )
+                continue
+            if original in self.sync_bn_guards:
+                target, condition = self.sync_bn_guards[original]
+                self.context.report(
+                    original,
+                    "DDP107",
+                    f"DataParallel's synchronised BatchNorm under `{condition}` -> "
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap, under the same condition",
+                )
+                continue
+            if original in self.sync_bn_calls and self._sole_body_of_if(original) in self.sync_bn_guards:
+                kept.append((original, updated))  # its `if` goes whole (above)
                 continue
             if original in self.sync_bn_calls and self.sync_bn_calls[original] in self.facts.model_names:
                 self.context.report(
@@ -313,6 +351,12 @@ class WrapModelTransform(Transform):
         if site.target in self.sync_bn_targets:
             module = cst.parse_expression("torch.nn.SyncBatchNorm.convert_sync_batchnorm(_)").with_changes(
                 args=[cst.Arg(module)]
+            )
+        elif site.target in self.conditional_sync_bn:
+            shown = self.context.code(module)
+            condition = self.conditional_sync_bn[site.target]
+            module = cst.parse_expression(
+                f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({shown}) if {condition} else {shown}"
             )
         # `DP(m).cuda()` keeps its move on the module; ddp_wrap puts it on this process's device.
         placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module))) if site.move is not None else module
