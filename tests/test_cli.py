@@ -182,9 +182,12 @@ def test_every_code_the_goldens_emit_is_explained_by_rule():
     import re
 
     from ddpify.convert_codes import convert_codes
+    from ddpify.rules import RULES
 
     emitted = {code for path in FIXTURES.glob("*/*.diag.txt") for code in re.findall(r": (DDP\d{3}) ", path.read_text())}
-    assert emitted and emitted <= set(convert_codes()), emitted - set(convert_codes())
+    # convert also refuses with check's findings for forms it cannot rewrite (DDP120-122)
+    explained = set(convert_codes()) | set(RULES)
+    assert emitted and emitted <= explained, emitted - explained
     result = runner.invoke(app, ["rule", "DDP105"])
     assert result.exit_code == 0 and "just before the optimizer" in result.output
     assert "convert codes:" in runner.invoke(app, ["rule"]).output
