@@ -71,6 +71,11 @@ on the module inside, whether or not the model was wrapped::
 
     model.reverse(z)   ->   getattr(model, "module", model).reverse(z)
 
+DDP114  (refuses; a warning with ``--allow-partial``) the wrap's condition reads a
+mixed-precision switch (``if len(opt.gpu_ids) and not opt.fp16:``, pix2pixHD): with it set,
+the model is wrapped elsewhere, after ``amp.initialize``. Made to run on every rank, this
+wrap would wrap the model twice; convert by hand.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -97,6 +102,8 @@ MODULE_METHODS = {
     "extra_repr", "share_memory", "no_sync", "join", "register_comm_hook", "to_empty", "compile",
 }
 SYNC_BN_CALLBACK = "patch_replication_callback"
+# `opt.fp16`, `args.amp`, `use_apex`: a guard that reads one picks between wrap sites
+MIXED_PRECISION = re.compile(r"(?<![A-Za-z0-9])(?:fp16|amp|apex|half|mixed_precision)(?![A-Za-z0-9])", re.IGNORECASE)
 
 
 class WrapModelTransform(Transform):
@@ -277,6 +284,15 @@ class WrapModelTransform(Transform):
     def _classify_guards(self, site: WrapSite) -> None:
         for guard in site.guards:
             test = guard.node.test
+            if MIXED_PRECISION.search(self.context.code(test)):
+                self.context.report_unsound(
+                    test,
+                    "DDP114",
+                    f"the wrap depends on `{self.context.code(test)}`, a mixed-precision switch: with it set the "
+                    "model is wrapped elsewhere (after amp.initialize), and a wrap made to run on every rank would "
+                    "wrap it twice; convert this wrap by hand",
+                )
+                continue
             counts = [node for node in calls_in(test) if DEVICE_COUNT in self.context.qualified(node.func)]
             counts += self._gpu_count_references(test)
             if counts and self._reads_only(test, counts):
