@@ -243,7 +243,7 @@ def ddp_world_size():
 
 
 class DdpNoOp:
-    """Stands in for a rank-0-only object (SummaryWriter, wandb run) on the other ranks:
+    """Stands in for a rank-0-only object (SummaryWriter, wandb run, log file) on the others:
     every attribute and call does nothing, so code that every rank runs may use it."""
 
     def __getattr__(self, name):

@@ -66,8 +66,13 @@ waits at a barrier first (a best-model save under a metric condition has none af
     dist.barrier()
     model.load_state_dict(torch.load("best.pt", map_location=ddp_device()))
 
-DDP609  (warning) ``f = open(path, "w")`` outside a ``with`` block: every rank opens
-(and truncates) the file; left alone, reported.
+DDP609  a file handle kept for writing (``self.file = open(path, "w")``, a logger's) is
+opened on rank 0 only; the other ranks get ``DdpNoOp()``, whose ``write``/``close`` do
+nothing (otherwise every rank truncates and writes the same file)::
+
+    self.file = open(fpath, "w")  ->  self.file = open(fpath, "w") if dist.get_rank() == 0 else DdpNoOp()
+
+Elsewhere (``open(path, "w").write(...)`` in an expression) it is a warning: left alone.
 
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
@@ -234,7 +239,7 @@ class RankZeroTransform(Transform):
         if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
             return self._quiet_progress_bar(original_node, updated_node)
         if names & OPEN and self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
-            if not isinstance(self.context.parent(original_node), cst.WithItem):
+            if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
                     original_node,
                     "DDP609",
@@ -319,16 +324,34 @@ class RankZeroTransform(Transform):
         if self._import_time(original_node):
             return updated_node
         value = original_node.value
-        if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & TRACKER_FACTORIES):
+        if isinstance(value, cst.Call) and self._kept_handle(value):
+            what = self.context.code(value)
+            code, message = "DDP609", f"{what} opened on rank 0 only (a stand-in file that writes nothing on the others)"
+        elif isinstance(value, cst.Call) and self.context.qualified(value.func) & TRACKER_FACTORIES:
+            what = self.context.code(value.func)
+            code, message = "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)"
+        else:
             return updated_node
         if self._under_rank_guard(original_node):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
-        what = self.context.code(value.func)
-        self.context.report(original_node, "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)")
+        self.context.report(original_node, code, message)
         self.context.use_helper("DdpNoOp")
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _kept_handle(self, call: cst.Call) -> bool:
+        """``self.file = open(path, "w")``: a file handle kept for writing (a logger's), the
+        whole value of an assignment outside any rank guard."""
+        parent = self.context.parent(call)
+        return (
+            isinstance(parent, cst.Assign)
+            and parent.value is call
+            and bool(self.context.qualified(call.func) & OPEN)
+            and self._opens_for_writing(call)
+            and not self._under_rank_guard(call)
+            and not self._import_time(call)
+        )
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
         if self._import_time(original_node):
