@@ -759,6 +759,7 @@ class Analyzer(cst.CSTVisitor):
             if not isinstance(loop, cst.For):
                 continue
             for expr in self._iterated(loop.iter):
+                expr = self._through_progress_variable(expr)
                 calls = self._loaders_for(expr, context, depth=0)
                 if not calls:
                     continue
@@ -766,6 +767,21 @@ class Analyzer(cst.CSTVisitor):
                 for call in calls:
                     self.facts.loaders[call].training = True
                 self._find_epoch_loops(loop, expr, context, calls, depth=0)
+
+    def _through_progress_variable(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        """`tbar` of `tbar = tqdm(self.train_loader)` (its only binding) -> `self.train_loader`:
+        set_epoch must name the loader, not the progress bar."""
+        if not isinstance(expr, cst.Name):
+            return expr
+        scope = self.get_metadata(ScopeProvider, expr, None)
+        assignments = list(scope[expr.value]) if scope is not None else []
+        if len(assignments) != 1 or getattr(assignments[0], "node", None) is None:
+            return expr
+        value, index = self._assigned_value(assignments[0].node)
+        if not isinstance(value, cst.Call) or index is not None or value in self.facts.loaders:
+            return expr
+        wrapped = [e for e in self._iterated(value) if e is not value]
+        return wrapped[0] if len(wrapped) == 1 else expr
 
     def _mark_iterator_loaders(self, loop: Loop, context: Context) -> bool:
         """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``;
@@ -830,6 +846,12 @@ class Analyzer(cst.CSTVisitor):
                 found += self._loaders_via_parameter(context.function, node, depth)
                 continue
             value, index = self._assigned_value(node) if node is not None else (None, None)
+            if isinstance(value, cst.Call) and index is None and value not in self.facts.loaders:
+                # `tbar = tqdm(self.train_loader)`, `batches = enumerate(loader)`: what it wraps
+                wrapped = [e for e in self._iterated(value) if e is not value]
+                if wrapped:
+                    found += [c for e in wrapped for c in self._loaders_for(e, context, depth + 1)]
+                    continue
             found += self._loaders_in_value(value, index, depth)
         return found
 
