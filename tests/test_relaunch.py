@@ -83,8 +83,14 @@ def test_environment_variable_turns_it_off(tmp_path):
     assert [line.split(" weights ")[0] for line in lines] == ["rank 0 of 1"]
 
 
+def test_environment_variable_set_to_zero_leaves_it_on(tmp_path):
+    lines = run([sys.executable, str(converted(tmp_path))], tmp_path, DDPIFY_NPROC="2", DDPIFY_NO_RELAUNCH="0")
+    assert [line.split(" weights ")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"]
+
+
 def test_convert_option_leaves_it_out(tmp_path):
     path = converted(tmp_path, relaunch=False)
     assert "ddp_relaunch" not in path.read_text()
+    assert "DDPIFY_NO_RELAUNCH" not in path.read_text() and "one process per visible GPU" not in path.read_text()
     lines = run([sys.executable, str(path)], tmp_path, DDPIFY_NPROC="2")
     assert [line.split(" weights ")[0] for line in lines] == ["rank 0 of 1"]

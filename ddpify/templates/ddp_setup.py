@@ -148,7 +148,7 @@ def ddp_relaunch():
     process per GPU, as DataParallel used them all; exit with its status. DDPIFY_NO_RELAUNCH=1
     turns this off; DDPIFY_NPROC=N forces N processes."""
     count = int(os.environ.get("DDPIFY_NPROC", "0")) or torch.cuda.device_count()
-    if count < 2 or os.environ.get("DDPIFY_NO_RELAUNCH"):
+    if count < 2 or os.environ.get("DDPIFY_NO_RELAUNCH", "0") not in ("", "0"):
         return
     import subprocess
     import sys

@@ -125,7 +125,18 @@ def template_text(used: frozenset[str] = frozenset(), newline: str = "\n") -> st
             lines.append(line.replace(RELAUNCH_MARK, ""))
         else:
             lines.pop()  # the `if not launched:` above it
-    return newline.join(lines) + newline
+    text = "\n".join(lines)
+    if "ddp_relaunch" not in used:
+        text = text.replace(RELAUNCH_HEADER, NO_RELAUNCH_HEADER)
+    return text.replace("\n", newline) + newline
+
+
+# The header's words on plain `python`, with and without the self-relaunch.
+RELAUNCH_HEADER = (
+    "# or with srun under Slurm; plain `python this_script.py` starts one process per visible GPU\n"
+    "# (DDPIFY_NO_RELAUNCH=1: just one), and without GPUs runs as a world of one."
+)
+NO_RELAUNCH_HEADER = "# or with srun under Slurm; plain `python this_script.py` runs as a world of one."
 
 
 HELPERS_PLACEHOLDER = "__ddpify_helper_block__"
