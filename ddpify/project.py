@@ -268,7 +268,7 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         converted[member.path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, requests=requests)
         roles[member.path] = (role, trains_elsewhere)
         for foreign in requests:
-            _route(project, member, foreign, builders, converted)
+            _route(project, member, foreign, builders, converted, options)
     for path, functions in builders.items():  # shard the loaders where they are built
         member = project.modules_by_path()[path]
         role, trains_elsewhere = roles.get(path, (LIBRARY, True))
@@ -326,18 +326,22 @@ def _convert(
     return convert_text(info.source, options, str(info.path), role, names, elsewhere, loader_functions, requests)
 
 
-def _route(project: Project, member: ModuleInfo, foreign, builders: dict, converted: dict) -> None:
+def _route(project: Project, member: ModuleInfo, foreign, builders: dict, converted: dict, options: ConvertOptions) -> None:
     """A loader ``member`` trains on comes from a function of another module: that module
-    shards it. If the function cannot be found, ``member`` is refused."""
+    shards it. If the function cannot be found, ``member`` is refused (with
+    ``--allow-partial``, converted with a warning)."""
     found = project.resolve(member, foreign.function)
     if found is None:
         reason = (
             f"the training loader comes from `{foreign.function}()`, which is not a function of this project "
             "that ddpify can find: every rank would train on all the data"
         )
-        diagnostic = Diagnostic(1, 1, "DDP308", reason, Severity.ERROR)
         result = converted[member.path]
-        converted[member.path] = FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+        if options.allow_partial and not result.error:
+            warning = Diagnostic(1, 1, "DDP308", f"{reason} (converted anyway: --allow-partial)", Severity.WARNING)
+            converted[member.path] = replace(result, diagnostics=(*result.diagnostics, warning))
+        else:
+            converted[member.path] = _refusal(result, "DDP308", reason)
         return
     module, function = found
     builders.setdefault(module.path, {}).setdefault(function, set()).add(foreign.index)

@@ -42,7 +42,8 @@ def ddp_setup():
     env.setdefault("LOCAL_RANK", "0")
     if torch.cuda.is_available():
         # Before any other CUDA work, so that this process never touches another GPU.
-        torch.cuda.set_device(int(env["LOCAL_RANK"]))
+        # Modulo the visible count: Slurm may bind one GPU per task (each sees device 0).
+        torch.cuda.set_device(int(env["LOCAL_RANK"]) % torch.cuda.device_count())
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if launched:
         dist.init_process_group(backend)
