@@ -669,8 +669,30 @@ class Analyzer(cst.CSTVisitor):
         self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
         self.facts.setup_anchor = self._setup_anchor(original_node)
         self._resolve_training_loops()
+        self._check_backward_per_forward()
         self._mark_loader_functions()
         self._find_unsafe_functions()
+
+    def _check_backward_per_forward(self) -> None:
+        """More backward() calls than forward calls of the wrapped model in one training loop
+        (pix2pixHD: one wrapped model returns the G and D losses, each gets its backward).
+        DDP all-reduces once per forward: the second backward through it fails."""
+        if not self.facts.wraps:
+            return
+        for loop in self._training_loops:
+            calls = calls_in(loop.body)
+            backwards = [c for c in calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"]
+            forwards = [c for c in calls if dotted(c.func) in self.facts.model_names]
+            if forwards and len(backwards) > len(forwards):
+                model = dotted(forwards[0].func)
+                self.problem(
+                    backwards[1],
+                    "DDP115",
+                    f"{len(backwards)} backward() calls per {len(forwards)} call(s) of the wrapped `{model}` in this "
+                    "training loop: DDP synchronises gradients once per forward, so a second backward through the "
+                    "same forward fails; wrap the networks that each loss trains separately, by hand",
+                )
+                return
 
     def _mark_loader_functions(self) -> None:
         """Project mode: the loaders this module's builders return, that another module

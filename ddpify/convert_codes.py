@@ -27,6 +27,10 @@ OTHER_CODES = {
     "DDP212": "DDP212  (warning) project mode: a script uses the project's DataParallel models but trains nothing "
     "(no backward() in it or the modules it imports: evaluation, export): it is left as it is. Modules converted "
     "for the project's training scripts allow a process with no process group, so it runs as one process.",
+    "DDP115": "DDP115  (error) a training loop calls backward() more often than the wrapped model's forward "
+    "(pix2pixHD: one wrapped model returns the G and D losses, each gets its own backward): DDP synchronises "
+    "gradients once per forward, so the second backward through the same forward fails. Wrap the networks each "
+    "loss trains separately, by hand.",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",
