@@ -150,6 +150,14 @@ class Facts:
     # a returned tuple; None: the value itself) another module trains on
     loader_functions: dict[str, set[int | None]] = field(default_factory=dict)
     loader_functions_unresolved: list[str] = field(default_factory=list)  # none to shard there
+    # project mode (None: one file on its own): calls of other modules' functions whose
+    # training loop iterates a parameter, by call name -> [(positional index, parameter name)]
+    parameter_loaders: dict[str, list[tuple[int, str]]] | None = None
+    # project mode: this module's top-level functions whose training loop iterates a
+    # parameter no caller here feeds (the callers in other modules shard what they pass)
+    loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # project mode: the call names of parameter_loaders whose loader was found here, and not
+    sharded_parameter_calls: set[str] = field(default_factory=set)
 
     @property
     def foreign_training_loaders(self) -> list[ForeignLoader]:
@@ -669,6 +677,7 @@ class Analyzer(cst.CSTVisitor):
         self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
         self.facts.setup_anchor = self._setup_anchor(original_node)
         self._resolve_training_loops()
+        self._shard_passed_loaders()
         self._check_backward_per_forward()
         self._mark_loader_functions()
         self._find_unsafe_functions()
@@ -784,11 +793,56 @@ class Analyzer(cst.CSTVisitor):
                 expr = self._through_progress_variable(expr)
                 calls = self._loaders_for(expr, context, depth=0)
                 if not calls:
+                    if self._fed_by_other_modules(expr, context):
+                        self.facts.fed_loops.add(loop)
                     continue
                 self.facts.fed_loops.add(loop)
                 for call in calls:
                     self.facts.loaders[call].training = True
                 self._find_epoch_loops(loop, expr, context, calls, depth=0)
+
+    def _fed_by_other_modules(self, expr: cst.BaseExpression, context: Context) -> bool:
+        """Project mode: `loader` is a parameter of a top-level function that no caller in this
+        module feeds: recorded in loader_parameters, for the callers elsewhere to shard."""
+        function = context.function
+        if self.facts.parameter_loaders is None or not isinstance(expr, cst.Name) or function is None:
+            return False
+        if self._module_functions.get(function.name.value) is not function or self._call_sites(function):
+            return False
+        params = [p for p in function.params.params]
+        for index, param in enumerate(params):
+            if param.name.value == expr.value:
+                self.facts.loader_parameters.setdefault(function.name.value, []).append((index, param.name.value))
+                return True
+        return False
+
+    def _shard_passed_loaders(self) -> None:
+        """Project mode: the loaders this module passes to another module's function that
+        trains on its parameter are training loaders here; set_epoch goes in the loop around
+        the call."""
+        for call, context in list(self._calls):
+            name = dotted(call.func)
+            if not self.facts.parameter_loaders or name not in self.facts.parameter_loaders:
+                continue
+            for index, param in self.facts.parameter_loaders[name]:
+                argument = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                if argument is None and index < len(positional):
+                    argument = positional[index].value
+                argument = self._through_progress_variable(argument) if argument is not None else None
+                found = self._loaders_for(argument, context, depth=0) if argument is not None else []
+                if not found:
+                    self.problem(
+                        call,
+                        "DDP309",
+                        f"`{name}()` trains on its `{param}` argument, and what this call passes could not be traced "
+                        "to a DataLoader: every rank would train on all the data",
+                    )
+                    continue
+                self.facts.sharded_parameter_calls.add(name)
+                for loader in found:
+                    self.facts.loaders[loader].training = True
+                self._find_epoch_loops(call, argument, context, found, depth=0)
 
     def _through_progress_variable(self, expr: cst.BaseExpression) -> cst.BaseExpression:
         """`tbar` of `tbar = tqdm(self.train_loader)` (its only binding) -> `self.train_loader`:
@@ -1111,6 +1165,7 @@ def analyze(
     wrapper: cst.MetadataWrapper,
     project_names: frozenset[str] = frozenset(),
     loader_functions: dict[str, set[int | None]] | None = None,
+    parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
 ) -> Facts:
     """Project mode: ``project_names``, the names the module binds from other modules of the
     project (a call through one may run a model or a collective there); ``loader_functions``,
@@ -1119,6 +1174,7 @@ def analyze(
     analyzer = Analyzer()
     analyzer.facts.project_names = project_names
     analyzer.facts.loader_functions = dict(loader_functions or {})
+    analyzer.facts.parameter_loaders = parameter_loaders
     wrapper.visit(analyzer)
     # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
     # whether a call reaches the model.

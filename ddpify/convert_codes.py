@@ -31,6 +31,11 @@ OTHER_CODES = {
     "(pix2pixHD: one wrapped model returns the G and D losses, each gets its own backward): DDP synchronises "
     "gradients once per forward, so the second backward through the same forward fails. Wrap the networks each "
     "loss trains separately, by hand.",
+    "DDP309": "DDP309  (error) project mode: a function trains on a loader passed to it (`train_one_epoch(model, "
+    "criterion, optimizer, data_loader, ...)` in engine.py), and what a caller passes cannot be traced to a "
+    "DataLoader, or no module of the project calls it by a name ddpify can follow: every rank would train on all "
+    "the data. (Where it can, the caller's loader is sharded where it is built and gets set_epoch in the loop "
+    "around the call.)",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",

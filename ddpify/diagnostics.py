@@ -7,7 +7,7 @@ either.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 # A file's part in a conversion; project mode (ddpify.project) gives the last two.
@@ -73,3 +73,22 @@ class ConvertOptions:
     # Plain `python train.py` on a machine with several GPUs re-launches itself under
     # torchrun (one process per GPU), as DataParallel used every GPU; False leaves it out.
     relaunch: bool = True
+
+
+@dataclass
+class ProjectLinks:
+    """Project mode (ddpify.project): what the rest of the project tells the engine about
+    one file, and what the engine learns back from it."""
+
+    names: frozenset[str] = frozenset()  # bound from other project modules
+    trains_elsewhere: bool = False  # another module of the group has a training step
+    # this module's functions whose returned loaders another module trains on
+    loader_functions: dict[str, set[int | None]] | None = None
+    # calls here of other modules' functions that train on a loader parameter
+    parameter_loaders: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # learnt: loaders trained on here that other modules' functions return
+    foreign_loaders: list = field(default_factory=list)
+    # learnt: this module's functions that train on a loader parameter its callers pass
+    loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # learnt: which parameter_loaders calls passed a loader that is sharded here
+    sharded_parameter_calls: set[str] = field(default_factory=set)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import analyze
-from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
@@ -19,27 +19,25 @@ def convert_text(
     options: ConvertOptions,
     path: str,
     role: str = SCRIPT,
-    project_names: frozenset[str] = frozenset(),
-    trains_elsewhere: bool = False,
-    loader_functions: dict[str, set[int | None]] | None = None,
-    foreign_loaders: list | None = None,
+    links: ProjectLinks | None = None,
 ) -> FileResult:
-    """Parse, analyse and rewrite one file's text (see ddpify.api.convert_source). The rest
-    comes from project mode (ddpify.project): the file's role (a library module, an entry
-    script), the names it binds from other project modules, and whether another module of
-    the project has a training step; ``loader_functions``, this module's functions whose
-    returned loaders another module trains on; ``foreign_loaders`` receives the loaders this
-    file trains on that functions of other modules return (ddpify.analysis.ForeignLoader)."""
+    """Parse, analyse and rewrite one file's text (see ddpify.api.convert_source). ``role``
+    and ``links`` come from project mode (ddpify.project): the file's role (a library
+    module, an entry script) and its links to the rest of the project."""
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:
         return _refused(path, source, [_parse_error(source, error)])
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    facts = analyze(wrapper, frozenset(project_names), loader_functions)
+    project = links or ProjectLinks()
+    facts = analyze(
+        wrapper, project.names, project.loader_functions, project.parameter_loaders if links is not None else None
+    )
     if role == ENTRY and (facts.wraps or facts.existing_ddp):
         role = SCRIPT  # a project's entry script that wraps too: converted as a script
-    if foreign_loaders is not None:
-        foreign_loaders.extend(facts.foreign_training_loaders)
+    project.foreign_loaders.extend(facts.foreign_training_loaders)
+    project.loader_parameters.update(facts.loader_parameters)
+    project.sharded_parameter_calls.update(facts.sharded_parameter_calls)
     if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
         return variant_refusal(path, source) or FileResult(path, source, source)
     context = ConversionContext(
@@ -50,7 +48,7 @@ def convert_text(
         path=path,
         role=role,
         model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
-        trains_elsewhere=trains_elsewhere,
+        trains_elsewhere=project.trains_elsewhere,
     )
     for problem in facts.problems:
         context.report(problem.node, problem.code, problem.message, Severity.ERROR)
@@ -72,8 +70,9 @@ def convert_text(
 
 def _transforms_for(context: ConversionContext) -> tuple:
     facts = context.facts
-    if context.model_elsewhere or facts.loader_functions:
-        return TRANSFORMS  # trains a model wrapped elsewhere, or builds loaders trained on elsewhere
+    if context.model_elsewhere or facts.loader_functions or facts.sharded_parameter_calls or facts.loader_parameters:
+        # trains a model wrapped elsewhere, builds or passes loaders trained on elsewhere
+        return TRANSFORMS
     if context.role == ENTRY:
         return ENTRY_TRANSFORMS
     if context.role == LIBRARY and not facts.wraps:

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, Severity
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
 from ddpify.names import mentions_data_parallel
 # A library module is worth converting when its functions print, save or write files, or
 # pick a GPU by index (every rank would use that one).
@@ -250,29 +250,36 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         results.setdefault(entry.path, _left_for_evaluation(entry))
         return []
     converted: dict[Path, FileResult] = {}
-    roles: dict[Path, tuple[str, bool]] = {}
-    builders: dict[Path, dict[str, set[int | None]]] = {}  # module -> its loader functions to shard
+    roles: dict[Path, str] = {}
+    links: dict[Path, ProjectLinks] = {}
     for member in members:
         if member.path in results:
             converted[member.path] = results[member.path]
             continue
+        links[member.path] = ProjectLinks(
+            names=project.project_names(member),
+            trains_elsewhere=any(other.trains for other in members if other is not member),
+        )
         if member is entry:
-            role = ENTRY  # the engine makes it a script if it wraps
-
-        elif member.runs or not (member.wraps or member.trains or _has_side_effects(member.source)):
-            continue  # another script (its own group), or nothing to do
+            roles[member.path] = ENTRY  # the engine makes it a script if it wraps
+        elif not member.runs:
+            roles[member.path] = LIBRARY
         else:
-            role = LIBRARY
-        trains_elsewhere = any(other.trains for other in members if other is not member)
-        requests: list = []
-        converted[member.path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, requests=requests)
-        roles[member.path] = (role, trains_elsewhere)
-        for foreign in requests:
-            _route(project, member, foreign, builders, converted, options)
-    for path, functions in builders.items():  # shard the loaders where they are built
-        member = project.modules_by_path()[path]
-        role, trains_elsewhere = roles.get(path, (LIBRARY, True))
-        converted[path] = _convert(member, role, options, project.project_names(member), trains_elsewhere, functions)
+            continue  # another script: its own group
+        if member is entry or member.wraps or member.trains or _has_side_effects(member.source):
+            converted[member.path] = _convert(member, roles[member.path], options, links[member.path])
+    # A loop over a loader parameter (`train_one_epoch(model, loader)` in engine.py): the
+    # callers shard what they pass.
+    for path in _route_parameters(project, members, links, converted):
+        converted[path] = _convert(project.modules_by_path()[path], roles[path], options, links[path])
+    # A loader another module's builder returns: that module shards it where it builds it.
+    builders: dict[Path, dict[str, set[int | None]]] = {}  # module -> its loader functions to shard
+    for path, link in links.items():
+        for foreign in link.foreign_loaders:
+            _route(project, project.modules_by_path()[path], foreign, builders, converted, options)
+    for path, functions in builders.items():
+        links[path].loader_functions = functions
+        converted[path] = _convert(project.modules_by_path()[path], roles.get(path, LIBRARY), options, links[path])
     if not any(_wraps(result) for result in converted.values()):
         return []  # DataParallel only named (isinstance checks): not a DataParallel project
     entry_result = converted[entry.path]
@@ -312,18 +319,58 @@ def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
     return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
 
 
-def _convert(
-    info: ModuleInfo,
-    role: str,
-    options: ConvertOptions,
-    names: frozenset[str],
-    elsewhere: bool,
-    loader_functions: dict | None = None,
-    requests: list | None = None,
-) -> FileResult:
+def _convert(info: ModuleInfo, role: str, options: ConvertOptions, links: ProjectLinks) -> FileResult:
+    """One file of a group; what the engine learns back lands in ``links`` (cleared first:
+    a file may be converted again with more knowledge)."""
     from ddpify.engine import convert_text
 
-    return convert_text(info.source, options, str(info.path), role, names, elsewhere, loader_functions, requests)
+    links.foreign_loaders.clear()
+    links.loader_parameters.clear()
+    links.sharded_parameter_calls.clear()
+    return convert_text(info.source, options, str(info.path), role, links)
+
+
+CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
+
+
+def _route_parameters(project: Project, members: list[ModuleInfo], links: dict, converted: dict) -> list[Path]:
+    """Functions that train on a loader parameter (learnt in the first pass) and the group
+    modules that call them: each caller gets the calls to look at (``parameter_loaders``);
+    returns the callers to convert again. A function no caller feeds is refused (DDP309)."""
+    trainers = {
+        (project.modules_by_path()[path].name, function): params
+        for path, link in links.items()
+        for function, params in link.loader_parameters.items()
+    }
+    if not trainers:
+        return []
+    callers = []
+    for member in members:
+        if member.path not in links:
+            continue
+        calls = {}
+        for name in set(CALL_NAME.findall(member.source)):
+            found = project.resolve(member, name)
+            if found is not None and (found[0].name, found[1]) in trainers:
+                calls[name] = trainers[(found[0].name, found[1])]
+        if calls:
+            links[member.path].parameter_loaders = calls
+            callers.append(member.path)
+    fed = {
+        (found[0].name, found[1])
+        for path in callers
+        for name in links[path].parameter_loaders
+        if (found := project.resolve(project.modules_by_path()[path], name)) is not None
+    }
+    for (module, function), _ in trainers.items():
+        if (module, function) not in fed:
+            path = project.paths[module]
+            reason = (
+                f"`{function}()` trains on a loader passed to it, and no module of the project that ddpify can "
+                "follow calls it: every rank would train on all the data"
+            )
+            converted[path] = _refusal(converted[path], "DDP309", reason)
+    return callers
 
 
 def _route(project: Project, member: ModuleInfo, foreign, builders: dict, converted: dict, options: ConvertOptions) -> None:

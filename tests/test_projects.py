@@ -208,3 +208,30 @@ def test_a_script_that_only_evaluates_still_runs_as_one_process(runs):
     after = subprocess.run(command, cwd=converted, env=env, capture_output=True, text=True, timeout=120)
     assert after.returncode == 0, after.stderr
     assert after.stdout == before.stdout and "evaluated 96 samples" in after.stdout
+
+
+def test_a_loop_over_a_loader_parameter_no_caller_feeds_refuses_the_project(tmp_path: Path) -> None:
+    project = tmp_path / "engine"
+    shutil.copytree(FIXTURES / "projects" / "engine", project)
+    train = project / "train.py"
+    # Called through another name: the loader it gets cannot be followed to its DataLoader.
+    train.write_text(train.read_text().replace(
+        "        train_one_epoch(model, criterion, optimizer, data_loader, device, epoch)",
+        "        step = train_one_epoch\n        step(model, criterion, optimizer, data_loader, device, epoch)",
+    ))
+    results = convert_tree(project)
+    assert all(not r.changed for r in results.values())
+    assert "DDP309" in {d.code for d in results["engine.py"].diagnostics}
+
+
+def test_a_passed_loader_that_cannot_be_traced_refuses_the_project(tmp_path: Path) -> None:
+    project = tmp_path / "engine"
+    shutil.copytree(FIXTURES / "projects" / "engine", project)
+    train = project / "train.py"
+    train.write_text(train.read_text().replace(
+        "train_one_epoch(model, criterion, optimizer, data_loader, device, epoch)",
+        "train_one_epoch(model, criterion, optimizer, make_batches(dataset), device, epoch)",
+    ) + "\n\ndef make_batches(dataset):\n    return [dataset[i : i + 8] for i in range(0, len(dataset), 8)]\n")
+    results = convert_tree(project)
+    assert all(not r.changed for r in results.values())
+    assert "DDP309" in {d.code for d in results["train.py"].diagnostics}

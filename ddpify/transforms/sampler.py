@@ -42,7 +42,10 @@ what a function of this one returns, and no DataLoader built here could be trace
 
 In project mode (``ddpify convert DIR``) a training loader that a function of another
 project module returns (``train_loader, val_loader = build_loaders(args)``) is sharded
-where that function builds it, and gets ``set_epoch`` where it is iterated.
+where that function builds it, and gets ``set_epoch`` where it is iterated. A loader passed
+to another module's function that trains on its parameter (``train_one_epoch(model,
+train_loader, ...)`` in ``engine.py``) is sharded where it is built, with ``set_epoch`` in
+the loop around the call; DDP309 (error) if what the call passes cannot be traced.
 
 DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
@@ -122,7 +125,8 @@ class SamplerTransform(Transform):
                 f"another module of the project trains on what `{name}()` returns, but no DataLoader built "
                 "here could be traced to it: every rank would train on all the data",
             )
-        if trains_ddp and self.facts.has_training_step and not self.facts.training_loaders:
+        # (a loop over a loader parameter is sharded by the callers in other modules)
+        if trains_ddp and self.facts.has_training_step and not self.facts.training_loaders and not self.facts.loader_parameters:
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
                 if self.facts.loaders
