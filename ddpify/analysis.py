@@ -408,6 +408,7 @@ class Analyzer(cst.CSTVisitor):
         self._calls: list[tuple[cst.Call, Context]] = []
         self._training_loops: dict[Loop, Context] = {}
         self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
+        self._attr_targets: dict[str, list[cst.Attribute]] = {}  # "x" for self.x (, ...) = f(...)
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
@@ -551,6 +552,12 @@ class Analyzer(cst.CSTVisitor):
         counted = isinstance(node.value, cst.Call) and DEVICE_COUNT in self.qualified(node.value.func)
         for target in node.targets:
             (self.facts.gpu_count_names if counted else self._other_bindings).update(bound_names(target.target))
+            # `self.train_loader, self.val_loader = make_data_loader(args)`: followed in _loaders_for
+            elements = [e.value for e in target.target.elements] if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
+            for element in elements:
+                name = dotted(element) if isinstance(element, cst.Attribute) else None
+                if name and name.startswith("self.") and name.count(".") == 1 and isinstance(node.value, cst.Call):
+                    self._attr_targets.setdefault(name[5:], []).append(element)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._other_bindings.update(bound_names(node.target))
@@ -907,7 +914,12 @@ class Analyzer(cst.CSTVisitor):
         if depth > 4:
             return []
         if isinstance(expr, cst.Attribute) and dotted(expr) and dotted(expr).startswith("self."):
-            return list(self._attr_loaders.get(dotted(expr)[5:], []))
+            attribute = dotted(expr)[5:]
+            found = list(self._attr_loaders.get(attribute, []))
+            for target in self._attr_targets.get(attribute, []):
+                value, index = self._assigned_value(target)
+                found += [c for c in self._loaders_in_value(value, index, depth + 1) if c not in found]
+            return found
         if isinstance(expr, cst.Attribute):
             return list(self._attr_loaders.get(expr.attr.value, []))
         if not isinstance(expr, cst.Name):

@@ -19,7 +19,8 @@ batch sampler that is not distributed: every rank would draw the same batches.
 DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in a call
 that is not a plain assignment statement, or a sampler is passed by position): the file is
 left untouched. ``DataLoader(ds, 32, True)`` is fine: the third positional argument is
-``shuffle``, which moves into the sampler.
+``shuffle``, which moves into the sampler; so is ``**kwargs`` beside an explicit batch size
+(a shuffle or sampler inside it would stop the script with DataLoader's own error).
 
 DDP305  a dataset built inside the loader call moves to a variable just above it, so the
 sampler shares it (evaluated once, as before)::
@@ -201,8 +202,13 @@ class SamplerTransform(Transform):
         return parent.value if isinstance(parent, (cst.Assign, cst.AnnAssign)) else None
 
     def _unsupported(self, call: cst.Call) -> str | None:
-        if any(arg.star for arg in call.args):
-            return "arguments are unpacked with * or **"
+        if any(arg.star == "*" for arg in call.args):
+            return "arguments are unpacked with *"
+        if any(arg.star == "**" for arg in call.args) and keyword_arg(call, "batch_size") is None and len(positional_args(call)) < 2:
+            # `**kwargs` with the batch size inside: it could not be made per process. (A
+            # shuffle or sampler inside it would stop the converted script with DataLoader's
+            # own error, never train silently on the same data.)
+            return "the batch size is passed inside **kwargs; pass batch_size= by keyword"
         if len(positional_args(call)) > 3:
             return "pass sampler options by keyword"
         dataset = first_positional(call, "dataset")

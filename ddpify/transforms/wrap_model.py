@@ -224,6 +224,26 @@ class WrapModelTransform(Transform):
         module = first_positional(site.call, "module") if site is not None else None
         return isinstance(module, (cst.Name, cst.Attribute))
 
+    def _split_widened_guard(self, original: cst.If, updated: cst.If) -> list:
+        """``if args.cuda: model = DP(model); model = model.cuda()``: only the wrap must run
+        whenever the world size is above one; the statements beside it keep the condition
+        they had (`.cuda()` on a CPU-only machine, a flag's own settings)."""
+        before_wrap, after_wrap = [], []
+        originals, updates = original.body.body, updated.body.body
+        wrap_at = [i for i, statement in enumerate(originals) if any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps)]
+        if original.orelse is not None or len(originals) != len(updates) or len(originals) < 2 or len(wrap_at) != 1:
+            return [(original, updated)]
+        before_wrap, wrapping, after_wrap = updates[: wrap_at[0]], updates[wrap_at[0]], updates[wrap_at[0] + 1 :]
+        pieces = []
+        if before_wrap:
+            pieces.append(updated.with_changes(test=original.test, body=updated.body.with_changes(body=before_wrap)))
+        pieces.append(updated.with_changes(body=updated.body.with_changes(body=[wrapping]), leading_lines=[] if pieces else updated.leading_lines))
+        if after_wrap:
+            pieces.append(updated.with_changes(test=original.test, body=updated.body.with_changes(body=after_wrap), leading_lines=[]))
+        if before_wrap:
+            pieces[0] = pieces[0].with_changes(leading_lines=updated.leading_lines)
+        return [(original if index == 0 else None, piece) for index, piece in enumerate(pieces)]
+
     def _sole_body_of_if(self, line: cst.CSTNode) -> cst.If | None:
         """The ``if`` (no ``else``) whose whole body is this statement."""
         block = self.context.parent(line)
@@ -246,6 +266,9 @@ class WrapModelTransform(Transform):
     def edit_block(self, owner: cst.CSTNode, block):
         kept = []
         for original, updated in block:
+            if isinstance(original, cst.If) and self.guard_rewrites.get(original) and isinstance(updated, cst.If):
+                kept.extend(self._split_widened_guard(original, updated))
+                continue
             if original in self.sync_bn_calls and self.sync_bn_calls[original] in self.sync_bn_targets:
                 self.context.report(
                     original,
