@@ -13,14 +13,14 @@ no line of the user's code is re-indented:
 
 - a flat script: right before its first top-level statement that does work (a call).
 
+In project mode (``ddpify convert DIR``) an imported module that wraps, trains, prints or
+saves gets no set-up: its functions run after the entry script's ``ddp_setup()``. It gets
+only the helpers its converted code calls (and those they call), with a one-line header.
+
 DDP201  set-up added.
 DDP202  (error) no entry point: the module only defines things, or its module-level code
         never trains (an imported helper module); convert the script that runs it.
 DDP203  (error) a name the set-up needs is already bound to something else in the script.
-
-In project mode (``ddpify convert DIR``) an imported module that wraps, trains, prints or
-saves gets no set-up: its functions run after the entry script's ``ddp_setup()``. It gets
-only the helpers its converted code calls (and those they call), with a one-line header.
 
 DDP204  entry script of a project: set-up added here, for the training that runs in the
         modules it imports.

@@ -6,6 +6,13 @@ directly, through a function parameter (``train(train_loader, ...)``) or through
 ``drop_last`` stays on the loader. Evaluation loaders stay unsharded: every rank evaluates
 the whole set, so the metrics are exactly the original's.
 
+In project mode (``ddpify convert DIR``) a training loader that a function of another
+project module returns (``train_loader, val_loader = build_loaders(args)``) is sharded
+where that function builds it, and gets ``set_epoch`` where it is iterated. A loader passed
+to another module's function that trains on its parameter (``train_one_epoch(model,
+train_loader, ...)`` in ``engine.py``) is sharded where it is built, with ``set_epoch`` in
+the loop around the call; DDP309 (error) if what the call passes cannot be traced.
+
 DDP301  sampler added::
 
     loader = DataLoader(train_set, batch_size=64, shuffle=True)
@@ -40,13 +47,6 @@ sharded, so evaluation on the others covers each rank's share only.
 
 DDP308  (error; a warning with ``--allow-partial``) project mode: another module trains on
 what a function of this one returns, and no DataLoader built here could be traced to it.
-
-In project mode (``ddpify convert DIR``) a training loader that a function of another
-project module returns (``train_loader, val_loader = build_loaders(args)``) is sharded
-where that function builds it, and gets ``set_epoch`` where it is iterated. A loader passed
-to another module's function that trains on its parameter (``train_one_epoch(model,
-train_loader, ...)`` in ``engine.py``) is sharded where it is built, with ``set_epoch`` in
-the loop around the call; DDP309 (error) if what the call passes cannot be traced.
 
 DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
