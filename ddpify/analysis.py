@@ -1123,7 +1123,7 @@ class Analyzer(cst.CSTVisitor):
         ]
         if isinstance(func, cst.Name):
             return bool(bound_here)
-        if func.attr.value in HARMLESS_METHODS:
+        if isinstance(func, cst.Attribute) and func.attr.value in HARMLESS_METHODS:
             return False
         return not any(isinstance(getattr(a, "node", None), (cst.Import, cst.ImportFrom)) for a in self._assignments_of(root))
 

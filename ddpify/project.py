@@ -232,7 +232,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         pass  # a module shared by two groups, refused in one: the other goes too
     for info in candidates:  # a DataParallel module no script of the project imports
         if info.path not in results and info.wraps:
-            results[info.path] = _convert(info, SCRIPT, options, frozenset(), False)
+            results[info.path] = _convert(info, SCRIPT, options, ProjectLinks())
     return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
 
 

@@ -113,6 +113,44 @@ def test_a_loader_builder_whose_loader_cannot_be_traced_refuses_the_project(tmp_
     assert "DDP308" in {d.code for d in results["data/loaders.py"].diagnostics}
 
 
+def write_project(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_wrapping_module_no_script_imports_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    write_project(tmp_path, {"factory.py": "import torch.nn as nn\n\ndef build(model):\n    return nn.DataParallel(model)\n"})
+    result = convert_tree(tmp_path)["factory.py"]
+    assert result.error and not result.changed
+    assert [d.code for d in result.diagnostics] == ["DDP202"]
+
+
+def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path) -> None:
+    # EDSR's trainer: the loss function is looked up in a dict, `l['function'](output, target)`.
+    write_project(tmp_path, {
+        "helpers.py": "def fmt(x):\n    return '%.4f' % float(x)\n",
+        "utils.py": (
+            "import helpers\n\n\ndef calc_loss(losses, output, target):\n    total = 0\n"
+            "    for l in losses:\n        total = total + l['weight'] * l['function'](output, target)\n"
+            "    print('loss', helpers.fmt(total))\n    return total\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport utils\n\n\n"
+            "def main():\n    model = nn.DataParallel(nn.Linear(4, 2))\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8, shuffle=True)\n"
+            "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    losses = [{'weight': 1.0, 'function': nn.L1Loss()}]\n"
+            "    for epoch in range(2):\n        for x, y in loader:\n"
+            "            loss = utils.calc_loss(losses, model(x), y)\n"
+            "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\n"
+            "if __name__ == '__main__':\n    main()\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert results["train.py"].changed and not results["train.py"].error
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
