@@ -36,7 +36,8 @@ DDP604  tqdm progress bars are disabled on the other ranks (the loop still runs 
 
     for x, y in tqdm(loader):       ->   for x, y in tqdm(loader, disable=dist.get_rank() != 0):
 
-DDP605  ``os.makedirs(path)`` gets ``exist_ok=True``: every rank may create it, no race.
+DDP605  ``os.makedirs(path)`` and pathlib's ``path.mkdir()`` get ``exist_ok=True``: every rank
+may create the folder, no race (``FileExistsError`` on the rank that comes second).
 
 DDP606  a tensorboard ``SummaryWriter`` (or a wandb run) is constructed on rank 0 only; the
 other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
@@ -249,6 +250,9 @@ class RankZeroTransform(Transform):
                 )
         if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None:
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
+            return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
+        if _path_mkdir(original_node) and not names & {"os.mkdir"} and not self._under_rank_guard(original_node):
+            self.context.report(original_node, "DDP605", "Path.mkdir(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         return updated_node
 
@@ -567,3 +571,13 @@ class _ReplaceLosses(cst.CSTTransformer):
         if original_node.value in self.names:
             return updated_node.with_changes(value=f"{original_node.value}_mean")
         return updated_node
+
+
+def _path_mkdir(call: cst.Call) -> bool:
+    """``path.mkdir()`` / ``path.mkdir(parents=True)``: pathlib's signature, keywords only (an
+    sftp or fsspec ``mkdir(path)`` takes the path as its first argument and is left alone)."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value == "mkdir"):
+        return False
+    keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
+    return len(keywords) == len(call.args) and keywords <= {"mode", "parents"}
