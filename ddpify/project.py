@@ -43,7 +43,10 @@ from ddpify.names import mentions_data_parallel
 TOP_LEVEL_LOOP = re.compile(r"^(?:for|while)\b", re.MULTILINE)  # a flat script's epoch loop
 BACKWARD = re.compile(r"\.backward\s*\(")
 TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
-SIDE_EFFECT_WORDS = ("print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(")
+SIDE_EFFECT_WORDS = (
+    "print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(",
+    "SummaryWriter", "wandb", "mkdir(", "makedirs(",
+)
 
 
 @dataclass

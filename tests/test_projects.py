@@ -151,6 +151,38 @@ def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path)
     assert results["train.py"].changed and not results["train.py"].error
 
 
+TRAIN_WITH = (
+    "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n{imports}\n\n\ndef main():\n{setup}"
+    "    model = torch.nn.DataParallel(torch.nn.Linear(4, 2))\n"
+    "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8, shuffle=True)\n"
+    "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "    for epoch in range(2):\n        for x, y in loader:\n"
+    "            loss = ((model(x) - y) ** 2).mean()\n"
+    "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n{after}\n\n"
+    "if __name__ == '__main__':\n    main()\n"
+)
+
+
+def test_a_summary_writer_made_in_a_helper_module_is_made_on_rank_zero_only(tmp_path: Path) -> None:
+    # pytorch-deeplab-xception's utils/summaries.py: the writer is built by a project helper.
+    write_project(tmp_path, {
+        "utils/__init__.py": "",
+        "utils/summaries.py": (
+            "from tensorboardX import SummaryWriter\n\n\nclass TensorboardSummary(object):\n"
+            "    def __init__(self, directory):\n        self.directory = directory\n\n"
+            "    def create_summary(self):\n        writer = SummaryWriter(logdir=self.directory)\n        return writer\n"
+        ),
+        "train.py": TRAIN_WITH.format(
+            imports="from utils.summaries import TensorboardSummary",
+            setup="    writer = TensorboardSummary('runs').create_summary()\n",
+            after="    writer.close()",
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert "SummaryWriter(logdir=self.directory) if ddp_rank() == 0 else DdpNoOp()" in results["utils/summaries.py"].output
+    assert results["train.py"].changed and not any(r.error for r in results.values())
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

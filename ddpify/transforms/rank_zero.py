@@ -251,6 +251,8 @@ class RankZeroTransform(Transform):
         if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None:
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
+        if names & TRACKER_FACTORIES and self._tracker_value(original_node):
+            return self._made_on_rank_zero(original_node, updated_node)
         if _path_mkdir(original_node) and not names & {"os.mkdir"} and not self._under_rank_guard(original_node):
             self.context.report(original_node, "DDP605", "Path.mkdir(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
@@ -343,6 +345,22 @@ class RankZeroTransform(Transform):
         self.context.use_helper("DdpNoOp")
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _tracker_value(self, call: cst.Call) -> bool:
+        """``return SummaryWriter(...)`` or ``{"writer": SummaryWriter(...)}``: a writer made
+        inside a value (an assignment of the call itself is leave_Assign's)."""
+        parent = self.context.parent(call)
+        if isinstance(parent, cst.Assign) and parent.value is call:
+            return False
+        return isinstance(parent, (cst.Return, cst.DictElement, cst.Element)) and not self._under_rank_guard(call)
+
+    def _made_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        what = self.context.code(original.func)
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(original, "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)")
+        self.context.use_helper("DdpNoOp")
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()")
+        return on_rank_zero.with_changes(body=updated)
 
     def _kept_handle(self, call: cst.Call) -> bool:
         """``self.file = open(path, "w")``: a file handle kept for writing (a logger's), the
