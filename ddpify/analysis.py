@@ -141,6 +141,7 @@ class Facts:
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
     module_level_runs: bool = False
+    import_time_runs: bool = False  # module_level_runs outside the `__main__` block
     metric_schedulers: set[str] = field(default_factory=set)  # `scheduler` = ReduceLROnPlateau(...)
     names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
@@ -412,6 +413,7 @@ class Analyzer(cst.CSTVisitor):
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
+        self._in_main_guard = False
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         _Subtrees.enter(node)
@@ -496,6 +498,11 @@ class Analyzer(cst.CSTVisitor):
     def visit_If(self, node: cst.If) -> None:
         if is_main_guard(node) and isinstance(self.parent(node), cst.Module):
             self.facts.main_guard = node
+            self._in_main_guard = True
+
+    def leave_If(self, original_node: cst.If) -> None:
+        if original_node is self.facts.main_guard:
+            self._in_main_guard = False
 
     # -- calls and references ------------------------------------------------------------
     def visit_Call(self, node: cst.Call) -> None:
@@ -513,6 +520,7 @@ class Analyzer(cst.CSTVisitor):
             self.facts.metric_schedulers.update(name for t in assignment.targets for name in bound_names(t.target))
         if context.function is None and context.cls is None and self._runs_here(node, names):
             self.facts.module_level_runs = True
+            self.facts.import_time_runs |= not self._in_main_guard
         if _is_training_call(node):
             self.facts.has_training_step = True
             for loop in self._loops[-1]:

@@ -265,7 +265,8 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         )
         if member is entry:
             roles[member.path] = ENTRY  # the engine makes it a script if it wraps
-        elif not member.runs:
+        elif not member.runs or not (member.wraps or member.trains):
+            # A helper with a self-test `__main__` block is still this script's library.
             roles[member.path] = LIBRARY
         else:
             continue  # another script: its own group

@@ -183,6 +183,22 @@ def test_a_summary_writer_made_in_a_helper_module_is_made_on_rank_zero_only(tmp_
     assert results["train.py"].changed and not any(r.error for r in results.values())
 
 
+def test_a_helper_with_a_self_test_main_block_is_converted_as_the_scripts_library(tmp_path: Path) -> None:
+    # FastSpeech's dataset.py shape: the helper runs a self-test when started on its own.
+    write_project(tmp_path, {
+        "utils.py": (
+            "import torch\n\n\ndef save_checkpoint(state, path):\n    torch.save(state, path)\n    print('saved', path)\n\n\n"
+            "if __name__ == '__main__':\n    save_checkpoint({'x': 1}, '/tmp/selftest.pth')\n"
+        ),
+        "train.py": TRAIN_WITH.format(imports="from utils import save_checkpoint", setup="",
+                                      after="        save_checkpoint({'model': model.state_dict()}, 'checkpoint.pth')"),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values())
+    assert "    if ddp_rank() == 0:\n        torch.save(state, path)" in results["utils.py"].output
+    assert "ddp_setup()" not in results["utils.py"].output
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

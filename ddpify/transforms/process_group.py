@@ -185,7 +185,7 @@ class ProcessGroupTransform(Transform):
 
     def check(self) -> None:
         if self.context.is_library:
-            if self.facts.module_level_runs:
+            if self.facts.import_time_runs:
                 self.context.report(
                     self.context.module,
                     "DDP206",
