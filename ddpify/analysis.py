@@ -159,6 +159,9 @@ class Facts:
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     # project mode: the call names of parameter_loaders whose loader was found here, and not
     sharded_parameter_calls: set[str] = field(default_factory=set)
+    # a training loader read once outside the training loop (class weights, mean/std): what
+    # reads it, per loader call; that pass now sees this rank's shard only
+    side_passes: dict[cst.Call, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)
 
     @property
     def foreign_training_loaders(self) -> list[ForeignLoader]:
@@ -696,6 +699,43 @@ class Analyzer(cst.CSTVisitor):
         self._check_backward_per_forward()
         self._mark_loader_functions()
         self._find_unsafe_functions()
+        self._find_side_passes()
+
+    def _find_side_passes(self) -> None:
+        """A sharded training loader that is also read once outside every loop: passed to a
+        function that does not train (deeplab's calculate_weigths_labels(train_loader)), or
+        iterated by a loop that trains nothing. Each rank now reads its shard only."""
+        contexts = {call: context for call, context in self._calls}
+        trainers = {context.function.name.value for context in self._training_loops.values() if context.function}
+        trainers |= set(self.facts.parameter_loaders or ())
+        for site in self.facts.training_loaders:
+            home = contexts.get(site.call)
+            if site.target is None or home is None:
+                continue
+            for call, context in self._calls:
+                if context.loops or not self._same_binding(site.target, home, context):
+                    continue
+                callee = dotted(call.func) or ""
+                if any(dotted(arg.value) == site.target for arg in call.args) and _reads_data(callee, trainers):
+                    self.facts.side_passes.setdefault(site.call, []).append((call, f"{callee}(...)"))
+            for loop, context in self.facts.contexts.items():
+                if not isinstance(loop, cst.For) or context.loops or loop in self._training_loops:
+                    continue
+                if not self._same_binding(site.target, home, context) or self._trains_inside(loop):
+                    continue
+                iterated = [self._through_progress_variable(expr) for expr in self._iterated(loop.iter)]
+                if any(dotted(expr) == site.target for expr in iterated):
+                    self.facts.side_passes.setdefault(site.call, []).append((loop, "a loop that trains nothing"))
+
+    @staticmethod
+    def _same_binding(target: str, home: Context, context: Context) -> bool:
+        """``self.x`` anywhere in the class; a plain name in the function that binds it."""
+        if target.startswith("self."):
+            return home.cls is not None and context.cls is home.cls
+        return context.function is home.function
+
+    def _trains_inside(self, loop: Loop) -> bool:
+        return any(inner in self._training_loops for inner in walk(loop) if isinstance(inner, (cst.For, cst.While)))
 
     def _check_backward_per_forward(self) -> None:
         """More backward() calls than forward calls of the wrapped model in one training loop
@@ -1211,3 +1251,22 @@ def _is_training_call(call: cst.Call) -> bool:
         return True
     receiver = (dotted(call.func.value) or "").lower()
     return not any(word in receiver for word in SCHEDULER_WORDS)
+
+
+# Calls that take a loader without reading a pass over its data here.
+NOT_A_PASS = {
+    "len", "iter", "next", "enumerate", "zip", "tqdm", "trange", "isinstance", "getattr", "hasattr", "setattr",
+    "print", "str", "repr", "type", "id", "ddp_sampler", "DistributedSampler", "dict", "list", "tuple",
+}
+TRAINING_WORDS = ("train", "fit", "epoch", "loop", "run", "learn", "step", "solve", "main")
+
+
+def _reads_data(callee: str, trainers: set[str]) -> bool:
+    """Does a call of ``callee`` with the training loader read a pass over its data that is
+    not training? Names that train (here or by their name) and wrappers do not."""
+    last = callee.rpartition(".")[2]
+    if not last or last in NOT_A_PASS or callee in trainers or last in trainers:
+        return False
+    if last[0].isupper():  # a class: a trainer or a wrapper keeps the loader for later
+        return False
+    return not any(word in last.lower() for word in TRAINING_WORDS)

@@ -45,6 +45,10 @@ DDP306  (warning) the training loader is built by a helper function that also bu
 loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
 sharded, so evaluation on the others covers each rank's share only.
 
+DDP311  (warning) the training loader is also read once outside the training loop (passed to
+a function that trains nothing, like deeplab's ``calculate_weigths_labels(train_loader)``, or
+iterated by a loop without a training step): that pass now reads this rank's shard only.
+
 DDP308  (error; a warning with ``--allow-partial``) project mode: another module trains on
 what a function of this one returns, and no DataLoader built here could be traced to it.
 
@@ -301,6 +305,15 @@ class SamplerTransform(Transform):
                 "DDP306",
                 "this DataLoader call also builds other loaders (the function is called more than once): "
                 "they are sharded too, so evaluation on them covers each rank's share only",
+                Severity.WARNING,
+            )
+        for reader, what in self.facts.side_passes.get(original_node, []):
+            self.context.report(
+                reader,
+                "DDP311",
+                f"the training loader is also read outside the training loop by {what}: that pass now sees this "
+                "rank's shard only (class weights, statistics and caches computed from it differ per rank); "
+                "compute it over the dataset, or all-reduce what it counts",
                 Severity.WARNING,
             )
         self.context.sharded_loaders.add(original_node)
