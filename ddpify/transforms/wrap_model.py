@@ -40,11 +40,12 @@ stops the run with a clear error instead of training different models.
 
 DDP107  DataParallel-only synchronised BatchNorm (``patch_replication_callback(model)`` of
 Synchronized-BatchNorm-PyTorch, whose layers subclass torch's BatchNorm) becomes
-``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` inside the wrap; the callback
+``torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)`` inside the wrap when CUDA is there
+(DataParallel's sync-BN only ran on GPUs; SyncBatchNorm fails on CPU modules); the callback
 statement is removed (it asserts a DataParallel)::
 
-    model = nn.DataParallel(model)                ->   model = ddp_wrap(
-    patch_replication_callback(model)                      torch.nn.SyncBatchNorm.convert_sync_batchnorm(model))
+    model = nn.DataParallel(model)       ->   model = ddp_wrap(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    patch_replication_callback(model)                          if torch.cuda.is_available() else model)
 
 Under its own ``if args.sync_bn:`` right after the wrap, the conversion happens under that
 condition: ``convert_sync_batchnorm(model) if args.sync_bn else model``.
@@ -229,7 +230,9 @@ class WrapModelTransform(Transform):
         whenever the world size is above one; the statements beside it keep the condition
         they had (`.cuda()` on a CPU-only machine, a flag's own settings)."""
         before_wrap, after_wrap = [], []
-        originals, updates = original.body.body, updated.body.body
+        # The sync-BN callbacks edit_block removed from the body are not in `updated`.
+        originals = [statement for statement in original.body.body if not self._removed_sync_bn(statement)]
+        updates = updated.body.body
         wrap_at = [i for i, statement in enumerate(originals) if any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps)]
         if original.orelse is not None or len(originals) != len(updates) or len(originals) < 2 or len(wrap_at) != 1:
             return [(original, updated)]
@@ -243,6 +246,11 @@ class WrapModelTransform(Transform):
         if before_wrap:
             pieces[0] = pieces[0].with_changes(leading_lines=updated.leading_lines)
         return [(original if index == 0 else None, piece) for index, piece in enumerate(pieces)]
+
+    def _removed_sync_bn(self, statement: cst.CSTNode) -> bool:
+        return (
+            statement in self.sync_bn_calls and self.sync_bn_calls[statement] in self.sync_bn_targets
+        ) or statement in self.sync_bn_guards
 
     def _sole_body_of_if(self, line: cst.CSTNode) -> cst.If | None:
         """The ``if`` (no ``else``) whose whole body is this statement."""
@@ -388,8 +396,10 @@ class WrapModelTransform(Transform):
             )
             module = cst.parse_expression(f'getattr({name}, "module", {name})')
         if site.target in self.sync_bn_targets:
-            module = cst.parse_expression("torch.nn.SyncBatchNorm.convert_sync_batchnorm(_)").with_changes(
-                args=[cst.Arg(module)]
+            # DataParallel's sync-BN only ever ran on GPUs; SyncBatchNorm fails on CPU modules.
+            shown = self.context.code(module)
+            module = cst.parse_expression(
+                f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({shown}) if torch.cuda.is_available() else {shown}"
             )
         elif site.target in self.conditional_sync_bn:
             shown = self.context.code(module)
