@@ -1077,12 +1077,14 @@ class Analyzer(cst.CSTVisitor):
 
     def _call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
         name = function.name.value
+        # This module calls its top-level `train` by name; `model.train()` is another method.
+        top_level = self._module_functions.get(name) is function
         sites = []
         for call, context in self._calls:
             func = call.func
             if isinstance(func, cst.Name) and func.value == name:
                 sites.append((call, context))
-            elif isinstance(func, cst.Attribute) and func.attr.value == name:
+            elif isinstance(func, cst.Attribute) and func.attr.value == name and not top_level:
                 sites.append((call, context))
         return sites
 

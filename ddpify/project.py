@@ -60,6 +60,8 @@ class ModuleInfo:
     # -> ("data", None)
     bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     functions: set[str] = field(default_factory=set)  # defined at the top level
+    function_sources: dict[str, str] = field(default_factory=dict)  # their text
+    training_defs: set[str] = field(default_factory=set)  # functions and methods (any depth) that train
     runs: bool = False  # a `__main__` block
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
@@ -103,7 +105,14 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
             info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level.
     info.runs = info.runs or any(isinstance(node, (ast.For, ast.While)) for node in tree.body)
-    info.functions = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    info.functions = {node.name for node in defined}
+    info.function_sources = {node.name: ast.get_source_segment(source, node) or "" for node in defined}
+    info.training_defs = {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _trains(ast.get_source_segment(source, node) or "")
+    }
     return info
 
 
@@ -161,6 +170,7 @@ class Project:
         if name not in self._read:
             path = self.paths[name]
             info = read_module(self.root, path, self.sources[path])
+            self._follow_search_path(info)
             info.imports |= {other for other in self.paths for prefix in info.dynamic_prefixes if other.startswith(prefix)}
             info.imports = {other for other in info.imports if other in self.paths and other != name}
             # Only names bound from the project's own modules (calls through them may train).
@@ -171,6 +181,35 @@ class Project:
             }
             self._read[name] = info
         return self._read[name]
+
+    def _follow_search_path(self, info: ModuleInfo) -> None:
+        """Imports that name a project module as Python finds it at run time: a sibling of
+        the script (`import _init_paths` in tools/) or a folder the script puts on sys.path
+        (`from core.function import train` with lib/ added by _init_paths: lib.core.function)."""
+        canonical = {module: self._located(info, module) for module in info.imports}
+        info.imports = {canonical[module] for module in info.imports}
+        info.bindings = {
+            bound: (canonical.get(module) or self._located(info, module), attribute)
+            for bound, (module, attribute) in info.bindings.items()
+        }
+
+    def _located(self, info: ModuleInfo, module: str) -> str:
+        if not module or self.in_project(module):
+            return module
+        package = info.name.rpartition(".")[0]
+        if package and self.in_project(f"{package}.{module}"):
+            return f"{package}.{module}"
+        if "." not in module:
+            return module  # `import logging` is not utils/logging.py
+        folders = {name.rpartition("." + module)[0] for name in self._dotted_names if name.endswith("." + module)}
+        return f"{folders.pop()}.{module}" if len(folders) == 1 else module
+
+    @property
+    def _dotted_names(self) -> set[str]:
+        """Every module and package name of the project (a.b.c gives a, a.b and a.b.c)."""
+        if not hasattr(self, "_names_cache"):
+            self._names_cache = {".".join(name.split(".")[: i + 1]) for name in self.paths for i in range(name.count(".") + 1)}
+        return self._names_cache
 
     def candidates(self) -> list[ModuleInfo]:
         """Scripts and DataParallel modules (a text pre-filter before any parse)."""
@@ -246,7 +285,7 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     if not any(member.wraps for member in members):
         return []
     trains = any(BACKWARD.search(member.source) for member in members)
-    if len(members) > 1 and not trains:
+    if len(members) > 1 and (not trains or _evaluates_only(project, entry, members)):
         # Evaluates or exports with the project's models: nothing to shard or synchronise.
         # It stays as it is (modules converted for a training script allow a process that
         # set up no group). A script on its own converts as it would alone.
@@ -309,6 +348,37 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     return list(converted)
 
 
+def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
+    """An evaluation script beside the trainer (HRNet's tools/test.py imports `validate`
+    from the module that also holds `train`): it trains nothing itself, never names a
+    function or method of the group that trains, and every project function it calls (and
+    they call, a few levels down) does neither. A project name that does not resolve to a
+    function (a class, an object) may train: not this."""
+    if entry.trains:
+        return False
+    training = set().union(*(member.training_defs for member in members))
+    pending, seen = [(entry, entry.source)], set()
+    while pending:
+        module, text = pending.pop()
+        if set(WORD.findall(text)) & training:
+            return False
+        for name in set(CALL_NAME.findall(text)):
+            if name.partition(".")[0] not in module.bindings or not project.in_project(module.bindings[name.partition(".")[0]][0]):
+                continue  # not a project name
+            found = project.resolve(module, name)
+            if found is None:
+                return False
+            key = (found[0].name, found[1])
+            if key in seen:
+                continue
+            seen.add(key)
+            body = found[0].function_sources.get(found[1], "")
+            if _trains(body) or len(seen) > 50:
+                return False
+            pending.append((found[0], body))
+    return True
+
+
 def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
     diagnostic = Diagnostic(1, 1, code, reason, Severity.ERROR)
     return FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
@@ -316,8 +386,8 @@ def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
 
 def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
     reason = (
-        "uses the project's DataParallel models but trains nothing (no backward() here or in the modules it "
-        "imports): left as it is; it runs as one process, the converted modules allow that"
+        "uses the project's DataParallel models but trains nothing (no backward() here or in the project "
+        "functions it calls): left as it is; it runs as one process, the converted modules allow that"
     )
     diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
     return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
@@ -335,6 +405,7 @@ def _convert(info: ModuleInfo, role: str, options: ConvertOptions, links: Projec
 
 
 CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
+WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 def _route_parameters(project: Project, members: list[ModuleInfo], links: dict, converted: dict) -> list[Path]:

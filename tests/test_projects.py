@@ -321,3 +321,26 @@ def test_a_passed_loader_that_cannot_be_traced_refuses_the_project(tmp_path: Pat
     results = convert_tree(project)
     assert all(not r.changed for r in results.values())
     assert "DDP309" in {d.code for d in results["train.py"].diagnostics}
+
+
+def test_a_tools_and_lib_layout_trains_the_original_model_under_torchrun(tmp_path: Path) -> None:
+    # HRNet's layout: tools/train.py puts lib/ on sys.path at run time (_init_paths).
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    shutil.copytree(FIXTURES / "projects" / "tools_layout", original)
+    shutil.copytree(FIXTURES / "projects" / "tools_layout", converted)
+    results = convert_project(converted, sorted(converted.rglob("*.py")))
+    for result in results:
+        Path(result.path).write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    before = subprocess.run([sys.executable, "tools/train.py"], cwd=original, env=env, capture_output=True, text=True, timeout=120)
+    assert before.returncode == 0, before.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "tools/train.py"]
+    after = run_launched(torchrun, cwd=converted, env=env, timeout=300)
+    assert after.returncode == 0, after.stderr
+    expected, got = torch.load(original / "final.pth"), torch.load(converted / "final.pth")
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, **TOLERANCE)
+    assert after.stdout.count("val ") == before.stdout.count("val ") == 2
+    evaluation = subprocess.run([sys.executable, "tools/test.py"], cwd=converted, env=env, capture_output=True, text=True, timeout=120)
+    assert evaluation.returncode == 0 and "val " in evaluation.stdout, evaluation.stderr
