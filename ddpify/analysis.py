@@ -159,6 +159,7 @@ class Facts:
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     # project mode: the call names of parameter_loaders whose loader was found here, and not
     sharded_parameter_calls: set[str] = field(default_factory=set)
+    reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
     # a training loader read once outside the training loop (class weights, mean/std): what
     # reads it, per loader call; that pass now sees this rank's shard only
     side_passes: dict[cst.Call, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)
@@ -428,7 +429,7 @@ class Analyzer(cst.CSTVisitor):
 
     # -- helpers -----------------------------------------------------------------------
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        names = {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        names = {self.facts.reexports.get(q.name, q.name) for q in self.get_metadata(QualifiedNameProvider, node, set())}
         if names or not self.facts.star_imports:
             return names
         return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None))
@@ -1228,6 +1229,7 @@ def analyze(
     project_names: frozenset[str] = frozenset(),
     loader_functions: dict[str, set[int | None]] | None = None,
     parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
+    reexports: dict[str, str] | None = None,
 ) -> Facts:
     """Project mode: ``project_names``, the names the module binds from other modules of the
     project (a call through one may run a model or a collective there); ``loader_functions``,
@@ -1237,6 +1239,7 @@ def analyze(
     analyzer.facts.project_names = project_names
     analyzer.facts.loader_functions = dict(loader_functions or {})
     analyzer.facts.parameter_loaders = parameter_loaders
+    analyzer.facts.reexports = dict(reexports or {})
     wrapper.visit(analyzer)
     # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
     # whether a call reaches the model.

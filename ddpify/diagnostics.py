@@ -82,6 +82,9 @@ class ProjectLinks:
 
     names: frozenset[str] = frozenset()  # bound from other project modules
     trains_elsewhere: bool = False  # another module of the group has a training step
+    # qualified names here that another project module re-exports from a library:
+    # "dataset.DataLoader" -> "torch.utils.data.DataLoader"
+    reexports: dict[str, str] = field(default_factory=dict)
     # this module's functions whose returned loaders another module trains on
     loader_functions: dict[str, set[int | None]] | None = None
     # calls here of other modules' functions that train on a loader parameter

@@ -31,7 +31,11 @@ def convert_text(
     wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
     project = links or ProjectLinks()
     facts = analyze(
-        wrapper, project.names, project.loader_functions, project.parameter_loaders if links is not None else None
+        wrapper,
+        project.names,
+        project.loader_functions,
+        project.parameter_loaders if links is not None else None,
+        project.reexports,
     )
     if role == ENTRY and (facts.wraps or facts.existing_ddp):
         role = SCRIPT  # a project's entry script that wraps too: converted as a script

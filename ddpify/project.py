@@ -258,10 +258,36 @@ class Project:
             path = [attribute]
         return None
 
-    @staticmethod
-    def project_names(info: ModuleInfo) -> frozenset[str]:
-        """Names this module binds from other project modules (calls to them may train)."""
-        return frozenset(info.imported_names)
+    def project_names(self, info: ModuleInfo) -> frozenset[str]:
+        """Names this module binds from other project modules (calls to them may train);
+        not those that only pass a library's name on (`from dataset import DataLoader`)."""
+        reexported = {bound for bound in info.imported_names if self.library_name(info, bound)}
+        return frozenset(info.imported_names - reexported)
+
+    def reexports(self, info: ModuleInfo) -> dict[str, str]:
+        """Qualified names (as libcst spells them here) of library names that a project
+        module passes on: `from dataset import DataLoader` -> torch.utils.data.DataLoader."""
+        found = {}
+        for bound, (module, attribute) in info.bindings.items():
+            library = self.library_name(info, bound)
+            if library and attribute:
+                written = module.split(".")
+                for start in range(len(written)):  # written as imported, before _follow_search_path
+                    found[".".join([*written[start:], attribute])] = library
+        return found
+
+    def library_name(self, info: ModuleInfo, bound: str) -> str | None:
+        module, attribute = info.bindings.get(bound, (None, None))
+        for _ in range(5):
+            if module is None or attribute is None or module not in self.paths or module == info.name:
+                return None
+            target = self.module(module)
+            if attribute in target.functions or f"{module}.{attribute}" in self.paths:
+                return None
+            module, attribute = target.bindings.get(attribute, (None, None))
+            if module is not None and not self.in_project(module):
+                return f"{module}.{attribute}" if attribute else module
+        return None
 
 
 def convert_project(root: Path, sources: dict[Path, str], options: ConvertOptions) -> list[FileResult]:
@@ -300,6 +326,7 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
             continue
         links[member.path] = ProjectLinks(
             names=project.project_names(member),
+            reexports=project.reexports(member),
             trains_elsewhere=any(other.trains for other in members if other is not member),
         )
         if member is entry:

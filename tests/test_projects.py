@@ -199,6 +199,23 @@ def test_a_helper_with_a_self_test_main_block_is_converted_as_the_scripts_librar
     assert "ddp_setup()" not in results["utils.py"].output
 
 
+def test_torchs_dataloader_passed_on_by_a_project_module_is_sharded(tmp_path: Path) -> None:
+    # FastSpeech: `from dataset import BufferDataset, DataLoader`, dataset.py imports torch's.
+    write_project(tmp_path, {
+        "dataset.py": (
+            "from torch.utils.data import Dataset, DataLoader\n\n\nclass BufferDataset(Dataset):\n"
+            "    def __init__(self, buffer):\n        self.buffer = buffer\n\n"
+            "    def __len__(self):\n        return len(self.buffer)\n\n"
+            "    def __getitem__(self, idx):\n        return self.buffer[idx]\n"
+        ),
+        "train.py": TRAIN_WITH.format(imports="from dataset import BufferDataset, DataLoader", setup="", after="")
+        .replace("from torch.utils.data import DataLoader, TensorDataset", "from torch.utils.data import TensorDataset"),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values())
+    assert "sampler=DistributedSampler(" in results["train.py"].output
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

@@ -123,7 +123,7 @@ class ConversionContext:
             return None
 
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        names = {q.name for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        names = {self.facts.reexports.get(q.name, q.name) for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
         if names or not self.facts.star_imports:
             return names
         return star_imported_torch(node, lambda name: self.metadata.get_metadata(ScopeProvider, name, None))
