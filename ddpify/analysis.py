@@ -160,6 +160,7 @@ class Facts:
     # project mode: the call names of parameter_loaders whose loader was found here, and not
     sharded_parameter_calls: set[str] = field(default_factory=set)
     reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
+    training_calls: frozenset[str] = frozenset()  # see ProjectLinks.training_calls
     # a training loader read once outside the training loop (class weights, mean/std): what
     # reads it, per loader call; that pass now sees this rank's shard only
     side_passes: dict[cst.Call, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)
@@ -525,7 +526,7 @@ class Analyzer(cst.CSTVisitor):
         if context.function is None and context.cls is None and self._runs_here(node, names):
             self.facts.module_level_runs = True
             self.facts.import_time_runs |= not self._in_main_guard
-        if _is_training_call(node):
+        if _is_training_call(node) or dotted(node.func) in self.facts.training_calls:
             self.facts.has_training_step = True
             for loop in self._loops[-1]:
                 self._training_loops.setdefault(loop, self.facts.contexts[loop])
@@ -1230,6 +1231,7 @@ def analyze(
     loader_functions: dict[str, set[int | None]] | None = None,
     parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
     reexports: dict[str, str] | None = None,
+    training_calls: frozenset[str] = frozenset(),
 ) -> Facts:
     """Project mode: ``project_names``, the names the module binds from other modules of the
     project (a call through one may run a model or a collective there); ``loader_functions``,
@@ -1240,6 +1242,7 @@ def analyze(
     analyzer.facts.loader_functions = dict(loader_functions or {})
     analyzer.facts.parameter_loaders = parameter_loaders
     analyzer.facts.reexports = dict(reexports or {})
+    analyzer.facts.training_calls = training_calls
     wrapper.visit(analyzer)
     # Keep the (cached) metadata readable after the walk: transforms ask the analyzer
     # whether a call reaches the model.

@@ -85,6 +85,9 @@ class ProjectLinks:
     # qualified names here that another project module re-exports from a library:
     # "dataset.DataLoader" -> "torch.utils.data.DataLoader"
     reexports: dict[str, str] = field(default_factory=dict)
+    # calls here of other modules' functions that run a training step (`train_step(model,
+    # x, y, optimizer)` in steps.py): the loop around such a call is a training loop
+    training_calls: frozenset[str] = frozenset()
     # this module's functions whose returned loaders another module trains on
     loader_functions: dict[str, set[int | None]] | None = None
     # calls here of other modules' functions that train on a loader parameter

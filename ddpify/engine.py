@@ -36,6 +36,7 @@ def convert_text(
         project.loader_functions,
         project.parameter_loaders if links is not None else None,
         project.reexports,
+        project.training_calls,
     )
     if role == ENTRY and (facts.wraps or facts.existing_ddp):
         role = SCRIPT  # a project's entry script that wraps too: converted as a script

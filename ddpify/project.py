@@ -264,6 +264,15 @@ class Project:
         reexported = {bound for bound in info.imported_names if self.library_name(info, bound)}
         return frozenset(info.imported_names - reexported)
 
+    def training_calls(self, info: ModuleInfo) -> frozenset[str]:
+        """Names called here of other modules' top-level functions that run a training step."""
+        found = set()
+        for name in set(CALL_NAME.findall(info.source)):
+            target = self.resolve(info, name)
+            if target is not None and target[0] is not info and _trains(target[0].function_sources.get(target[1], "")):
+                found.add(name)
+        return frozenset(found)
+
     def reexports(self, info: ModuleInfo) -> dict[str, str]:
         """Qualified names (as libcst spells them here) of library names that a project
         module passes on: `from dataset import DataLoader` -> torch.utils.data.DataLoader."""
@@ -327,6 +336,7 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         links[member.path] = ProjectLinks(
             names=project.project_names(member),
             reexports=project.reexports(member),
+            training_calls=project.training_calls(member),
             trains_elsewhere=any(other.trains for other in members if other is not member),
         )
         if member is entry:

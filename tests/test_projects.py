@@ -216,6 +216,28 @@ def test_torchs_dataloader_passed_on_by_a_project_module_is_sharded(tmp_path: Pa
     assert "sampler=DistributedSampler(" in results["train.py"].output
 
 
+def test_a_step_function_of_another_module_makes_the_loop_around_its_call_a_training_loop(tmp_path: Path) -> None:
+    write_project(tmp_path, {
+        "steps.py": (
+            "def train_step(model, x, y, optimizer):\n    loss = ((model(x) - y) ** 2).mean()\n"
+            "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n    return loss\n"
+        ),
+        "optim.py": (  # FastSpeech's ScheduledOptim: a step outside any loop, no data of its own
+            "class ScheduledOptim:\n    def __init__(self, optimizer):\n        self._optimizer = optimizer\n\n"
+            "    def step_and_update_lr(self):\n        self._optimizer.step()\n"
+        ),
+        "train.py": TRAIN_WITH.format(imports="from steps import train_step\nfrom optim import ScheduledOptim", setup="", after="")
+        .replace(
+            "            loss = ((model(x) - y) ** 2).mean()\n            opt.zero_grad()\n            loss.backward()\n            opt.step()\n",
+            "            loss = train_step(model, x, y, opt)\n            ScheduledOptim(opt).step_and_update_lr()\n",
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), [r.diagnostics for r in results.values()]
+    assert "sampler=DistributedSampler(" in results["train.py"].output
+    assert "ddp_sampler(loader).set_epoch(epoch)" in results["train.py"].output
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

@@ -130,8 +130,17 @@ class SamplerTransform(Transform):
                 f"another module of the project trains on what `{name}()` returns, but no DataLoader built "
                 "here could be traced to it: every rank would train on all the data",
             )
-        # (a loop over a loader parameter is sharded by the callers in other modules)
-        if trains_ddp and self.facts.has_training_step and not self.facts.training_loaders and not self.facts.loader_parameters:
+        # (a loop over a loader parameter is sharded by the callers in other modules; a library's
+        # step outside any loop, like an optimizer wrapper's `self._optimizer.step()`, runs in
+        # a loop of the module that calls it, which is checked there)
+        library_step_only = self.context.is_library and not self.facts.training_loops
+        if (
+            trains_ddp
+            and self.facts.has_training_step
+            and not library_step_only
+            and not self.facts.training_loaders
+            and not self.facts.loader_parameters
+        ):
             why = (
                 "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
                 if self.facts.loaders
