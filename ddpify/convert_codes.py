@@ -25,8 +25,11 @@ OTHER_CODES = {
     "class, a model or dataset loaded dynamically with importlib, a module outside the project): every rank would "
     "train on all the data. The whole group is left untouched; shard the data by hand.",
     "DDP212": "DDP212  (warning) project mode: a script uses the project's DataParallel models but trains nothing "
-    "(no backward() in it or the modules it imports: evaluation, export): it is left as it is. Modules converted "
+    "(no backward() in it or the project functions it calls: evaluation, export): it is left as it is. Modules converted "
     "for the project's training scripts allow a process with no process group, so it runs as one process.",
+    "DDP213": "DDP213  (warning) project mode: an imported module defines a DataParallel subclass that ddpify "
+    "cannot convert (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback), but nothing else in the "
+    "group uses it: the module is left as it is instead of refusing the project.",
     "DDP115": "DDP115  (error) a training loop calls backward() more often than the wrapped model's forward "
     "(pix2pixHD: one wrapped model returns the G and D losses, each gets its own backward): DDP synchronises "
     "gradients once per forward, so the second backward through the same forward fails. Wrap the networks each "

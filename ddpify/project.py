@@ -360,6 +360,7 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     for path, functions in builders.items():
         links[path].loader_functions = functions
         converted[path] = _convert(project.modules_by_path()[path], roles.get(path, LIBRARY), options, links[path])
+    _leave_unused_subclasses(members, entry, converted)
     if not any(_wraps(result) for result in converted.values()):
         return []  # DataParallel only named (isinstance checks): not a DataParallel project
     entry_result = converted[entry.path]
@@ -383,6 +384,40 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
         converted[entry.path] = _refusal(entry_result, "DDP210", reason)
     results.update(converted)
     return list(converted)
+
+
+SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
+
+
+def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo, converted: dict) -> None:
+    """A vendored package's DataParallel subclass that nothing in the group uses
+    (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback beside the
+    patch_replication_callback the script calls) does not refuse the project: its module
+    is left as it is, said in a warning."""
+    for member in members:
+        result = converted.get(member.path)
+        if member is entry or result is None or not result.error:
+            continue
+        errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
+        classes = {match.group(1) for d in errors if (match := SUBCLASS_PROBLEM.match(d.message))}
+        if not classes or len(classes) != len(errors) or any(d.code.startswith("DDP1") for d in result.diagnostics):
+            continue
+        uses = [
+            line
+            for other in members
+            if other is not member
+            for line in other.source.splitlines()
+            if not line.lstrip().startswith(("from ", "import ", "__all__"))
+        ]
+        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes):
+            continue
+        names = ", ".join(sorted(classes))
+        warning = Diagnostic(
+            errors[0].line, errors[0].col, "DDP213",
+            f"defines DataParallel subclass {names}, which nothing in this project uses: left as it is",
+            Severity.WARNING,
+        )
+        converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
 
 
 def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:

@@ -238,6 +238,37 @@ def test_a_step_function_of_another_module_makes_the_loop_around_its_call_a_trai
     assert "ddp_sampler(loader).set_epoch(epoch)" in results["train.py"].output
 
 
+REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects
+    "import functools\nfrom torch.nn.parallel.data_parallel import DataParallel\n\n\n"
+    "class DataParallelWithCallback(DataParallel):\n    def replicate(self, module, device_ids):\n"
+    "        modules = super(DataParallelWithCallback, self).replicate(module, device_ids)\n        return modules\n\n\n"
+    "def patch_replication_callback(data_parallel):\n    assert isinstance(data_parallel, DataParallel)\n"
+)
+
+
+@pytest.mark.parametrize("used", [False, True])
+def test_a_vendored_dataparallel_subclass_refuses_the_project_only_when_used(tmp_path: Path, used: bool) -> None:
+    write_project(tmp_path, {
+        "sync_batchnorm/__init__.py": "from .replicate import DataParallelWithCallback, patch_replication_callback\n",
+        "sync_batchnorm/replicate.py": REPLICATE,
+        "train.py": TRAIN_WITH.format(
+            imports="from sync_batchnorm import DataParallelWithCallback, patch_replication_callback", setup="", after=""
+        ).replace(
+            "    model = torch.nn.DataParallel(torch.nn.Linear(4, 2))\n",
+            "    model = DataParallelWithCallback(torch.nn.Linear(4, 2))\n" if used
+            else "    model = torch.nn.DataParallel(torch.nn.Linear(4, 2))\n    patch_replication_callback(model)\n",
+        ),
+    })
+    results = convert_tree(tmp_path)
+    replicate = results["sync_batchnorm/replicate.py"]
+    assert not replicate.changed
+    if used:
+        assert results["train.py"].error and not results["train.py"].changed
+    else:
+        assert [d.code for d in replicate.diagnostics] == ["DDP213"] and not replicate.error
+        assert "convert_sync_batchnorm" in results["train.py"].output and not results["train.py"].error
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
