@@ -747,9 +747,9 @@ class Analyzer(cst.CSTVisitor):
             return
         for loop in self._training_loops:
             calls = calls_in(loop.body)
-            backwards = [c for c in calls if isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"]
+            backwards = [c for c in calls if _is_backward(c)]
             forwards = [c for c in calls if dotted(c.func) in self.facts.model_names]
-            if forwards and len(backwards) > len(forwards):
+            if forwards and _backwards_per_pass(loop.body) > len(forwards):
                 model = dotted(forwards[0].func)
                 self.problem(
                     backwards[1],
@@ -1278,3 +1278,22 @@ def _reads_data(callee: str, trainers: set[str]) -> bool:
     if last[0].isupper():  # a class: a trainer or a wrapper keeps the loader for later
         return False
     return not any(word in last.lower() for word in TRAINING_WORDS)
+
+
+def _is_backward(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+
+
+def _backwards_per_pass(node: cst.CSTNode) -> int:
+    """backward() calls one pass through ``node`` makes: `if fp16: scaled.backward() else:
+    loss.backward()` is one, not two."""
+    if isinstance(node, cst.If) and node.orelse is not None:
+        other = node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse
+        return _count_backwards(node.test) + max(_backwards_per_pass(node.body), _backwards_per_pass(other))
+    if isinstance(node, cst.Call):
+        return int(_is_backward(node)) + sum(_backwards_per_pass(child) for child in node.children)
+    return sum(_backwards_per_pass(child) for child in node.children)
+
+
+def _count_backwards(node: cst.CSTNode) -> int:
+    return sum(1 for found in walk(node) if isinstance(found, cst.Call) and _is_backward(found))
