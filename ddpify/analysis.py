@@ -415,6 +415,7 @@ class Analyzer(cst.CSTVisitor):
         self._training_loops: dict[Loop, Context] = {}
         self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
         self._attr_targets: dict[str, list[cst.Attribute]] = {}  # "x" for self.x (, ...) = f(...)
+        self._attr_contexts: dict[cst.Attribute, Context] = {}  # where `self.x = name` is
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
@@ -571,6 +572,10 @@ class Analyzer(cst.CSTVisitor):
                 name = dotted(element) if isinstance(element, cst.Attribute) else None
                 if name and name.startswith("self.") and name.count(".") == 1 and isinstance(node.value, cst.Call):
                     self._attr_targets.setdefault(name[5:], []).append(element)
+                elif name and name.startswith("self.") and name.count(".") == 1 and isinstance(node.value, cst.Name):
+                    # `self.loader = loader` in __init__: followed to what the constructor's callers pass
+                    self._attr_targets.setdefault(name[5:], []).append(element)
+                    self._attr_contexts[element] = self.context()
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._other_bindings.update(bound_names(node.target))
@@ -968,7 +973,11 @@ class Analyzer(cst.CSTVisitor):
             found = list(self._attr_loaders.get(attribute, []))
             for target in self._attr_targets.get(attribute, []):
                 value, index = self._assigned_value(target)
-                found += [c for c in self._loaders_in_value(value, index, depth + 1) if c not in found]
+                if isinstance(value, cst.Name) and target in self._attr_contexts:
+                    loaders = self._loaders_for(value, self._attr_contexts[target], depth + 1)
+                else:
+                    loaders = self._loaders_in_value(value, index, depth + 1)
+                found += [c for c in loaders if c not in found]
             return found
         if isinstance(expr, cst.Attribute):
             return list(self._attr_loaders.get(expr.attr.value, []))
@@ -1079,6 +1088,10 @@ class Analyzer(cst.CSTVisitor):
 
     def _call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
         name = function.name.value
+        owner = self._owner_class(function)
+        if name == "__init__" and owner is not None:
+            # `Trainer(model, loader, optimizer)` runs Trainer.__init__
+            return [(call, context) for call, context in self._calls if dotted(call.func) and dotted(call.func).rpartition(".")[2] == owner.name.value]
         # This module calls its top-level `train` by name; `model.train()` is another method.
         top_level = self._module_functions.get(name) is function
         sites = []
@@ -1090,9 +1103,15 @@ class Analyzer(cst.CSTVisitor):
                 sites.append((call, context))
         return sites
 
+    def _owner_class(self, function: Function) -> cst.ClassDef | None:
+        block = self.parent(function)
+        owner = self.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        return owner if isinstance(owner, cst.ClassDef) else None
+
     def _argument_for(self, function: Function, param: cst.Param, call: cst.Call) -> cst.BaseExpression | None:
         params = list(function.params.params)
-        if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+        bound = isinstance(call.func, cst.Attribute) or function.name.value == "__init__"
+        if bound and params and params[0].name.value in ("self", "cls"):
             params = params[1:]
         for arg in call.args:
             if arg.keyword is not None and arg.keyword.value == param.name.value:

@@ -101,6 +101,9 @@ class SamplerTransform(Transform):
             reason = self._unsupported(site.call)
             if reason:
                 self.context.report(site.call, "DDP303", f"cannot shard this training DataLoader: {reason}", Severity.ERROR)
+            # Known before the walk: an epoch loop above the loader's line (a train function
+            # defined before main builds the loader) gets its set_epoch too.
+            self.context.sharded_loaders.add(site.call)
         trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
         if trains_ddp and self.facts.training_loaders:
             for loop in self._unfed_training_loops():
