@@ -144,8 +144,14 @@ class SamplerTransform(Transform):
             and not self.facts.training_loaders
             and not self.facts.loader_parameters
         ):
+            unfed = self._unfed_training_loops()
+            innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
+            iterated = [self.context.code(loop.iter) for loop in innermost if isinstance(loop, cst.For)]
             why = (
-                "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
+                f"the training loop iterates `{iterated[0]}`, which could not be followed to one of the DataLoaders "
+                "built here"
+                if self.facts.loaders and iterated
+                else "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
                 if self.facts.loaders
                 else "no torch DataLoader is built in this file; a loader from another module or a DataLoader "
                 "subclass cannot be sharded here"
