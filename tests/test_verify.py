@@ -205,6 +205,16 @@ def test_a_hung_world_is_killed_at_the_timeout():
     report = verify(FIXTURES / "verify" / "hangs.py", options=VerifyOptions(timeout=15))
     assert report.exit_code == 1
     assert report.checks[0].passed is False and "timed out" in report.checks[0].reason
+    # every rank is gone too (torchrun starts its workers in sessions of their own)
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "ddpify.verify.probe" in text and "hangs.py" in text:
+            left.append(text)
+    assert not left, left
 
 
 def test_equivalence_fails_when_the_global_batch_changes(tmp_path):

@@ -278,11 +278,32 @@ def _wait(processes: list[subprocess.Popen], deadline: float) -> tuple[int | Non
 
 
 def _kill(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """The launcher and every process under it: torchrun starts its workers in sessions of
+    their own, so killing its process group alone leaves hung ranks running."""
+    for pid in [*_descendants(process.pid), process.pid]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
     process.wait()
+
+
+def _descendants(root: int) -> list[int]:
+    """Child processes of ``root``, at any depth (read from /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat") if Path("/proc").is_dir() else []:
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, pending = [], [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
 
 
 def free_port() -> int:
