@@ -45,7 +45,7 @@ BACKWARD = re.compile(r"\.backward\s*\(")
 TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
 SIDE_EFFECT_WORDS = (
     "print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(",
-    "SummaryWriter", "wandb", "mkdir(", "makedirs(",
+    "SummaryWriter", "wandb", "mkdir(", "makedirs(", "save_image", "imwrite", "imsave", "savefig", ".write(",
 )
 
 
@@ -61,7 +61,11 @@ class ModuleInfo:
     bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     functions: set[str] = field(default_factory=set)  # defined at the top level
     function_sources: dict[str, str] = field(default_factory=dict)  # their text
+    class_sources: dict[str, str] = field(default_factory=dict)  # top-level classes' text
     training_defs: set[str] = field(default_factory=set)  # functions and methods (any depth) that train
+    # the names every function and method (by name) uses, and the whole module's: code, not strings
+    def_words: dict[str, set[str]] = field(default_factory=dict)
+    words: set[str] = field(default_factory=set)
     runs: bool = False  # a `__main__` block
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
@@ -108,11 +112,13 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     info.functions = {node.name for node in defined}
     info.function_sources = {node.name: ast.get_source_segment(source, node) or "" for node in defined}
-    info.training_defs = {
-        node.name
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _trains(ast.get_source_segment(source, node) or "")
+    info.class_sources = {
+        node.name: ast.get_source_segment(source, node) or "" for node in tree.body if isinstance(node, ast.ClassDef)
     }
+    functions_anywhere = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    info.training_defs = {node.name for node in functions_anywhere if _trains(ast.get_source_segment(source, node) or "")}
+    info.def_words = {node.name: _words(node) for node in functions_anywhere}
+    info.words = _words(tree)
     return info
 
 
@@ -131,6 +137,15 @@ def _dynamic_import_prefix(call: ast.Call) -> str | None:
     if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
         return name.value[: name.value.rindex(".") + 1]
     return None
+
+
+def _words(node: ast.AST) -> set[str]:
+    """The names and attribute names a piece of code uses (not what its strings say)."""
+    return {
+        found.id if isinstance(found, ast.Name) else found.attr
+        for found in ast.walk(node)
+        if isinstance(found, (ast.Name, ast.Attribute))
+    }
 
 
 def _trains(source: str) -> bool:
@@ -187,6 +202,13 @@ class Project:
         the script (`import _init_paths` in tools/) or a folder the script puts on sys.path
         (`from core.function import train` with lib/ added by _init_paths: lib.core.function)."""
         canonical = {module: self._located(info, module) for module in info.imports}
+        # A folder found on the search path for `core.function` (lib/) also holds `dataset`
+        # in `import dataset`; a bare name alone could be a library (`import logging`).
+        folders = {found[: -len(module) - 1] for module, found in canonical.items() if found.endswith("." + module)}
+        for module, found in canonical.items():
+            if found == module and "." not in module and not self.in_project(module):
+                places = [folder for folder in folders if self.in_project(f"{folder}.{module}")]
+                canonical[module] = f"{places[0]}.{module}" if len(places) == 1 else module
         info.imports = {canonical[module] for module in info.imports}
         info.bindings = {
             bound: (canonical.get(module) or self._located(info, module), attribute)
@@ -233,9 +255,10 @@ class Project:
             stack.extend(seen[name].imports)
         return sorted(seen.values(), key=lambda module: str(module.path))
 
-    def resolve(self, info: ModuleInfo, dotted: str) -> tuple[ModuleInfo, str] | None:
-        """The project module and top-level function a dotted call name in ``info`` refers
-        to (``build_loaders``, ``data.build_loaders``), following re-exports."""
+    def resolve(self, info: ModuleInfo, dotted: str, classes: bool = False) -> tuple[ModuleInfo, str] | None:
+        """The project module and top-level function (or, with ``classes``, class) a dotted
+        call name in ``info`` refers to (``build_loaders``, ``data.build_loaders``),
+        following re-exports."""
         head, _, rest = dotted.partition(".")
         module, attribute = info.bindings.get(head, (None, None))
         if module is None:
@@ -250,7 +273,7 @@ class Project:
             return None
         for _ in range(5):  # `from .loaders import build_loaders` in a package's __init__
             target = self.module(module)
-            if path[0] in target.functions:
+            if path[0] in target.functions or (classes and path[0] in target.class_sources):
                 return target, path[0]
             module, attribute = target.bindings.get(path[0], (None, None))
             if module not in self.paths or attribute is None:
@@ -386,6 +409,28 @@ def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions,
     return list(converted)
 
 
+def _class_words(source: str) -> set[str]:
+    try:
+        return _words(ast.parse(source))
+    except SyntaxError:
+        return {"<unreadable>"}
+
+
+def _training_names(members: list[ModuleInfo]) -> set[str]:
+    """Functions and methods of the group that train, or call (by name) one that does:
+    CenterNet's `Trainer.train` calls `run_epoch`, which calls backward()."""
+    training = set().union(*(member.training_defs for member in members))
+    uses = {name: words for member in members for name, words in member.def_words.items()}
+    grown = True
+    while grown:
+        grown = False
+        for name, words in uses.items():
+            if name not in training and words & training:
+                training.add(name)
+                grown = True
+    return training
+
+
 SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
 
 
@@ -428,26 +473,27 @@ def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInf
     function (a class, an object) may train: not this."""
     if entry.trains:
         return False
-    training = set().union(*(member.training_defs for member in members))
-    pending, seen = [(entry, entry.source)], set()
+    training = _training_names(members)
+    pending, seen = [(entry, entry.source, entry.words)], set()
     while pending:
-        module, text = pending.pop()
-        if set(WORD.findall(text)) & training:
+        module, text, words = pending.pop()
+        if words & training:
             return False
         for name in set(CALL_NAME.findall(text)):
             if name.partition(".")[0] not in module.bindings or not project.in_project(module.bindings[name.partition(".")[0]][0]):
                 continue  # not a project name
-            found = project.resolve(module, name)
+            found = project.resolve(module, name, classes=True)
             if found is None:
                 return False
             key = (found[0].name, found[1])
             if key in seen:
                 continue
             seen.add(key)
-            body = found[0].function_sources.get(found[1], "")
+            body = found[0].function_sources.get(found[1]) or found[0].class_sources.get(found[1], "")
             if _trains(body) or len(seen) > 50:
                 return False
-            pending.append((found[0], body))
+            words = found[0].def_words.get(found[1]) or _class_words(body)
+            pending.append((found[0], body, words))
     return True
 
 
@@ -477,7 +523,6 @@ def _convert(info: ModuleInfo, role: str, options: ConvertOptions, links: Projec
 
 
 CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
-WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 def _route_parameters(project: Project, members: list[ModuleInfo], links: dict, converted: dict) -> list[Path]:

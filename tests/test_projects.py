@@ -269,6 +269,30 @@ def test_a_vendored_dataparallel_subclass_refuses_the_project_only_when_used(tmp
         assert "convert_sync_batchnorm" in results["train.py"].output and not results["train.py"].error
 
 
+def test_a_script_whose_trainer_method_trains_through_another_method_is_not_taken_for_evaluation(tmp_path: Path) -> None:
+    # CenterNet: main.py calls trainer.train(epoch, train_loader); train() calls run_epoch(),
+    # which calls backward(). The loader goes into a method: not followed, so refused.
+    write_project(tmp_path, {
+        "trainer.py": (
+            "class Trainer:\n    def __init__(self, model, optimizer):\n        self.model, self.optimizer = model, optimizer\n\n"
+            "    def run_epoch(self, phase, loader):\n        for x, y in loader:\n"
+            "            loss = ((self.model(x) - y) ** 2).mean()\n            self.optimizer.zero_grad()\n"
+            "            loss.backward()\n            self.optimizer.step()\n\n"
+            "    def train(self, epoch, loader):\n        return self.run_epoch('train', loader)\n"
+        ),
+        "main.py": TRAIN_WITH.format(imports="from trainer import Trainer", setup="", after="")
+        .replace(
+            "        for x, y in loader:\n            loss = ((model(x) - y) ** 2).mean()\n            opt.zero_grad()\n"
+            "            loss.backward()\n            opt.step()\n",
+            "        trainer.train(epoch, loader)\n",
+        )
+        .replace("    for epoch in range(2):", "    trainer = Trainer(model, opt)\n    for epoch in range(2):"),
+    })
+    results = convert_tree(tmp_path)
+    assert "DDP212" not in {d.code for d in results["main.py"].diagnostics}
+    assert all(not r.changed for r in results.values())
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
