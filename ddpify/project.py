@@ -40,7 +40,7 @@ from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnosti
 from ddpify.names import mentions_data_parallel
 # A library module is worth converting when its functions print, save or write files, or
 # pick a GPU by index (every rank would use that one).
-TOP_LEVEL_LOOP = re.compile(r"^(?:for|while)\b", re.MULTILINE)  # a flat script's epoch loop
+TOP_LEVEL_LOOP = re.compile(r"^(?:for|while|if|with|try)\b", re.MULTILINE)  # maybe a flat script (see _loops_at_top_level)
 BACKWARD = re.compile(r"\.backward\s*\(")
 TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
 SIDE_EFFECT_WORDS = (
@@ -108,7 +108,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
         elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node)):
             info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level.
-    info.runs = info.runs or any(isinstance(node, (ast.For, ast.While)) for node in tree.body)
+    info.runs = info.runs or _loops_at_top_level(tree.body)
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     info.functions = {node.name for node in defined}
     info.function_sources = {node.name: ast.get_source_segment(source, node) or "" for node in defined}
@@ -137,6 +137,19 @@ def _dynamic_import_prefix(call: ast.Call) -> str | None:
     if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
         return name.value[: name.value.rindex(".") + 1]
     return None
+
+
+def _loops_at_top_level(body: list[ast.stmt]) -> bool:
+    """A loop that runs at import: at the top level, or in a top-level `if`/`with`/`try`
+    (EDSR's main.py: `if checkpoint.ok: while not t.terminate(): ...`)."""
+    for node in body:
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            return True
+        blocks = [getattr(node, name, []) for name in ("body", "orelse", "finalbody")]
+        blocks += [handler.body for handler in getattr(node, "handlers", [])]
+        if isinstance(node, (ast.If, ast.With, ast.Try)) and any(_loops_at_top_level(block) for block in blocks):
+            return True
+    return False
 
 
 def _words(node: ast.AST) -> set[str]:

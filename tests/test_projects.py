@@ -293,6 +293,32 @@ def test_a_script_whose_trainer_method_trains_through_another_method_is_not_take
     assert all(not r.changed for r in results.values())
 
 
+def test_a_script_whose_loop_sits_in_a_top_level_if_is_an_entry(tmp_path: Path) -> None:
+    # EDSR's main.py: `if checkpoint.ok: while not t.terminate(): t.train()`, no __main__ block.
+    write_project(tmp_path, {
+        "trainer.py": (
+            "class Trainer:\n    def __init__(self, model, loader, optimizer):\n"
+            "        self.model, self.loader, self.optimizer = model, loader, optimizer\n        self.epoch = 0\n\n"
+            "    def train(self):\n        self.epoch += 1\n        for x, y in self.loader:\n"
+            "            loss = ((self.model(x) - y) ** 2).mean()\n            self.optimizer.zero_grad()\n"
+            "            loss.backward()\n            self.optimizer.step()\n\n"
+            "    def terminate(self):\n        return self.epoch >= 2\n"
+        ),
+        "models.py": "import torch.nn as nn\n\n\ndef get_model():\n    return nn.DataParallel(nn.Linear(4, 2))\n",
+        "main.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom models import get_model\n"
+            "from trainer import Trainer\n\nok = True\nif ok:\n    model = get_model()\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8)\n"
+            "    t = Trainer(model, loader, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+            "    while not t.terminate():\n        t.train()\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    codes = {d.code for r in results.values() for d in r.diagnostics}
+    assert "DDP202" not in codes  # the entry is found; the loader handed to another module's class is not followed
+    assert all(not r.changed for r in results.values())
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

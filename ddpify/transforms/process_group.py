@@ -196,7 +196,9 @@ class ProcessGroupTransform(Transform):
             self._report_conflicts()
             return
         anchor = self.facts.setup_anchor
-        if anchor is not None and self.facts.main_guard is None and not self.facts.module_level_runs:
+        # (project mode has already found an entry script's top-level loop: EDSR's main.py runs
+        # `while not t.terminate(): t.train()` with a Trainer from another module)
+        if anchor is not None and self.facts.main_guard is None and not self.facts.module_level_runs and self.context.role != ENTRY:
             # Module-level code that never trains (a logger, a constant table): this module is
             # imported by the script that trains; set-up at import time would be wrong.
             self.context.report(
