@@ -124,6 +124,8 @@ class Facts:
     shared_loaders: set[cst.Call] = field(default_factory=set)  # built by a helper called more than once
     iterator_loaders: set[cst.Call] = field(default_factory=set)  # drawn from with next(iter(loader))
     epoch_hooks: dict[Loop, EpochHook] = field(default_factory=dict)
+    pass_hooks: dict[Loop, EpochHook] = field(default_factory=dict)  # no epoch loop in sight: see SetEpoch
+    parameter_stand_ins: set[cst.Call] = field(default_factory=set)  # see Analyzer._constructor_fed
     model_names: set[str] = field(default_factory=set)
     unsafe_functions: set[Function] = field(default_factory=set)
     unsafe_method_names: set[str] = field(default_factory=set)
@@ -420,6 +422,7 @@ class Analyzer(cst.CSTVisitor):
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
         self._in_main_guard = False
+        self._module: cst.Module | None = None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         _Subtrees.enter(node)
@@ -696,6 +699,9 @@ class Analyzer(cst.CSTVisitor):
             self._attr_loaders.setdefault(target[5:], []).append(call)
 
     # -- after the walk ------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self._module = node
+
     def leave_Module(self, original_node: cst.Module) -> None:
         self.facts.gpu_count_names -= self._other_bindings
         # A DDP path beside DataParallel: take it (transforms/existing_ddp.py), set nothing up twice.
@@ -853,7 +859,7 @@ class Analyzer(cst.CSTVisitor):
                 continue
             for expr in self._iterated(loop.iter):
                 expr = self._through_progress_variable(expr)
-                calls = self._loaders_for(expr, context, depth=0)
+                calls = self._loaders_for(expr, context, depth=0) or self._constructor_fed(expr, context)
                 if not calls:
                     if self._fed_by_other_modules(expr, context):
                         self.facts.fed_loops.add(loop)
@@ -861,7 +867,48 @@ class Analyzer(cst.CSTVisitor):
                 self.facts.fed_loops.add(loop)
                 for call in calls:
                     self.facts.loaders[call].training = True
-                self._find_epoch_loops(loop, expr, context, calls, depth=0)
+                if (
+                    not self._find_epoch_loops(loop, expr, context, calls, depth=0)
+                    and context.function is not None
+                    and not self._call_sites(context.function)
+                ):
+                    # One pass per call, the calls in another module (a trainer's train()
+                    # that EDSR's main.py calls in its while loop): each pass moves the
+                    # sampler to its next epoch.
+                    self.facts.pass_hooks.setdefault(loop, EpochHook(loop)).loaders.setdefault(
+                        cst.Module([]).code_for_node(expr), (expr, [])
+                    )[1].extend(calls)
+
+    def _constructor_fed(self, expr: cst.BaseExpression, context: Context) -> list[cst.Call]:
+        """Project mode: `self.loader` set from a constructor parameter (`self.loader = loader`
+        in `Trainer.__init__`) of a top-level class that nothing in this module builds. The
+        modules that build it shard what they pass (loader_parameters, keyed by the class
+        name); here a stand-in loader call carries set_epoch (the caller's loader, checked at
+        run time by ddp_sampler)."""
+        name = dotted(expr)
+        if self.facts.parameter_loaders is None or not name or not name.startswith("self.") or name.count(".") != 1:
+            return []
+        cls = context.cls
+        if cls is None or self.parent(cls) is not self._module or any(
+            dotted(call.func) and dotted(call.func).rpartition(".")[2] == cls.name.value for call, _ in self._calls
+        ):
+            return []
+        for target in self._attr_targets.get(name[5:], []):
+            value, _ = self._assigned_value(target)
+            init = self._attr_contexts.get(target)
+            if not isinstance(value, cst.Name) or init is None or init.function is None or init.cls is not cls:
+                continue
+            if init.function.name.value != "__init__":
+                continue
+            params = list(init.function.params.params)[1:]
+            for index, param in enumerate(params):
+                if param.name.value == value.value:
+                    self.facts.loader_parameters.setdefault(cls.name.value, []).append((index, param.name.value))
+                    stand_in = cst.Call(func=cst.Name(cls.name.value))
+                    self.facts.loaders[stand_in] = LoaderSite(stand_in, None, training=True)
+                    self.facts.parameter_stand_ins.add(stand_in)
+                    return [stand_in]
+        return []
 
     def _fed_by_other_modules(self, expr: cst.BaseExpression, context: Context) -> bool:
         """Project mode: `loader` is a parameter of a top-level function that no caller in this
@@ -1100,8 +1147,24 @@ class Analyzer(cst.CSTVisitor):
             if isinstance(func, cst.Name) and func.value == name:
                 sites.append((call, context))
             elif isinstance(func, cst.Attribute) and func.attr.value == name and not top_level:
-                sites.append((call, context))
+                if owner is None or self._instance_of(func.value, owner):
+                    sites.append((call, context))
         return sites
+
+    def _instance_of(self, receiver: cst.BaseExpression, cls: cst.ClassDef) -> bool:
+        """Is ``receiver`` (of ``receiver.method()``) an instance of ``cls``: ``self`` in its
+        methods, or a name bound to ``Cls(...)``? ``self.model.train()`` is the model's."""
+        if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
+            return True
+        if not isinstance(receiver, cst.Name):
+            return False
+        scope = self.get_metadata(ScopeProvider, receiver, None)
+        for assignment in scope[receiver.value] if scope is not None else []:
+            node = getattr(assignment, "node", None)
+            value, _ = self._assigned_value(node) if node is not None else (None, None)
+            if isinstance(value, cst.Call) and (dotted(value.func) or "").rpartition(".")[2] == cls.name.value:
+                return True
+        return False
 
     def _owner_class(self, function: Function) -> cst.ClassDef | None:
         block = self.parent(function)
@@ -1129,22 +1192,25 @@ class Analyzer(cst.CSTVisitor):
         context: Context,
         calls: list[cst.Call],
         depth: int,
-    ) -> None:
-        """Attach set_epoch for `expr` to the loop around `loop`, looking through callers."""
+    ) -> bool:
+        """Attach set_epoch for `expr` to the loop around `loop`, looking through callers.
+        False if no loop was found around it."""
         outer = [candidate for candidate in context.loops if candidate is not loop]
         if outer:
             hook = self.facts.epoch_hooks.setdefault(outer[-1], EpochHook(outer[-1]))
             code = cst.Module([]).code_for_node(expr)
             known = hook.loaders.setdefault(code, (expr, []))[1]
             known.extend(call for call in calls if call not in known)
-            return
+            return True
         if context.function is None or depth > 4:
-            return
+            return False
         function = context.function
+        found = False
         for call_site, caller in self._call_sites(function):
             mapped = self._expression_in_caller(function, expr, call_site)
             if mapped is not None:
-                self._find_epoch_loops(call_site, mapped, caller, calls, depth + 1)
+                found |= self._find_epoch_loops(call_site, mapped, caller, calls, depth + 1)
+        return found
 
     def _expression_in_caller(
         self, function: Function, expr: cst.BaseExpression, call: cst.Call
@@ -1157,7 +1223,7 @@ class Analyzer(cst.CSTVisitor):
                     return argument if isinstance(argument, (cst.Name, cst.Attribute)) else None
             return expr  # a global: the same name works in the caller
         name = dotted(expr)
-        if name and name.startswith("self.") and isinstance(call.func, cst.Attribute):
+        if name and name.startswith("self.") and name.count(".") == 1 and isinstance(call.func, cst.Attribute):
             return cst.Attribute(value=call.func.value, attr=cst.Name(name.split(".", 1)[1]))
         return None
 

@@ -555,7 +555,7 @@ def _route_parameters(project: Project, members: list[ModuleInfo], links: dict, 
             continue
         calls = {}
         for name in set(CALL_NAME.findall(member.source)):
-            found = project.resolve(member, name)
+            found = project.resolve(member, name, classes=True)  # a trainer class's constructor too
             if found is not None and (found[0].name, found[1]) in trainers:
                 calls[name] = trainers[(found[0].name, found[1])]
         if calls:
@@ -565,7 +565,7 @@ def _route_parameters(project: Project, members: list[ModuleInfo], links: dict, 
         (found[0].name, found[1])
         for path in callers
         for name in links[path].parameter_loaders
-        if (found := project.resolve(project.modules_by_path()[path], name)) is not None
+        if (found := project.resolve(project.modules_by_path()[path], name, classes=True)) is not None
     }
     for (module, function), _ in trainers.items():
         if (module, function) not in fed:

@@ -203,11 +203,25 @@ def test_sampler_of_a_sharded_loader_is_its_distributed_sampler():
     assert template.ddp_sampler(loader) is sampler
 
 
-def test_a_loader_that_does_not_shard_stops_at_set_epoch():
+def test_a_loader_that_does_not_shard_stops_at_set_epoch(monkeypatch):
     dataset = torch.utils.data.TensorDataset(torch.arange(8.0))
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True)
+    monkeypatch.setattr(template.dist, "get_world_size", lambda: 2)
     with pytest.raises(RuntimeError, match="RandomSampler, not a DistributedSampler"):
         template.ddp_sampler(loader)
+
+
+def test_a_librarys_sampler_helper_allows_a_plain_sampler_in_a_world_of_one():
+    # a project script left as it was, training with a converted trainer module
+    from ddpify.transforms.process_group import library_helper_text
+
+    text = library_helper_text("ddp_sampler(loader).set_epoch(1)")
+    helpers = {"torch": torch, "dist": template.dist}
+    exec(compile(text, "<library helpers>", "exec"), helpers)
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True)
+    sampler = helpers["ddp_sampler"](loader)
+    sampler.set_epoch(sampler.epoch + 1)
 
 
 def test_library_helpers_allow_a_process_with_no_group():

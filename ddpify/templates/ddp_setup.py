@@ -144,6 +144,15 @@ def ddp_sampler(loader):
     return loader.sampler
 
 
+def ddp_next_epoch(loader):
+    """A pass over the training loader whose epoch loop is out of sight (another module
+    calls the pass): each pass moves its sampler to the next epoch, counting from 0."""
+    sampler = ddp_sampler(loader)
+    passes = getattr(sampler, "ddp_passes", 0)
+    sampler.set_epoch(passes)
+    sampler.ddp_passes = passes + 1
+
+
 def ddp_relaunch():
     """Plain `python train.py` on a machine with several GPUs: run again under torchrun, one
     process per GPU, as DataParallel used them all; exit with its status. DDPIFY_NO_RELAUNCH=1

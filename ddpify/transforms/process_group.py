@@ -56,6 +56,7 @@ TEMPLATE_NAMES = (
     "ddp_split_random_streams",
     "ddp_check_in_sync",
     "ddp_sampler",
+    "ddp_next_epoch",
     "ddp_relaunch",
     "ddp_first_slurm_host",
     "ddp_cleanup",
@@ -71,7 +72,8 @@ TEMPLATE_NAMES = (
 )
 # Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
 OPTIONAL_HELPERS = {
-    "ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_wrap", "ddp_rank", "ddp_world_size"
+    "ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_next_epoch", "ddp_wrap", "ddp_rank",
+    "ddp_world_size",
 }
 # In an imported module, the process may have set up no group (a project script that was
 # not converted imports it too): rank and world size come from helpers that allow for that.
@@ -177,7 +179,19 @@ def library_helper_text(code: str, newline: str = "\n") -> str:
 def _library_calls(text: str) -> str:
     for call, tolerant in LIBRARY_CALLS.items():
         text = text.replace(call, tolerant)
-    return text
+    return text.replace(STRICT_SAMPLER, TOLERANT_SAMPLER)
+
+
+# In a library, ddp_sampler also serves a project script that was left as it was (a world
+# of one, a plain sampler): set_epoch does nothing there.
+STRICT_SAMPLER = """    if not isinstance(loader.sampler, torch.utils.data.distributed.DistributedSampler):
+        raise RuntimeError("""
+TOLERANT_SAMPLER = """    if not isinstance(loader.sampler, torch.utils.data.distributed.DistributedSampler):
+        if ddp_world_size() == 1:
+            import types
+
+            return types.SimpleNamespace(epoch=0, set_epoch=lambda epoch: None)
+        raise RuntimeError("""
 
 
 class ProcessGroupTransform(Transform):

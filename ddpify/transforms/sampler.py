@@ -83,7 +83,7 @@ class SamplerTransform(Transform):
 
     def check(self) -> None:
         for site in self.facts.training_loaders:
-            if site.foreign is not None:
+            if site.foreign is not None or site.call in self.facts.parameter_stand_ins:
                 # Built by another module of the project, which shards it (or the project
                 # is refused with it): here it only needs set_epoch.
                 self.context.sharded_loaders.add(site.call)

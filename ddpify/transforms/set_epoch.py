@@ -21,6 +21,15 @@ rank training on all the data.
 
 When the loop has no epoch number (``while True:``, ``for batch_set in schedule:``) a counter
 is added before it and incremented at the top of the loop.
+
+DDP503  no epoch loop in sight: the pass over the loader is a method or function that only
+another module calls (EDSR's ``Trainer.train()``, run by ``while not t.terminate()`` in
+main.py); each pass moves the sampler on by one epoch itself::
+
+    for batch, (lr, hr) in enumerate(self.loader_train):
+    # becomes
+    ddp_next_epoch(self.loader_train)
+    for batch, (lr, hr) in enumerate(self.loader_train):
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ class SetEpochTransform(Transform):
         return [expr for expr, calls in hook.loaders.values() if any(call in sharded for call in calls)]
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
-        block = self._add_counters(block)
+        block = self._add_counters(self._before_passes(block))
         hook = self.facts.epoch_hooks.get(owner)
         if hook is None or not self._loaders(hook):
             return block
@@ -57,6 +66,21 @@ class SetEpochTransform(Transform):
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
+
+    def _before_passes(self, block: Block) -> Block:
+        result: Block = []
+        for original, updated in block:
+            hook = self.facts.pass_hooks.get(original)
+            for loader in self._loaders(hook) if hook is not None else []:
+                code = self.context.code(loader)
+                self.context.report(original, "DDP503", f"each pass over {code} moves its sampler to the next epoch (no epoch loop in sight)")
+                self.context.use_helper("ddp_sampler")
+                self.context.use_helper("ddp_next_epoch")
+                statement = cst.parse_statement(f"ddp_next_epoch({code})")
+                result.append((None, statement.with_changes(leading_lines=updated.leading_lines)))
+                updated = updated.with_changes(leading_lines=[])
+            result.append((original, updated))
+        return result
 
     def _add_counters(self, block: Block) -> Block:
         """Loops without an epoch number get a counter initialised right before them."""
