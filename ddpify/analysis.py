@@ -760,12 +760,13 @@ class Analyzer(cst.CSTVisitor):
             calls = calls_in(loop.body)
             backwards = [c for c in calls if _is_backward(c)]
             forwards = [c for c in calls if dotted(c.func) in self.facts.model_names]
-            if forwards and _backwards_per_pass(loop.body) > len(forwards):
+            per_pass = _backwards_per_pass(loop.body)
+            if forwards and per_pass > len(forwards):
                 model = dotted(forwards[0].func)
                 self.problem(
                     backwards[1],
                     "DDP115",
-                    f"{len(backwards)} backward() calls per {len(forwards)} call(s) of the wrapped `{model}` in this "
+                    f"{per_pass} backward() calls per {len(forwards)} call(s) of the wrapped `{model}` in this "
                     "training loop: DDP synchronises gradients once per forward, so a second backward through the "
                     "same forward fails; wrap the networks that each loss trains separately, by hand",
                 )
