@@ -34,7 +34,8 @@ OTHER_CODES = {
     "(pix2pixHD: one wrapped model returns the G and D losses, each gets its own backward): DDP synchronises "
     "gradients once per forward, so the second backward through the same forward fails. Wrap the networks each "
     "loss trains separately, by hand.",
-    "DDP309": "DDP309  (error) project mode: a function trains on a loader passed to it (`train_one_epoch(model, "
+    "DDP309": "DDP309  (error) project mode: a function (or a trainer class, through `self.loader = loader` in its "
+    "constructor) trains on a loader passed to it (`train_one_epoch(model, "
     "criterion, optimizer, data_loader, ...)` in engine.py), and what a caller passes cannot be traced to a "
     "DataLoader, or no module of the project calls it by a name ddpify can follow: every rank would train on all "
     "the data. (Where it can, the caller's loader is sharded where it is built and gets set_epoch in the loop "
