@@ -162,7 +162,17 @@ class RankZeroTransform(Transform):
             scope = self.context.metadata.get_metadata(ScopeProvider, func, None)
             assignments = list(scope[func.value]) if scope is not None else []
             return not any(isinstance(getattr(a, "node", None), cst.FunctionDef) for a in assignments)
-        return True
+        # `saver.save_checkpoint(...)` with a Saver class of this file: guarded (with its
+        # barrier) inside; a guard here too would leave that barrier to rank 0 alone (a hang)
+        return name.split(".")[-1] not in self._defined_here
+
+    @property
+    def _defined_here(self) -> set[str]:
+        if not hasattr(self, "_defined_names"):
+            self._defined_names = {
+                node.name.value for node in walk(self.context.module) if isinstance(node, cst.FunctionDef)
+            }
+        return self._defined_names
 
     def _writes_file(self, statement: cst.CSTNode) -> bool:
         """``with open(path, "w") as f:`` (every item opens a file for writing)."""
