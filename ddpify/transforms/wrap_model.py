@@ -77,6 +77,12 @@ mixed-precision switch (``if len(opt.gpu_ids) and not opt.fp16:``, pix2pixHD): w
 the model is wrapped elsewhere, after ``amp.initialize``. Made to run on every rank, this
 wrap would wrap the model twice; convert by hand.
 
+DDP116  (refuses; a warning with ``--allow-partial``) a loss summed over the batch
+(``reduction="sum"``, ``size_average=False``; YOLO losses): under DataParallel it summed the
+global batch; each DDP process sums its share and DDP averages the gradients, so every step
+is 1/world size of the original (SGD: a learning rate divided by the number of GPUs). Scale
+that loss by ``dist.get_world_size()`` before ``backward()``, or use a mean, by hand.
+
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -177,6 +183,7 @@ class WrapModelTransform(Transform):
     def check(self) -> None:
         for site in self.facts.wraps:
             self._check_submodule(site)
+        self._check_sum_losses()
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
                 create_graph = keyword_arg(node, "create_graph")
@@ -188,6 +195,55 @@ class WrapModelTransform(Transform):
                         "penalty): DDP all-reduces only first-order gradients and waits for parameters the penalty "
                         "never reaches, so the ranks stop or drift apart; convert this loss by hand",
                     )
+
+    def _check_sum_losses(self) -> None:
+        if not self.facts.has_training_step:
+            return
+        for node in self.facts.contexts:
+            if not isinstance(node, cst.Call) or not _sums_over_batch(node, self.context.code):
+                continue
+            if not self._trains_with(node):
+                continue  # `test_loss += F.nll_loss(output, target, reduction="sum").item()`: a metric
+            self.context.report_unsound(
+                node,
+                "DDP116",
+                f"`{self.context.code(node)}` sums the loss over the batch: each DDP process sums its share and DDP "
+                "averages the gradients, so every step would be 1/world size of DataParallel's; scale this loss by "
+                "dist.get_world_size() before backward() (or average it) by hand",
+            )
+            return
+
+    def _trains_with(self, call: cst.Call) -> bool:
+        """Is this sum-reduced loss (maybe) a training loss? A functional loss in a training
+        loop or in a loss module's forward; a loss module unless every call of the name it is
+        bound to is in evaluation code (a loop that trains nothing, a test/eval function)."""
+        context = self.facts.contexts[call]
+        if self._a_metric(call):
+            return False
+        in_training = bool(context.loops) and context.loops[-1] in self.facts.training_loops
+        name = (dotted(call.func) or "").rpartition(".")[2]
+        if not name.endswith("Loss"):
+            return in_training or (context.function is not None and context.function.name.value == "forward")
+        parent = self.context.parent(call)
+        targets = [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
+        uses = [node for node in self.facts.contexts if isinstance(node, cst.Call) and dotted(node.func) in targets]
+        return not uses or any(not self._evaluates(self.facts.contexts[use]) for use in uses)
+
+    def _a_metric(self, call: cst.Call) -> bool:
+        """`F.mse_loss(..., reduction="sum").item()`, or in a comprehension over another loader."""
+        node, parent = call, self.context.parent(call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "detach", "tolist"):
+            return True
+        while parent is not None and not isinstance(parent, cst.BaseStatement):
+            if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
+                return True
+            node, parent = parent, self.context.parent(parent)
+        return False
+
+    def _evaluates(self, context) -> bool:
+        if context.function is not None and re.search(r"test|eval|valid|infer", context.function.name.value):
+            return True
+        return bool(context.loops) and not any(loop in self.facts.training_loops for loop in context.loops)
 
     def _check_submodule(self, site: WrapSite) -> None:
         """``model.encoder = DP(model.encoder)``: the rest of ``model`` trains outside DDP."""
@@ -499,3 +555,17 @@ DEVICE_WORDS = ("gpu", "cuda", "cpu", "device", "parallel", "multi", "distribute
 def _about_devices(test_code: str) -> bool:
     words = {word for word in re.split(r"[^a-z0-9]+", test_code.lower()) if word}
     return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})
+
+
+def _sums_over_batch(call: cst.Call, code) -> bool:
+    """``nn.MSELoss(reduction="sum")``, ``F.l1_loss(x, y, reduction='sum')``,
+    ``nn.BCELoss(size_average=False)``: a loss summed over the batch."""
+    for arg in call.args:
+        if arg.keyword is None:
+            continue
+        value = code(arg.value).strip()
+        if arg.keyword.value == "reduction" and value in ('"sum"', "'sum'"):
+            return True
+        if arg.keyword.value == "size_average" and value == "False":
+            return True
+    return False
