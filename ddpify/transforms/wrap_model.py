@@ -241,6 +241,8 @@ class WrapModelTransform(Transform):
         return False
 
     def _evaluates(self, context) -> bool:
+        if context.function is not None and context.function.name.value in ("forward", "__call__"):
+            return False  # a loss module's own loop (YOLOv4's `for output in xin:`)
         if context.function is not None and re.search(r"test|eval|valid|infer", context.function.name.value):
             return True
         return bool(context.loops) and not any(loop in self.facts.training_loops for loop in context.loops)
