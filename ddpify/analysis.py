@@ -722,23 +722,40 @@ class Analyzer(cst.CSTVisitor):
         trainers = {context.function.name.value for context in self._training_loops.values() if context.function}
         trainers |= set(self.facts.parameter_loaders or ())
         for site in self.facts.training_loaders:
-            home = contexts.get(site.call)
-            if site.target is None or home is None:
+            target, home = self._where_bound(site, contexts)
+            if target is None or home is None:
                 continue
             for call, context in self._calls:
-                if context.loops or not self._same_binding(site.target, home, context):
+                if context.loops or not self._same_binding(target, home, context):
                     continue
                 callee = dotted(call.func) or ""
-                if any(dotted(arg.value) == site.target for arg in call.args) and _reads_data(callee, trainers):
+                if any(dotted(arg.value) == target for arg in call.args) and _reads_data(callee, trainers):
                     self.facts.side_passes.setdefault(site.call, []).append((call, f"{callee}(...)"))
             for loop, context in self.facts.contexts.items():
                 if not isinstance(loop, cst.For) or context.loops or loop in self._training_loops:
                     continue
-                if not self._same_binding(site.target, home, context) or self._trains_inside(loop):
+                if not self._same_binding(target, home, context) or self._trains_inside(loop):
                     continue
                 iterated = [self._through_progress_variable(expr) for expr in self._iterated(loop.iter)]
-                if any(dotted(expr) == site.target for expr in iterated):
+                if any(dotted(expr) == target for expr in iterated):
                     self.facts.side_passes.setdefault(site.call, []).append((loop, "a loop that trains nothing"))
+
+    def _where_bound(self, site: LoaderSite, contexts: dict) -> tuple[str | None, Context | None]:
+        """The name a training loader is bound to, and where: its DataLoader call's target, or
+        for a loader another module builds, the target of the builder's call here
+        (`self.train_loader, self.val_loader, ... = make_data_loader(args)`)."""
+        if site.foreign is None:
+            return site.target, contexts.get(site.call)
+        call, index = site.foreign.call, site.foreign.index
+        parent = self.parent(call)
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return None, None
+        target = parent.targets[0].target
+        if index is not None:
+            if not isinstance(target, (cst.Tuple, cst.List)) or index >= len(target.elements):
+                return None, None
+            target = target.elements[index].value
+        return dotted(target), contexts.get(call)
 
     @staticmethod
     def _same_binding(target: str, home: Context, context: Context) -> bool:

@@ -319,6 +319,17 @@ def test_a_script_whose_loop_sits_in_a_top_level_if_is_an_entry(tmp_path: Path) 
     assert all(not r.changed for r in results.values())
 
 
+CLASS_WEIGHTS_PROJECT = {'dataloaders/__init__.py': 'import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef make_data_loader(batch_size):\n    g = torch.Generator().manual_seed(0)\n    x = torch.randn(64, 4, generator=g)\n    y = torch.randint(0, 3, (64,), generator=g)\n    train_set = TensorDataset(x, y)\n    train_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)\n    return train_loader, 3\n', 'train.py': 'import torch\nimport torch.nn as nn\nfrom dataloaders import make_data_loader\nfrom utils.calculate_weights import calculate_weigths_labels\n\n\nclass Trainer(object):\n    def __init__(self):\n        self.train_loader, self.nclass = make_data_loader(8)\n        weight = torch.from_numpy(calculate_weigths_labels(self.train_loader, self.nclass))\n        print("class weights", weight)\n        self.criterion = nn.CrossEntropyLoss(weight=weight)\n        self.model = nn.DataParallel(nn.Linear(4, self.nclass))\n        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n    def training(self, epoch):\n        for x, y in self.train_loader:\n            loss = self.criterion(self.model(x), y)\n            self.optimizer.zero_grad()\n            loss.backward()\n            self.optimizer.step()\n\n\ndef main():\n    torch.manual_seed(0)\n    trainer = Trainer()\n    for epoch in range(2):\n        trainer.training(epoch)\n\n\nif __name__ == "__main__":\n    main()\n', 'utils/__init__.py': '', 'utils/calculate_weights.py': 'import numpy as np\n\n\ndef calculate_weigths_labels(dataloader, num_classes):\n    z = np.zeros((num_classes,))\n    for _, y in dataloader:\n        z += np.bincount(y.numpy(), minlength=num_classes)\n    total = z.sum()\n    return np.array([1 / np.log(1.02 + c / total) for c in z], dtype=np.float32)\n'}
+
+
+def test_a_class_weight_pass_over_a_loader_built_in_another_module_is_reported(tmp_path: Path) -> None:
+    # pytorch-deeplab-xception --use-balanced-weights: the weights are counted on one shard
+    write_project(tmp_path, CLASS_WEIGHTS_PROJECT)
+    results = convert_tree(tmp_path)
+    assert "DDP311" in {d.code for d in results["train.py"].diagnostics}
+    assert results["train.py"].changed and not results["train.py"].error
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")

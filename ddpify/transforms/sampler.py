@@ -104,6 +104,16 @@ class SamplerTransform(Transform):
             # Known before the walk: an epoch loop above the loader's line (a train function
             # defined before main builds the loader) gets its set_epoch too.
             self.context.sharded_loaders.add(site.call)
+        for readers in self.facts.side_passes.values():
+            for reader, what in readers:
+                self.context.report(
+                    reader,
+                    "DDP311",
+                    f"the training loader is also read outside the training loop by {what}: that pass now sees "
+                    "this rank's shard only (class weights, statistics and caches computed from it differ per "
+                    "rank); compute it over the dataset, or all-reduce what it counts",
+                    Severity.WARNING,
+                )
         trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
         if trains_ddp and self.facts.training_loaders:
             for loop in self._unfed_training_loops():
@@ -323,15 +333,6 @@ class SamplerTransform(Transform):
                 "DDP306",
                 "this DataLoader call also builds other loaders (the function is called more than once): "
                 "they are sharded too, so evaluation on them covers each rank's share only",
-                Severity.WARNING,
-            )
-        for reader, what in self.facts.side_passes.get(original_node, []):
-            self.context.report(
-                reader,
-                "DDP311",
-                f"the training loader is also read outside the training loop by {what}: that pass now sees this "
-                "rank's shard only (class weights, statistics and caches computed from it differ per rank); "
-                "compute it over the dataset, or all-reduce what it counts",
                 Severity.WARNING,
             )
         self.context.sharded_loaders.add(original_node)
