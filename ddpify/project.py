@@ -338,7 +338,10 @@ class Project:
 def convert_project(root: Path, sources: dict[Path, str], options: ConvertOptions) -> list[FileResult]:
     """Convert every file of the project; results in the order of ``sources``."""
     project = Project(root, sources)
-    results: dict[Path, FileResult] = {}
+    # ddpify's own output (converted earlier): nothing to convert, as for a single file
+    results: dict[Path, FileResult] = {
+        path: FileResult(str(path), source, source) for path, source in sources.items() if ALREADY_CONVERTED.search(source)
+    }
     candidates = project.candidates()
     groups = [group for entry in candidates if entry.runs and (group := _convert_group(project, entry, options, results))]
     while any(_refuse_together(group, results, root) for group in groups):
@@ -535,6 +538,7 @@ def _convert(info: ModuleInfo, role: str, options: ConvertOptions, links: Projec
     return convert_text(info.source, options, str(info.path), role, links)
 
 
+ALREADY_CONVERTED = re.compile(r"^# Distributed (set-up|helpers) added by ddpify", re.MULTILINE)
 CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 
 

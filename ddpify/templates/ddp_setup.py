@@ -91,7 +91,7 @@ def ddp_from_rank_zero(tensor):
 
 def ddp_split_random_streams(optimizer, args, kwargs):
     """Once training runs, each rank draws its own numbers (noise, dropout, augmentation),
-    as the one DataParallel process drew different ones for each part of the batch."""
+    as the one data-parallel process drew different ones for each part of the batch."""
     if dist.get_rank() != 0 and not getattr(ddp_split_random_streams, "done", False):
         import random
         import sys
@@ -155,7 +155,7 @@ def ddp_next_epoch(loader):
 
 def ddp_relaunch():
     """Plain `python train.py` on a machine with several GPUs: run again under torchrun, one
-    process per GPU, as DataParallel used them all; exit with its status. DDPIFY_NO_RELAUNCH=1
+    process per GPU, as the data-parallel script used them all; exit with its status. DDPIFY_NO_RELAUNCH=1
     turns this off; DDPIFY_NPROC=N forces N processes."""
     count = int(os.environ.get("DDPIFY_NPROC", "0")) or torch.cuda.device_count()
     if count < 2 or os.environ.get("DDPIFY_NO_RELAUNCH", "0") not in ("", "0"):
@@ -206,7 +206,7 @@ def ddp_wrap(module, **options):
 
 
 def ddp_local_batch_size(global_batch_size):
-    """DataParallel's batch size was global: give each process its share of it."""
+    """The data-parallel batch size was global: give each process its share of it."""
     world_size = dist.get_world_size()
     if global_batch_size % world_size:
         raise SystemExit(
