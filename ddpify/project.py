@@ -348,7 +348,9 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         pass  # a module shared by two groups, refused in one: the other goes too
     for info in candidates:  # a DataParallel module no script of the project imports
         if info.path not in results and info.wraps:
-            results[info.path] = _convert(info, SCRIPT, options, ProjectLinks())
+            alone = {info.path: _convert(info, SCRIPT, options, ProjectLinks())}
+            _leave_unused_subclasses([info], None, alone)  # a vendored subclass nothing imports
+            results[info.path] = alone[info.path]
     return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
 
 
@@ -450,7 +452,7 @@ def _training_names(members: list[ModuleInfo]) -> set[str]:
 SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
 
 
-def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo, converted: dict) -> None:
+def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None, converted: dict) -> None:
     """A vendored package's DataParallel subclass that nothing in the group uses
     (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback beside the
     patch_replication_callback the script calls) does not refuse the project: its module
