@@ -455,3 +455,17 @@ def test_pre_commit_hook_fails_on_data_parallel_and_passes_clean(tmp_path):
     assert "train.py:2:9: DDP100" in failing.stdout
     passing = run("clean.py")
     assert passing.returncode == 0, passing.stdout + passing.stderr
+
+
+def test_a_loader_module_converted_in_a_project_is_not_told_to_call_set_epoch():
+    # deeplab's dataloaders/__init__.py after `ddpify convert .`: set_epoch is in train.py
+    source = (
+        "import torch\nimport torch.distributed as dist\nfrom torch.utils.data import DataLoader\n"
+        "from torch.utils.data.distributed import DistributedSampler\n\n\n"
+        "# Distributed helpers added by ddpify; the entry script sets up the process group.\n\n\n"
+        "def make_data_loader(train_set):\n"
+        "    return DataLoader(train_set, batch_size=8, sampler=DistributedSampler(train_set, shuffle=True))\n"
+    )
+    assert "DDP510" not in [code for _, code in codes(source)]
+    plain = source.replace("# Distributed helpers added by ddpify; the entry script sets up the process group.\n", "")
+    assert "DDP510" in [code for _, code in codes(plain)]
