@@ -234,13 +234,36 @@ def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
 
 
 def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
-    """Targets of the `for` loops around `node` (up to its function): rank-uniform counters."""
+    """Targets of the `for` loops around `node` (up to its function), and the function's
+    step counters (`step = 0` ... `step += 1`): rank-uniform counters (every rank runs as
+    many steps: a DistributedSampler gives each the same number of samples)."""
     names: set[str] = set()
     while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
         if isinstance(node, cst.For):
             names |= {name.value for name in names_in(node.target)}
         node = parent_of(node)
-    return names
+    return names | (_step_counters(node) if node is not None else set())
+
+
+def _step_counters(scope: cst.CSTNode) -> set[str]:
+    """Names only ever set to an integer literal or increased by one."""
+    counted: dict[str, bool] = {}
+    for found in walk(scope):
+        if isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name):
+            steady = isinstance(found.operator, cst.AddAssign) and isinstance(found.value, cst.Integer)
+            counted[found.target.value] = counted.get(found.target.value, True) and steady
+        elif isinstance(found, cst.Assign):
+            for target in found.targets:
+                for name in bound_names(target.target):
+                    counted[name] = counted.get(name, True) and isinstance(found.value, cst.Integer)
+        elif isinstance(found, (cst.For, cst.AnnAssign)):
+            target = found.target
+            for name in bound_names(target) if isinstance(found, cst.AnnAssign) else [n.value for n in names_in(target)]:
+                counted[name] = False
+    increased = {
+        found.target.value for found in walk(scope) if isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name)
+    }
+    return {name for name, steady in counted.items() if steady and name in increased}
 
 
 def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:

@@ -95,7 +95,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import calls_in, dotted, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -529,7 +529,13 @@ class RankZeroTransform(Transform):
         call = self._side_effect(original.body[0])
         if call is None or "builtins.print" not in self.context.qualified(call.func):
             return []
-        return list(dict.fromkeys(_loss_names(call)))
+        return list(dict.fromkeys(_loss_names(call, self._derived_losses)))
+
+    @property
+    def _derived_losses(self) -> frozenset[str]:
+        if not hasattr(self, "_derived"):
+            self._derived = _loss_derived(self.context.module)
+        return self._derived
 
     def _reduction(self, name: str, original: cst.BaseStatement) -> cst.BaseStatement:
         self.context.report(
@@ -545,11 +551,31 @@ class RankZeroTransform(Transform):
         return same_path_on_every_rank(node, self.context.parent)
 
 
-def _is_loss(name: str) -> bool:
-    return "loss" in name.lower()
+def _is_loss(name: str, derived: frozenset[str] = frozenset()) -> bool:
+    return "loss" in name.lower() or name in derived
 
 
-def _loss_names(call: cst.Call) -> list[str]:
+def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
+    """Names whose values come from a loss: `l = loss.item()`, `running += l` (by data, not
+    only by a name that says "loss")."""
+    derived: set[str] = set()
+    assignments = [
+        (found.target.value, found.value) if isinstance(found, cst.AugAssign) else (found.targets[0].target.value, found.value)
+        for found in walk(scope)
+        if (isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name))
+        or (isinstance(found, cst.Assign) and len(found.targets) == 1 and isinstance(found.targets[0].target, cst.Name))
+    ]
+    grown = True
+    while grown:
+        grown = False
+        for name, value in assignments:
+            if name not in derived and any(_is_loss(n.value, frozenset(derived)) for n in names_in(value)):
+                derived.add(name)
+                grown = True
+    return frozenset(derived)
+
+
+def _loss_names(call: cst.Call, derived: frozenset[str] = frozenset()) -> list[str]:
     """Names of losses a print shows: ``loss.item()`` and bare ``running_loss``."""
     nodes = walk(call)
     not_variables = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}
@@ -557,7 +583,7 @@ def _loss_names(call: cst.Call) -> list[str]:
     not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
     items = [n.func.value.value for n in nodes if _is_item_call(n)]
     bare = [n.value for n in nodes if isinstance(n, cst.Name) and id(n) not in not_variables]
-    return [name for name in [*items, *bare] if _is_loss(name)]
+    return [name for name in [*items, *bare] if _is_loss(name, derived)]
 
 
 def _is_item_call(node: cst.CSTNode) -> bool:
