@@ -52,9 +52,7 @@ TEMPLATE_IMPORTS = (
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
-    "ddp_from_rank_zero",
-    "ddp_split_random_streams",
-    "ddp_check_in_sync",
+    "ddp_after_first_step",
     "ddp_sampler",
     "ddp_next_epoch",
     "ddp_relaunch",
@@ -119,26 +117,16 @@ def template_text(used: frozenset[str] = frozenset(), newline: str = "\n") -> st
     block goes and swaps in this text after printing the tree (parsing the block cost a
     tenth of a one-file conversion)."""
     kept = [text for name, text in template_chunks() if name not in OPTIONAL_HELPERS - used]
-    lines = []
-    for line in "\n\n\n".join(kept).split("\n"):
-        if RELAUNCH_MARK not in line:
-            lines.append(line)
-        elif "ddp_relaunch" in used:
-            lines.append(line.replace(RELAUNCH_MARK, ""))
-        else:
-            lines.pop()  # the `if not launched:` above it
-    text = "\n".join(lines)
+    lines = [line for line in "\n\n\n".join(kept).split("\n") if "ddp_relaunch" in used or RELAUNCH_MARK not in line]
+    text = "\n".join(lines).replace(RELAUNCH_MARK, "")
     if "ddp_relaunch" not in used:
         text = text.replace(RELAUNCH_HEADER, NO_RELAUNCH_HEADER)
     return text.replace("\n", newline) + newline
 
 
 # The header's words on plain `python`, with and without the self-relaunch.
-RELAUNCH_HEADER = (
-    "# or with srun under Slurm; plain `python this_script.py` starts one process per visible GPU\n"
-    "# (DDPIFY_NO_RELAUNCH=1: just one), and without GPUs runs as a world of one."
-)
-NO_RELAUNCH_HEADER = "# or with srun under Slurm; plain `python this_script.py` runs as a world of one."
+RELAUNCH_HEADER = "# or srun; plain `python` starts one process per visible GPU (DDPIFY_NO_RELAUNCH=1: just one)."
+NO_RELAUNCH_HEADER = "# or srun; plain `python` runs as a world of one."
 
 
 HELPERS_PLACEHOLDER = "__ddpify_helper_block__"
