@@ -17,9 +17,10 @@ CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "
 OTHER_CODES = {
     "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
-    "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file this one works with (its "
-    "entry script, or a module it imports) was refused, so this one is left untouched too: a converted module "
-    "under an unconverted entry would fail at its first collective. The refused file's own diagnostics say why.",
+    "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file of the project was refused, so "
+    "this one is left untouched too: a project converts whole or not at all (a converted module under an unconverted "
+    "entry would fail at its first collective; a model class found by importlib links files the import graph does not "
+    "show). The refused file's own diagnostics say why; `--allow-partial` converts the rest.",
     "DDP211": "DDP211  (error; a warning with `--allow-partial`) project mode: the group's model is wrapped in DistributedDataParallel, but no "
     "training DataLoader was found sharded in the entry script or the modules it imports (a loader built inside a "
     "class, a model or dataset loaded dynamically with importlib, a module outside the project): every rank would "

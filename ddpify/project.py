@@ -21,9 +21,10 @@ build_loaders(args)``) is sharded where that function builds it and gets ``set_e
 where it is iterated: the training module is converted first and says which functions'
 results it trains on; those modules are then converted with that knowledge.
 
-A group (an entry script and the modules it imports) is converted whole or not at all: if
-one of its files is refused, all of them are left untouched (DDP210; a converted library
-under an unconverted entry would fail at the first collective).
+A project is converted whole or not at all: if one of its files is refused, every file is
+left untouched (DDP210; a converted library under an unconverted entry would fail at the
+first collective, and modules meet in ways the import graph does not show, such as a model
+class found by importlib). ``--allow-partial`` converts the rest.
 
 The import graph comes from :mod:`ast` (fast, no libcst), parsed lazily: scripts and
 DataParallel modules first, then what they import. Conversion comes from the engine.
@@ -351,7 +352,23 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
             alone = {info.path: _convert(info, SCRIPT, options, ProjectLinks())}
             _leave_unused_subclasses([info], None, alone)  # a vendored subclass nothing imports
             results[info.path] = alone[info.path]
+    if not options.allow_partial:
+        _leave_all_if_refused(results, root)
     return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
+
+
+def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
+    """A project converts whole or not at all. Its modules may meet in ways the analysis
+    cannot see (a model class found by importlib, a loader that unwraps `DataParallel`):
+    with one file left as DataParallel, the rewrites of the others (a process group set
+    up around it, `isinstance(net, DistributedDataParallel)`) would break the program."""
+    refused = sorted(path for path, result in results.items() if result.error)
+    if not refused:
+        return
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    for path, result in list(results.items()):
+        if not result.error and result.changed:
+            results[path] = _refusal(result, "DDP210", f"{name} was not converted, and a project converts whole or not at all")
 
 
 def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions, results: dict) -> list[Path]:
@@ -627,7 +644,6 @@ def _refuse_together(group: list[Path], results: dict[Path, FileResult], root: P
         result = results[path]
         if result.error:
             continue
-        diagnostic = Diagnostic(1, 1, "DDP210", reason, Severity.ERROR)
-        results[path] = FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+        results[path] = _refusal(result, "DDP210", reason)
         changed = True
     return changed
