@@ -61,7 +61,7 @@ def test_reference_excerpts_are_windows_not_whole_files(reference: str) -> None:
     blocks = re.findall(r"^```(?:diff|python)[^\n]*\n(.*?)^```$", reference, flags=re.MULTILINE | re.DOTALL)
     assert blocks
     assert max(len(block.splitlines()) for block in blocks) <= 40
-    assert "def ddp_after_first_step" not in reference, "the emitted helpers are summarised, not shown"
+    assert "def ddp_after_step" not in reference, "the emitted helpers are summarised, not shown"
     assert "# ... ddpify's distributed helpers" in reference
 
 

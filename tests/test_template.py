@@ -101,7 +101,7 @@ def _torchrun(tmp_path, script: str):
 def test_ranks_that_train_different_weights_stop_after_the_first_step(tmp_path):
     result = _torchrun(tmp_path, UNWRAPPED)
     assert result.returncode != 0
-    assert "the ranks hold different weights after the first optimizer step" in result.stderr
+    assert "the ranks hold different weights or learning rates after optimizer step 1" in result.stderr
     assert not list(tmp_path.glob("trained*"))
 
 
@@ -113,6 +113,59 @@ def test_ranks_in_sync_pass_the_check(tmp_path):
     result = _torchrun(tmp_path, wrapped)
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.glob("trained*")) == ["trained0", "trained1"]
+
+
+HEAD_OUTSIDE = """
+import torch
+from ddpify.templates.ddp_setup import ddp_setup
+import torch.distributed as dist
+
+ddp_setup()
+torch.manual_seed(0)
+backbone = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 4))
+head = torch.nn.Linear(4, 3)  # face.evoLVe: the softmax head is left outside the wrap
+optimizer = torch.optim.SGD([*backbone.parameters(), *head.parameters()], lr=0.5, momentum=0.9)
+generator = torch.Generator().manual_seed(dist.get_rank())  # each rank's own shard
+for _ in range(2):
+    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(head(backbone(x)), y).backward()
+    optimizer.step()
+open(f"trained{dist.get_rank()}", "w").close()
+"""
+
+
+def test_a_head_trained_outside_the_wrap_stops_although_its_sums_agree(tmp_path):
+    # Softmax gradients sum to zero over the classes: the head's sums stay equal on every
+    # rank while its weights drift apart; the sums of squares differ.
+    result = _torchrun(tmp_path, HEAD_OUTSIDE)
+    assert result.returncode != 0
+    assert "the ranks hold different weights or learning rates after optimizer step 1" in result.stderr
+    assert not list(tmp_path.glob("trained*"))
+
+
+LEARNING_RATE_ALONE = """
+import torch
+from ddpify.templates.ddp_setup import ddp_setup
+import torch.distributed as dist
+
+ddp_setup()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(1, 9):
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    if step == 3 and dist.get_rank() == 1:  # a decay decided on rank 1's own validation loss
+        optimizer.param_groups[0]["lr"] *= 0.5
+    open(f"step{step}.rank{dist.get_rank()}", "w").close()
+"""
+
+
+def test_a_learning_rate_one_rank_changed_stops_at_the_next_check(tmp_path):
+    result = _torchrun(tmp_path, LEARNING_RATE_ALONE)
+    assert result.returncode != 0
+    assert "after optimizer step 4" in result.stderr
+    assert sorted(path.name for path in tmp_path.glob("step*.rank0")) == ["step1.rank0", "step2.rank0", "step3.rank0"]
 
 
 def test_mean_of_a_cpu_tensor_is_reduced_on_this_process_s_device(monkeypatch):

@@ -50,7 +50,7 @@ def ddp_setup():
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         ddp_share_random_state()
-        register_optimizer_step_post_hook(ddp_after_first_step)
+        register_optimizer_step_post_hook(ddp_after_step)
 
 
 def ddp_share_random_state():
@@ -67,26 +67,30 @@ def ddp_share_random_state():
         numpy.random.set_state(states[2])
 
 
-def ddp_after_first_step(optimizer, args, kwargs):
-    """After an optimizer's first step: stop unless every rank holds the same weights (a part
-    trained outside DDP), then let each rank draw its own noise, dropout and augmentation."""
-    if getattr(optimizer, "ddp_checked", False):
+def ddp_after_step(optimizer, args, kwargs):
+    """After an optimizer's steps 1, 2, 4, 8, ...: stop unless every rank holds the same weights
+    and learning rates (a part trained outside DDP, a decision one rank took alone). After the
+    first, each rank draws its own noise, dropout and augmentation."""
+    optimizer.ddp_steps = steps = getattr(optimizer, "ddp_steps", 0) + 1
+    if steps & (steps - 1):
         return
-    optimizer.ddp_checked = True
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    with torch.no_grad():
-        total = sum((i + 1) * float(p.double().sum()) for i, p in enumerate(params))
-    lr = sum(float(group.get("lr", 0.0)) for group in optimizer.param_groups)
-    local = torch.tensor([len(params), total, lr], dtype=torch.float64, device=ddp_device())
+    learning_rates = sum((i + 1) * float(group.get("lr", 0.0)) for i, group in enumerate(optimizer.param_groups))
+    fingerprint = [len(params), learning_rates, 0.0, 0.0]
+    with torch.no_grad():  # sums of squares too: a drift that keeps every sum (a softmax head) shows there
+        for i, p in enumerate(params):
+            fingerprint[2] += (i + 1) * float(p.double().sum())
+            fingerprint[3] += (i + 1) * float(p.double().square().sum())
+    local = torch.tensor(fingerprint, dtype=torch.float64, device=ddp_device())
     both = torch.cat([local, -local])
     dist.all_reduce(both, op=dist.ReduceOp.MAX)  # every rank's largest and smallest
-    if not torch.allclose(both[:3], -both[3:], rtol=1e-6, atol=1e-7, equal_nan=True):
+    if not torch.allclose(both[:4], -both[4:], rtol=1e-6, atol=1e-7, equal_nan=True):
         raise RuntimeError(
-            "the ranks hold different weights after the first optimizer step: part of the model is "
-            "trained outside DistributedDataParallel (a wrap that did not run on every rank, a "
-            "model changed after it was wrapped, or gradients DDP does not all-reduce)"
+            f"the ranks hold different weights or learning rates after optimizer step {steps}: part of the "
+            "model is trained outside DistributedDataParallel (a wrap that did not run on every rank, a model "
+            "changed after it was wrapped), or one rank decided alone (a learning rate set from its own loss)"
         )
-    if dist.get_rank() != 0 and not getattr(ddp_after_first_step, "split", False):
+    if dist.get_rank() != 0 and not getattr(ddp_after_step, "split", False):
         import random
         import sys
 
@@ -95,7 +99,7 @@ def ddp_after_first_step(optimizer, args, kwargs):
         random.seed(seed)
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed(seed % 2**32)
-    ddp_after_first_step.split = True
+    ddp_after_step.split = True
 
 
 def ddp_sampler(loader):

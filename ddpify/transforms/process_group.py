@@ -52,7 +52,7 @@ TEMPLATE_IMPORTS = (
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
-    "ddp_after_first_step",
+    "ddp_after_step",
     "ddp_sampler",
     "ddp_next_epoch",
     "ddp_relaunch",

@@ -348,7 +348,7 @@ def patch_optimizers(recorder: Recorder) -> None:
 
     def after_step(optimizer, args, kwargs):
         # Registered before the script runs, so it runs before the converted set-up's own
-        # hooks (ddp_after_first_step); it makes no collective call, so ranks cannot block on it.
+        # hooks (ddp_after_step); it makes no collective call, so ranks cannot block on it.
         recorder.data["steps"] += 1
         recorder.optimizer_stepped(optimizer)
         # The loop being trained is the latest pass still open (an earlier open one is a
