@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.metadata import (
     Assignment,
+    GlobalScope,
     ParentNodeProvider,
     PositionProvider,
     QualifiedNameProvider,
@@ -98,6 +99,8 @@ class EpochHook:
     loop: Loop
     # code of the loader expression as the loop sees it -> (that expression, DataLoader calls)
     loaders: dict[str, tuple[cst.BaseExpression, list[cst.Call]]] = field(default_factory=dict)
+    # code -> where the loop uses it: the training loop over it, or the call it is passed to
+    uses: dict[str, list[cst.CSTNode]] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,6 +140,8 @@ class Facts:
     has_training_step: bool = False
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
     fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
+    # (function or None for module level, code) of what training loops there iterate: sharded
+    training_loader_names: set[tuple[Function | None, str]] = field(default_factory=set)
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False
     dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes  # `from models import *` may bind torch and nn
@@ -904,8 +909,10 @@ class Analyzer(cst.CSTVisitor):
                 if not calls:
                     if self._fed_by_other_modules(expr, context):
                         self.facts.fed_loops.add(loop)
+                        self.facts.training_loader_names.add((context.function, cst.Module([]).code_for_node(expr)))
                     continue
                 self.facts.fed_loops.add(loop)
+                self.facts.training_loader_names.add((context.function, cst.Module([]).code_for_node(expr)))
                 for call in calls:
                     self.facts.loaders[call].training = True
                 if (
@@ -1001,13 +1008,18 @@ class Analyzer(cst.CSTVisitor):
             return expr
         scope = self.get_metadata(ScopeProvider, expr, None)
         assignments = list(scope[expr.value]) if scope is not None else []
-        if len(assignments) != 1 or getattr(assignments[0], "node", None) is None:
-            return expr
-        value, index = self._assigned_value(assignments[0].node)
-        if not isinstance(value, cst.Call) or index is not None or value in self.facts.loaders:
-            return expr
-        wrapped = [e for e in self._iterated(value) if e is not value]
-        return wrapped[0] if len(wrapped) == 1 else expr
+        wrapped_codes: dict[str, cst.BaseExpression] = {}
+        for assignment in assignments:  # flownet2 makes it in two branches: tqdm(loader, desc=...)
+            if getattr(assignment, "node", None) is None:
+                return expr
+            value, index = self._assigned_value(assignment.node)
+            if not isinstance(value, cst.Call) or index is not None or value in self.facts.loaders:
+                return expr
+            wrapped = [e for e in self._iterated(value) if e is not value]
+            if len(wrapped) != 1:
+                return expr
+            wrapped_codes.setdefault(cst.Module([]).code_for_node(wrapped[0]), wrapped[0])
+        return next(iter(wrapped_codes.values())) if len(wrapped_codes) == 1 else expr
 
     def _mark_iterator_loaders(self, loop: Loop, context: Context) -> bool:
         """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``;
@@ -1169,10 +1181,55 @@ class Analyzer(cst.CSTVisitor):
     def _loaders_via_parameter(self, function: Function, param: cst.Param, depth: int) -> list[cst.Call]:
         found = []
         for call, context in self._call_sites(function):
+            if not self._trains_at(function, call):
+                continue  # `iteration(epoch, val_loader, train=False)`: that loader is evaluated
             argument = self._argument_for(function, param, call)
             if argument is not None:
                 found += self._loaders_for(argument, context, depth + 1)
         return found
+
+    def _trains_at(self, function: Function, call: cst.Call) -> bool:
+        """Does this call of ``function`` train? Not when every backward()/step() in it sits
+        under ``if train:`` (or ``if not is_validate:``) on a parameter this call sets to the
+        other literal (BERT-pytorch's ``iteration(..., train=False)``, flownet2's
+        ``train(..., is_validate=True)``)."""
+        switch = self._training_switch(function)
+        if switch is None:
+            return True
+        param, trains_when = switch
+        value = self._argument_for(function, param, call)
+        if value is None and param.default is not None:
+            value = param.default
+        if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
+            return True
+        return (value.value == "True") == trains_when
+
+    def _training_switch(self, function: Function) -> tuple[cst.Param, bool] | None:
+        """The parameter that switches every training call of ``function`` on, and the value
+        that does; None if there is none."""
+        switches = set()
+        for call, context in self._calls:
+            if context.function is not function or not _is_training_call(call):
+                continue
+            switches.add(self._switch_around(call, function))
+        if len(switches) != 1 or None in switches:
+            return None
+        name, trains_when = switches.pop()
+        param = next((p for p in function.params.params if p.name.value == name), None)
+        return (param, trains_when) if param is not None else None
+
+    def _switch_around(self, call: cst.Call, function: Function) -> tuple[str, bool] | None:
+        """``(p, True)`` for a call under ``if p:``, ``(p, False)`` under ``if not p:``."""
+        node, parent = call, self.parent(call)
+        while parent is not None and parent is not function:
+            if isinstance(parent, cst.If) and node is parent.body:
+                test = parent.test
+                if isinstance(test, cst.Name):
+                    return test.value, True
+                if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and isinstance(test.expression, cst.Name):
+                    return test.expression.value, False
+            node, parent = parent, self.parent(parent)
+        return None
 
     def _call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
         name = function.name.value
@@ -1242,12 +1299,15 @@ class Analyzer(cst.CSTVisitor):
             code = cst.Module([]).code_for_node(expr)
             known = hook.loaders.setdefault(code, (expr, []))[1]
             known.extend(call for call in calls if call not in known)
+            hook.uses.setdefault(code, []).append(loop)
             return True
         if context.function is None or depth > 4:
             return False
         function = context.function
         found = False
         for call_site, caller in self._call_sites(function):
+            if not self._trains_at(function, call_site):
+                continue
             mapped = self._expression_in_caller(function, expr, call_site)
             if mapped is not None:
                 found |= self._find_epoch_loops(call_site, mapped, caller, calls, depth + 1)
@@ -1262,6 +1322,9 @@ class Analyzer(cst.CSTVisitor):
                 if param.name.value == expr.value:
                     argument = self._argument_for(function, param, call)
                     return argument if isinstance(argument, (cst.Name, cst.Attribute)) else None
+            scope = self.get_metadata(ScopeProvider, expr, None)
+            if scope is not None and not isinstance(scope, GlobalScope) and scope.assignments[expr.value]:
+                return None  # the function's own variable: the caller cannot name it
             return expr  # a global: the same name works in the caller
         name = dotted(expr)
         if name and name.startswith("self.") and name.count(".") == 1 and isinstance(call.func, cst.Attribute):
@@ -1375,6 +1438,15 @@ def analyze(
     analyzer.metadata = wrapper.resolve_many(analyzer.get_inherited_dependencies())
     analyzer.facts.analyzer = analyzer
     return analyzer.facts
+
+
+def batch_length(value: cst.BaseExpression) -> bool:
+    """``x.shape[0]``, ``x.size(0)``, ``len(x)``: how many samples a batch holds."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == "shape":
+        return True
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
+        return True
+    return isinstance(value, cst.Call) and dotted(value.func) == "len"
 
 
 def _is_training_call(call: cst.Call) -> bool:

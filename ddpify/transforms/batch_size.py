@@ -21,6 +21,13 @@ each process (one per GPU) loads that share::
     DataLoader(train_set, batch_size=args.batch_size * n_gpu)  ->  batch_size=args.batch_size
 
 DDP404  likewise ``num_workers=workers * n_gpu`` -> ``num_workers=workers`` per process.
+
+DDP405  a sum over the training loader's batches divided by the dataset's length (the
+pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
+it is divided by the shard's length, so the value (and its mean across ranks, for a print
+or an early stop) is the average DataParallel computed::
+
+    train_loss /= len(train_loader.dataset)   ->   train_loss /= len(train_loader.sampler)
 """
 
 from __future__ import annotations
@@ -74,6 +81,42 @@ class BatchSizeTransform(Transform):
         return updated_node.with_changes(
             args=[a.with_changes(value=split) if a is arg else a for a in updated_node.args]
         )
+
+    def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation) -> cst.BinaryOperation:
+        if isinstance(original_node.operator, cst.Divide) and self._is_dataset_length(original_node.right):
+            return updated_node.with_changes(right=self._shard_length(original_node.right))
+        return updated_node
+
+    def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
+        if isinstance(original_node.operator, cst.DivideAssign) and self._is_dataset_length(original_node.value):
+            return updated_node.with_changes(value=self._shard_length(original_node.value))
+        return updated_node
+
+    def _is_dataset_length(self, node: cst.BaseExpression) -> bool:
+        """``len(<a training loader of this function>.dataset)``."""
+        if not (isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1):
+            return False
+        value = node.args[0].value
+        if not (isinstance(value, cst.Attribute) and value.attr.value == "dataset"):
+            return False
+        return (self._function_of(node), self.context.code(value.value)) in self.facts.training_loader_names
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, cst.FunctionDef):
+            parent = self.context.parent(parent)
+        return parent
+
+    def _shard_length(self, length: cst.Call) -> cst.Call:
+        loader = self.context.code(length.args[0].value.value)
+        self.context.report(
+            length,
+            "DDP405",
+            f"`len({loader}.dataset)` divided a sum over the training loader, which now covers one shard: "
+            f"divided by the shard's length, `len({loader}.sampler)`",
+        )
+        attribute = length.args[0].value.with_changes(attr=cst.Name("sampler"))
+        return length.with_changes(args=[length.args[0].with_changes(value=attribute)])
 
     def _is_gpu_count(self, node: cst.BaseExpression) -> bool:
         """``torch.cuda.device_count()``, ``n_gpu`` / ``args.n_gpu``, ``max(1, n_gpu)``."""

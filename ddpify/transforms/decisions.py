@@ -23,8 +23,9 @@ world's samples::
     used_sample += real_image.shape[0]  ->  used_sample += real_image.shape[0] * dist.get_world_size()
 
 DDP805  an early stop in the epoch loop on a value the loop computed (``train_loss =
-train(...)``, then ``if train_loss < 0.5: break``) decides on its mean across ranks, so
-every rank stops together, on the global value DataParallel saw::
+train(...)``, or ``train_loss += ...`` in the training loop, then ``if train_loss < 0.5:
+break``) decides on its mean across ranks, so every rank stops together, on the global
+value DataParallel saw::
 
     if train_loss < 0.5:   ->   if ddp_mean(train_loss) < 0.5:
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, first_positional, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
+from ddpify.analysis import batch_length, calls_in, dotted, first_positional, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
 
@@ -64,7 +65,7 @@ class DecisionsTransform(Transform):
         for node in walk(loop.body):
             if self._innermost_loop(node) is not loop:
                 continue  # checked with its own loop's counters
-            if isinstance(node, cst.If) and _reads_data(node.test) and not same_on_every_rank(node.test, loop_names):
+            if isinstance(node, cst.If) and self._may_differ(loop, node, loop_names):
                 if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
                     metrics = self._epoch_metrics(loop, node) if loop in self.facts.epoch_hooks else None
                     if metrics:
@@ -76,25 +77,41 @@ class DecisionsTransform(Transform):
             ):
                 self._hang_risk(node, "an exception handler around backward() skips it")
 
+    def _may_differ(self, loop: cst.CSTNode, test_owner: cst.If, loop_names: set[str]) -> bool:
+        """Does the test read data (a loss, a call) or, in an epoch loop, a value the loop
+        computed (``average = train(...)``), and so possibly differ between ranks?"""
+        reads = _reads_data(test_owner.test) or (
+            loop in self.facts.epoch_hooks and bool(_variables(test_owner.test) & self._computed(loop))
+        )
+        return reads and not same_on_every_rank(test_owner.test, loop_names)
+
     def _epoch_metrics(self, loop: cst.CSTNode, test_owner: cst.If) -> set[str] | None:
-        """Names an epoch loop's early stop reads that the loop assigns from a call
-        (``train_loss = train(...)``): averaged across ranks they are the same on every rank.
-        None when the test reads anything else that may differ."""
-        assigned_from_calls = {
+        """Names an epoch loop's early stop reads that the loop computes. Averaged across ranks
+        they are the same on every rank. None when the test reads anything else that may differ."""
+        computed = self._computed(loop)
+        reads = _variables(test_owner.test)
+        data = {name for name in reads if "loss" in name.lower() or name in computed}
+        if not data or not data <= computed or any(name not in computed and not name.isupper() for name in reads - data):
+            return None
+        return data
+
+    def _computed(self, loop: cst.CSTNode) -> set[str]:
+        """Names the loop assigns from a call (``train_loss = train(...)``) or accumulates
+        (``train_loss += loss.item()`` in the training loop, then ``train_loss /= n``)."""
+        return {
             name
             for node in walk(loop.body)
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and self._innermost_loop(node) is loop
             for target in node.targets
             for name in [dotted(target.target)]
             if name
+        } | {
+            name
+            for node in walk(loop.body)
+            if isinstance(node, cst.AugAssign)
+            for name in [dotted(node.target)]
+            if name
         }
-        reads = _variables(test_owner.test)
-        data = {name for name in reads if "loss" in name.lower() or name in assigned_from_calls}
-        if not data or not data <= assigned_from_calls or any(
-            name not in assigned_from_calls and not name.isupper() for name in reads - data
-        ):
-            return None
-        return data
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         metrics = self._averaged_tests.get(original_node)
@@ -107,7 +124,7 @@ class DecisionsTransform(Transform):
 
     def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
         counter = dotted(original_node.target)
-        if not (isinstance(original_node.operator, cst.AddAssign) and counter and _batch_length(original_node.value)):
+        if not (isinstance(original_node.operator, cst.AddAssign) and counter and batch_length(original_node.value)):
             return updated_node
         if not self._in_training_loop(original_node) or not self._decides(counter):
             return updated_node
@@ -180,15 +197,6 @@ class DecisionsTransform(Transform):
         return updated_node.with_changes(
             args=[arg.with_changes(value=averaged) if arg.value is metric else arg for arg in updated_node.args]
         )
-
-
-def _batch_length(value: cst.BaseExpression) -> bool:
-    """``x.shape[0]``, ``x.size(0)``, ``len(x)``: how many samples a batch holds."""
-    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == "shape":
-        return True
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
-        return True
-    return isinstance(value, cst.Call) and dotted(value.func) == "len"
 
 
 def _reads_data(test: cst.BaseExpression) -> bool:

@@ -19,6 +19,11 @@ run-time backstop for the data: if the loader does not shard after all (a shape 
 analysis misread), training stops at the first epoch with a clear error instead of every
 rank training on all the data.
 
+Where the loader is only used under a condition (``if not opt.no_train: train_epoch(i,
+train_loader, ...)``, 3D-ResNets) or is built again inside the epoch loop, set_epoch goes
+right before the statement that uses it, under the same conditions and after the new
+loader is made: at the top of the loop it would name a loader that may not exist.
+
 When the loop has no epoch number (``while True:``, ``for batch_set in schedule:``) a counter
 is added before it and incremented at the top of the loop.
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import EpochHook
+from ddpify.analysis import EpochHook, walk
 from ddpify.transforms.base import Block, Transform
 
 COUNTER = "sampler_epoch"
@@ -46,12 +51,49 @@ RANGES = ("range", "trange")
 class SetEpochTransform(Transform):
     CODE_PREFIX = "DDP5"
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        # statement in an epoch loop (original) -> (loader, epoch variable, its DataLoader calls)
+        self._before_use: dict[cst.CSTNode, list[tuple[cst.BaseExpression, str, list[cst.Call]]]] = {}
+        self._placed: set[tuple[cst.CSTNode, str]] = set()  # (epoch loop, loader code) set there
+
+    def check(self) -> None:
+        for loop, hook in self.facts.epoch_hooks.items():
+            epoch = _epoch_variable(loop)
+            for code, (expr, calls) in hook.loaders.items():
+                anchors = [self._statement_of(use, loop) for use in hook.uses.get(code, [])]
+                if epoch is None or not anchors or None in anchors:
+                    continue
+                if all(direct for _, direct in anchors) and not _rebinds(loop, code):
+                    continue  # the top of the loop serves
+                for anchor, _ in anchors:
+                    self._before_use.setdefault(anchor, []).append((expr, epoch, calls))
+                self._placed.add((loop, code))
+
+    def _statement_of(self, use: cst.CSTNode, loop: cst.CSTNode) -> tuple[cst.CSTNode, bool] | None:
+        """The innermost statement holding ``use``, and whether it sits directly in the epoch
+        loop's body; None if a function, a class or another loop lies between them."""
+        statement, node = None, use
+        while node is not None:
+            if node is not use and isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef, cst.For, cst.While)):
+                return None
+            if statement is None and isinstance(node, cst.BaseStatement):
+                statement = node
+            parent = self.context.parent(node)
+            if parent is loop.body:
+                return (statement, statement is node) if statement is not None else None
+            node = parent
+        return None
+
     def _loaders(self, hook: EpochHook) -> list[cst.BaseExpression]:
         sharded = self.context.sharded_loaders
-        return [expr for expr, calls in hook.loaders.values() if any(call in sharded for call in calls)]
+        return [
+            expr for code, (expr, calls) in hook.loaders.items()
+            if any(call in sharded for call in calls) and (hook.loop, code) not in self._placed
+        ]
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
-        block = self._add_counters(self._before_passes(block))
+        block = self._add_counters(self._before_uses(self._before_passes(block)))
         hook = self.facts.epoch_hooks.get(owner)
         if hook is None or not self._loaders(hook):
             return block
@@ -66,6 +108,21 @@ class SetEpochTransform(Transform):
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
+
+    def _before_uses(self, block: Block) -> Block:
+        result: Block = []
+        for original, updated in block:
+            for loader, epoch, calls in self._before_use.get(original, []) if original is not None else []:
+                if not any(call in self.context.sharded_loaders for call in calls):
+                    continue
+                code = self.context.code(loader)
+                self.context.report(original, "DDP501", f"ddp_sampler({code}).set_epoch() right before the statement that uses it")
+                self.context.use_helper("ddp_sampler")
+                statement = cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch})")
+                result.append((None, statement.with_changes(leading_lines=updated.leading_lines)))
+                updated = updated.with_changes(leading_lines=[])
+            result.append((original, updated))
+        return result
 
     def _before_passes(self, block: Block) -> Block:
         result: Block = []
@@ -93,6 +150,15 @@ class SetEpochTransform(Transform):
                 updated = updated.with_changes(leading_lines=[])
             result.append((original, updated))
         return result
+
+
+def _rebinds(loop: cst.CSTNode, code: str) -> bool:
+    """Is the loader (re)built inside the epoch loop (``train_loader = DataLoader(...)``)?"""
+    module = cst.Module([])
+    return any(
+        isinstance(node, cst.Assign) and any(module.code_for_node(target.target) == code for target in node.targets)
+        for node in walk(loop.body)
+    )
 
 
 def _epoch_variable(loop: cst.CSTNode) -> str | None:

@@ -94,7 +94,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, calls_in, dotted, first_positional, names_in, walk
+from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
@@ -230,10 +230,13 @@ class WrapModelTransform(Transform):
         return not uses or any(not self._evaluates(self.facts.contexts[use]) for use in uses)
 
     def _a_metric(self, call: cst.Call) -> bool:
-        """`F.mse_loss(..., reduction="sum").item()`, or in a comprehension over another loader."""
+        """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
+        comprehension over another loader: not a summed training loss."""
         node, parent = call, self.context.parent(call)
         if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "detach", "tolist"):
             return True
+        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right):
+            return True  # `F.mse_loss(..., reduction="sum") / len(data)`: the batch's mean
         while parent is not None and not isinstance(parent, cst.BaseStatement):
             if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
                 return True
@@ -557,6 +560,14 @@ DEVICE_WORDS = ("gpu", "cuda", "cpu", "device", "parallel", "multi", "distribute
 def _about_devices(test_code: str) -> bool:
     words = {word for word in re.split(r"[^a-z0-9]+", test_code.lower()) if word}
     return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})
+
+
+def _this_batch(divisor: cst.BaseExpression) -> bool:
+    """``len(data)``, ``data.size(0)``, ``data.shape[0]``: the length of the batch in hand, not
+    of a dataset (``len(loader.dataset)`` or ``args.batch_size`` stay sums to refuse)."""
+    if isinstance(divisor, cst.Call) and dotted(divisor.func) == "len":
+        return len(divisor.args) == 1 and isinstance(divisor.args[0].value, (cst.Name, cst.Subscript))
+    return batch_length(divisor)
 
 
 def _sums_over_batch(call: cst.Call, code) -> bool:
