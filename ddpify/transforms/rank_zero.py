@@ -92,6 +92,8 @@ and a warning says so::
 
 from __future__ import annotations
 
+import sys
+
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
@@ -121,8 +123,12 @@ SIDE_EFFECTS = {
     "scipy.io.wavfile.write",
     "torchaudio.save",
     "joblib.dump",
+    # tensorboard_logger (WideResNet): configure() starts an event file, log_value() writes to it
+    *(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images")),
 }
-OPEN = {"builtins.open", "io.open"}
+OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
+# pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
+PATH_WRITES = ("write_text", "write_bytes")
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
 PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
 
@@ -143,6 +149,8 @@ class RankZeroTransform(Transform):
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
         if self._imported_saver(call.func) and not self._from_project(call.func):
+            return call
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
         return None
 
@@ -181,12 +189,27 @@ class RankZeroTransform(Transform):
         return all(self._opens_for_writing(item.item) for item in statement.items)
 
     def _opens_for_writing(self, node: cst.BaseExpression) -> bool:
-        if not isinstance(node, cst.Call) or not self.context.qualified(node.func) & OPEN:
+        """``open(path, "w")`` (and gzip's, bz2's, ...), or pathlib's ``path.open("w")``: the
+        mode is the first argument of a method ``open`` on a value (3D-ResNets' Logger)."""
+        if not isinstance(node, cst.Call):
             return False
         positional = [arg for arg in node.args if arg.keyword is None]
-        mode = keyword_arg(node, "mode") or (positional[1] if len(positional) > 1 else None)
+        if self.context.qualified(node.func) & OPEN:
+            mode = keyword_arg(node, "mode") or (positional[1] if len(positional) > 1 else None)
+        elif self._method_open(node.func):
+            mode = keyword_arg(node, "mode") or (positional[0] if positional else None)
+        else:
+            return False
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
-        return isinstance(value, str) and any(flag in value for flag in WRITE_MODES)
+        # A mode string, not a path that happens to hold a "w" (`Image.open("weights.png")`)
+        is_mode = isinstance(value, str) and 0 < len(value) <= 4 and set(value) <= set("rwxabt+")
+        return is_mode and any(flag in value for flag in WRITE_MODES)
+
+    def _method_open(self, func: cst.BaseExpression) -> bool:
+        """``<value>.open``: a method, not a module's function (``gzip.open`` is in OPEN)."""
+        if not (isinstance(func, cst.Attribute) and func.attr.value == "open"):
+            return False
+        return not any(name.rpartition(".")[0] in sys.stdlib_module_names for name in self.context.qualified(func))
 
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original):
@@ -249,7 +272,7 @@ class RankZeroTransform(Transform):
             return self._save_unwrapped(original_node, updated_node)
         if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
             return self._quiet_progress_bar(original_node, updated_node)
-        if names & OPEN and self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
+        if self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
                     original_node,
@@ -379,7 +402,6 @@ class RankZeroTransform(Transform):
         return (
             isinstance(parent, cst.Assign)
             and parent.value is call
-            and bool(self.context.qualified(call.func) & OPEN)
             and self._opens_for_writing(call)
             and not self._under_rank_guard(call)
             and not self._import_time(call)
