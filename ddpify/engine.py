@@ -63,6 +63,8 @@ def convert_text(
     if context.has_errors:
         return _refused(path, source, context.diagnostics)
     converted = module.visit(Pipeline(context, transforms))
+    if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
+        return _refused(path, source, context.diagnostics)
     launches = role == ENTRY or (role == SCRIPT and facts.wraps)
     return FileResult(
         path,

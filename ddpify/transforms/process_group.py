@@ -35,8 +35,9 @@ import re
 from importlib import resources
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import FunctionScope, Scope, ScopeProvider
 
+from ddpify.analysis import walk
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.transforms.base import Block, Pair, Transform
 from ddpify.transforms.imports import is_header
@@ -221,12 +222,22 @@ class ProcessGroupTransform(Transform):
         self._report_conflicts()
 
     def _report_conflicts(self) -> None:
-        for name, node in self._conflicts():
-            self.context.report(
-                node, "DDP203", f"`{name}` is already bound in this script; the DDP set-up needs that name", Severity.ERROR
-            )
+        # A function's own variable of that name (open-reid's `dist = torch.cdist(...)`)
+        # matters only if the converted code uses the name inside that function: decided
+        # when the function has been rewritten (leave_FunctionDef).
+        self._local_bindings: dict[cst.FunctionDef, dict[str, cst.CSTNode]] = {}
+        for scope, name, node in self._conflicts():
+            if isinstance(scope, FunctionScope) and isinstance(scope.node, cst.FunctionDef):
+                self._local_bindings.setdefault(scope.node, {}).setdefault(name, node)
+            else:
+                self._report_conflict(name, node)
 
-    def _conflicts(self) -> list[tuple[str, cst.CSTNode]]:
+    def _report_conflict(self, name: str, node: cst.CSTNode) -> None:
+        self.context.report(
+            node, "DDP203", f"`{name}` is already bound in this script; the DDP set-up needs that name", Severity.ERROR
+        )
+
+    def _conflicts(self) -> list[tuple[Scope, str, cst.CSTNode]]:
         scopes = {scope for scope in self.context.metadata.resolve(ScopeProvider).values() if scope is not None}
         found = []
         for scope in scopes:
@@ -236,8 +247,20 @@ class ProcessGroupTransform(Transform):
                     continue
                 names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
                 if allowed is None or allowed not in names:
-                    found.append((assignment.name, getattr(assignment, "node", self.context.module)))
+                    found.append((scope, assignment.name, getattr(assignment, "node", self.context.module)))
         return found
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        for name, node in getattr(self, "_local_bindings", {}).get(original_node, {}).items():
+            if _uses_of(updated_node, name) > _uses_of(original_node, name):
+                self.context.report(
+                    node,
+                    "DDP203",
+                    f"`{name}` is a variable of `{original_node.name.value}()`, where the converted code needs the "
+                    f"name `{name}` itself (a rank guard, a collective); rename the variable",
+                    Severity.ERROR,
+                )
+        return updated_node
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         if self.context.is_library:
@@ -313,3 +336,8 @@ class ProcessGroupTransform(Transform):
             missing = max(0, 2 - sum(1 for line in statement.leading_lines if line.comment is None))
             rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
         return [*block[:at], *helpers, *rest]
+
+
+def _uses_of(node: cst.CSTNode, name: str) -> int:
+    """How often ``name`` appears as a name in ``node``'s code."""
+    return sum(1 for found in walk(node) if isinstance(found, cst.Name) and found.value == name)
