@@ -6,6 +6,7 @@ process_group wraps the entry point in try/finally; imports come last, once ever
 transform has scheduled what it needs.
 """
 
+from ddpify.transforms.batch_losses import BatchLossesTransform
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
@@ -23,6 +24,7 @@ TRANSFORMS = (
     DevicesTransform,
     WrapModelTransform,
     WrapPlacementTransform,
+    BatchLossesTransform,
     SamplerTransform,
     BatchSizeTransform,
     SetEpochTransform,

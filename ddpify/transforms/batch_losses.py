@@ -1,0 +1,232 @@
+"""DDP117-DDP119: losses that need the whole batch, keep state, or train outside the wrap.
+
+DataParallel gathered every GPU's outputs on one device before the loss ran, and kept one
+copy of the loss module. Two kinds of loss change meaning when each DDP process computes
+its own:
+
+DDP117  (refuses; a warning with ``--allow-partial``) a loss that compares the samples of a
+batch with each other: batch-hard triplet mining, contrastive, InfoNCE and SupCon losses
+(``torch.cdist(x, x)``, ``x.mm(x.t())``, ``feats @ feats.T``, ``dist.addmm_(1, -2, x, x.t())``).
+Under DataParallel it mined and contrasted across the whole global batch; under DDP each
+process would see only its share (fewer positives and negatives, another loss)::
+
+    def triplet_loss(inputs, targets):
+        d = torch.cdist(inputs, inputs)      # every pair of the batch
+        ...
+    loss = triplet_loss(model(x), y)         # refused: gather the outputs of every rank first
+                                             # (torch.distributed.nn.functional.all_gather)
+
+DDP118  (refuses; a warning with ``--allow-partial``) a loss module that keeps a buffer it
+updates while training (open-reid's OIM lookup table, an NCE memory bank): each process
+would update its own copy with its own share of the samples, and the copies would drift
+apart; DDP synchronises gradients, not buffers of modules it does not wrap::
+
+    class OIMLoss(nn.Module):
+        def __init__(self, ...):
+            self.register_buffer("lut", torch.zeros(classes, features))
+    ...
+    ctx.lut[y] = momentum * ctx.lut[y] + (1 - momentum) * x    # refused
+
+DDP119  (refuses; a warning with ``--allow-partial``) a module the optimizer trains and the
+training loop calls that is not wrapped (face.evoLVe's ``HEAD`` beside the wrapped
+``BACKBONE``, a loss with its own weights): DataParallel computed its gradients from the
+whole batch on one device; under DDP nothing averages them across processes, and each rank
+would train its own copy::
+
+    BACKBONE = nn.DataParallel(BACKBONE)
+    OPTIMIZER = optim.SGD([*BACKBONE.parameters(), *HEAD.parameters()], lr=0.1)
+    outputs = HEAD(BACKBONE(inputs), labels)     # refused: HEAD is trained outside DDP
+
+Only losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
+(``...Loss``, ``...Criterion``, ``Triplet...``, ``NCE...``, ``Memory...``) or a function whose
+name holds ``loss``, ``triplet`` or ``contrast``, called in a training loop; the operands of
+a pairwise product must both come from the batch (no ``self.`` weight or centre table).
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.analysis import calls_in, dotted, walk
+from ddpify.transforms.base import Transform
+
+LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
+LOSS_FUNCTION = re.compile(r"loss|triplet|contrast", re.IGNORECASE)
+PAIRWISE_FUNCTIONS = {"torch.cdist", "torch.pdist", "torch.nn.functional.pdist"}
+PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
+IN_PLACE = re.compile(r"\.(index_copy_|index_add_|copy_|mul_|add_|sub_|div_|fill_|index_fill_|scatter_|zero_)\(")
+
+
+class BatchLossesTransform(Transform):
+    CODE_PREFIX = "DDP11"
+
+    def check(self) -> None:
+        if not self.facts.wraps or not self.facts.training_loops:
+            return
+        definitions = self._definitions()
+        for name, definition in self._losses_trained(definitions).items():
+            pairwise = self._pairwise(definition)
+            if pairwise is not None:
+                self.context.report_unsound(
+                    pairwise,
+                    "DDP117",
+                    f"`{name}` compares the samples of the batch with each other "
+                    f"(`{self.context.code(pairwise)}`): DataParallel gathered the whole global batch for it, each "
+                    "DDP process would see only its share; gather every rank's outputs first "
+                    "(torch.distributed.nn.functional.all_gather) by hand",
+                )
+            buffer = self._updated_buffer(definition) if isinstance(definition, cst.ClassDef) else None
+            if buffer is not None:
+                self.context.report_unsound(
+                    definition,
+                    "DDP118",
+                    f"`{name}` keeps the buffer `{buffer}` and updates it while training: each process would "
+                    "update its own copy with its own samples and the copies would drift apart; keep it "
+                    "in sync across ranks by hand",
+                )
+
+        self._check_unwrapped_trained()
+
+    def _check_unwrapped_trained(self) -> None:
+        wrapped = {name for site in self.facts.wraps for name in (site.target, dotted(site.module_arg) if site.module_arg else None) if name}
+        called = {dotted(call.func) for loop in self.facts.training_loops for call in calls_in(loop.body)}
+        for node in self.facts.contexts:
+            if not isinstance(node, cst.Call) or not self._builds_optimizer(node):
+                continue
+            for trained in self._trained_modules(node):
+                if trained in called and trained not in wrapped and trained in self._built_from_classes:
+                    self.context.report_unsound(
+                        node,
+                        "DDP119",
+                        f"the optimizer trains `{trained}`, which the training loop calls outside the wrap: "
+                        "DataParallel computed its gradients from the whole batch, under DDP nothing averages them "
+                        f"across processes and each rank would train its own `{trained}`; wrap it too by hand",
+                    )
+                    return
+
+    @property
+    def _built_from_classes(self) -> set[str]:
+        """Names only ever bound to a class's instance (``HEAD = ArcFace(...)``): not to what a
+        function returns (``model = build_model()`` may return the wrapped model)."""
+        if not hasattr(self, "_class_instances"):
+            bound: dict[str, bool] = {}
+            for node in walk(self.context.module):
+                if isinstance(node, cst.Assign):
+                    is_class = isinstance(node.value, cst.Call) and (dotted(node.value.func) or "_").rpartition(".")[2][:1].isupper()
+                    for target in node.targets:
+                        name = dotted(target.target)
+                        if name:
+                            bound[name] = bound.get(name, True) and is_class
+            self._class_instances = {name for name, only_classes in bound.items() if only_classes}
+        return self._class_instances
+
+    def _builds_optimizer(self, call: cst.Call) -> bool:
+        return any(
+            name.startswith("torch.optim.") and ".lr_scheduler." not in name and name.count(".") == 2
+            for name in self.context.qualified(call.func)
+        )
+
+    def _trained_modules(self, optimizer: cst.Call) -> list[str]:
+        """``head`` of ``head.parameters()`` in the optimizer's arguments."""
+        found = []
+        for call in calls_in(optimizer):
+            func = call.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters") and dotted(func.value):
+                found.append(dotted(func.value))
+        return found
+
+    def _definitions(self) -> dict[str, cst.ClassDef | cst.FunctionDef]:
+        module = self.context.module
+        return {
+            statement.name.value: statement
+            for statement in module.body
+            if isinstance(statement, (cst.ClassDef, cst.FunctionDef))
+        }
+
+    def _losses_trained(self, definitions: dict) -> dict[str, cst.ClassDef | cst.FunctionDef]:
+        """Loss classes and functions of this file that a training loop calls (a class
+        through the name its instance is bound to: ``criterion = TripletLoss()``)."""
+        instances = self._instances(definitions)
+        found = {}
+        for loop in self.facts.training_loops:
+            for call in calls_in(loop.body):
+                name = dotted(call.func) or ""
+                target = definitions.get(name) or definitions.get(instances.get(name, ""))
+                if target is None:
+                    continue
+                pattern = LOSS_CLASS if isinstance(target, cst.ClassDef) else LOSS_FUNCTION
+                if pattern.search(target.name.value):
+                    found[target.name.value] = target
+        return found
+
+    def _instances(self, definitions: dict) -> dict[str, str]:
+        """``criterion`` / ``self.criterion`` -> ``TripletLoss`` for ``criterion = TripletLoss(...)``."""
+        instances = {}
+        for node in walk(self.context.module):
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                cls = dotted(node.value.func) or ""
+                if isinstance(definitions.get(cls), cst.ClassDef):
+                    for target in node.targets:
+                        if dotted(target.target):
+                            instances[dotted(target.target)] = cls
+        return instances
+
+    def _pairwise(self, definition: cst.CSTNode) -> cst.CSTNode | None:
+        """A product of the batch with itself, both operands from the batch (not ``self.``)."""
+        for node in walk(definition):
+            if isinstance(node, cst.Call):
+                name = dotted(node.func) or ""
+                qualified = self.context.qualified(node.func)
+                operands = [arg.value for arg in node.args if arg.keyword is None]
+                if qualified & PAIRWISE_FUNCTIONS and operands and not any(_reads_self(o) for o in operands[:2]):
+                    return node
+                method = node.func.attr.value if isinstance(node.func, cst.Attribute) else name.rpartition(".")[2]
+                if method in PRODUCTS:
+                    if isinstance(node.func, cst.Attribute) and not name.startswith("torch."):
+                        operands = [node.func.value, *operands]
+                    if any(_transposed(o) for o in operands) and not any(_reads_self(o) for o in operands):
+                        return node
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+                operands = [node.left, node.right]
+                if _transposed(node.right) and not any(_reads_self(o) for o in operands):
+                    return node
+        return None
+
+    def _updated_buffer(self, cls: cst.ClassDef) -> str | None:
+        """A buffer the class registers that code of this file updates in place."""
+        buffers = [
+            call.args[0].value.evaluated_value
+            for call in calls_in(cls)
+            if (dotted(call.func) or "").endswith("register_buffer")
+            and call.args
+            and isinstance(call.args[0].value, cst.SimpleString)
+        ]
+        code = self.context.module.code
+        for buffer in buffers:
+            word = re.escape(buffer)
+            if re.search(rf"\.{word}\[[^\]]*\]\s*=[^=]", code) or re.search(rf"\.{word}(\.data)?{IN_PLACE.pattern}", code):
+                return buffer
+        return None
+
+
+def _transposed(node: cst.BaseExpression) -> bool:
+    """``x.t()``, ``x.T``, ``x.transpose(0, 1)``, ``x.permute(1, 0)``, ``torch.t(x)``."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "T":
+        return True
+    if isinstance(node, cst.Call):
+        name = dotted(node.func) or ""
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "t" and not node.args:
+            return True
+        if name in ("torch.t",):
+            return True
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("transpose", "permute"):
+            values = [getattr(arg.value, "value", None) for arg in node.args]
+            return values in (["0", "1"], ["1", "0"])
+    return False
+
+
+def _reads_self(node: cst.BaseExpression) -> bool:
+    """Does the operand use an attribute of ``self`` (a weight, a centre table)?"""
+    return any(isinstance(n, cst.Name) and n.value == "self" for n in walk(node))
