@@ -15,8 +15,9 @@ blocks. ``writer = SummaryWriter(...)`` / ``run = wandb.init(...)`` are made on 
 the other ranks get a stand-in whose every method does nothing (DDP606), so a function that
 every rank runs may still call ``writer.add_scalar(...)``.
 
-DDP601  guarded; after a guarded ``torch.save`` the other ranks wait at a barrier, so
-nothing reads a half-written checkpoint::
+DDP601  guarded; after a guarded ``torch.save`` (or any other file written or removed) the
+other ranks wait at a barrier, where every rank reaches it, so nothing reads a half-written
+checkpoint or results file::
 
     print(f"loss: {loss:>7f}")
     torch.save(model.state_dict(), "model.pt")
@@ -124,6 +125,15 @@ SIDE_EFFECTS = {
     "torchaudio.save",
     "joblib.dump",
     # tensorboard_logger (WideResNet): configure() starts an event file, log_value() writes to it
+    *(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images")),
+}
+# Side effects that only show something (no file another rank may read next): no barrier.
+SHOWN_ONLY = {
+    "builtins.print",
+    "sys.stdout.write",
+    "sys.stderr.write",
+    *(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std.")),
+    *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
     *(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images")),
 }
 OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
@@ -486,7 +496,7 @@ class RankZeroTransform(Transform):
         # A barrier only where every rank reaches it, else it would hang.
         # In an imported module the callers are not in sight: no barrier there.
         barrier = self._same_path_on_every_rank(run[0][0]) and not self.context.is_library
-        saves = [self._report_guarded(original, barrier) for original, _ in run]
+        writes = [self._report_guarded(original, barrier) for original, _ in run]
         self.context.add_import("torch.distributed", None, "dist")
         reductions, statements = self._loss_means(run)
         # The comments above the first statement stay above everything emitted for it.
@@ -494,23 +504,25 @@ class RankZeroTransform(Transform):
         statements[0] = statements[0].with_changes(leading_lines=[])
         emitted = [*reductions, cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock(body=statements))]
         emitted[0] = emitted[0].with_changes(leading_lines=[*comments, *emitted[0].leading_lines])
-        if any(saves) and barrier:
-            # Nothing may read the checkpoint before rank 0 has finished writing it.
+        if any(writes) and barrier:
+            # Nothing may read a file before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
         # The first emitted statement stands for the run's first original: set-up placed
         # before that original must come before the guard (it calls dist.get_rank()).
         return [(run[0][0] if index == 0 else None, statement) for index, statement in enumerate(emitted)]
 
     def _report_guarded(self, original: cst.BaseStatement, barrier: bool) -> bool:
-        """Report DDP601 for one guarded statement; True if it saves a checkpoint."""
+        """Report DDP601 for one guarded statement; True if it writes or removes files, which
+        another rank may read next (a checkpoint; HRNet's results JSON, written then loaded
+        by every rank's evaluation; a run folder removed, then made again by every rank)."""
+        after = "; the other ranks wait at a barrier" if barrier else ""
         if isinstance(original, cst.With):
-            self.context.report(original, "DDP601", "file written by rank 0 only (`with open(...)` block)")
-            return False
+            self.context.report(original, "DDP601", f"file written by rank 0 only (`with open(...)` block){after}")
+            return True
         call = self._side_effect(original.body[0])  # guarded lines hold one statement
-        saves = "torch.save" in self.context.qualified(call.func) or self._imported_saver(call.func)
-        after = "; the other ranks wait at a barrier" if saves and barrier else ""
-        self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after}")
-        return saves
+        writes = not self.context.qualified(call.func) & SHOWN_ONLY
+        self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after if writes else ''}")
+        return writes
 
     # -- printed losses -------------------------------------------------------------------------
 

@@ -184,6 +184,8 @@ class WrapModelTransform(Transform):
         for site in self.facts.wraps:
             self._check_submodule(site)
         self._check_sum_losses()
+        if self.facts.has_training_step:
+            self._check_hand_summed_losses()
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
                 create_graph = keyword_arg(node, "create_graph")
@@ -227,7 +229,57 @@ class WrapModelTransform(Transform):
         parent = self.context.parent(call)
         targets = [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
         uses = [node for node in self.facts.contexts if isinstance(node, cst.Call) and dotted(node.func) in targets]
-        return not uses or any(not self._evaluates(self.facts.contexts[use]) for use in uses)
+        if not uses:
+            return True
+        # DnCNN: `criterion(out, noise) / (imgn.size()[0] * 2)` at every use is a batch mean
+        return any(not self._a_metric(use) and not self._evaluates(self.facts.contexts[use]) for use in uses)
+
+    def _check_hand_summed_losses(self) -> None:
+        """``loss = ((model(x) - y) ** 2).sum()`` or ``F.mse_loss(out, y) * x.size(0)`` then
+        ``loss.backward()`` in a training loop: a sum over the batch without a keyword."""
+        for loop in self.facts.training_loops:
+            assigned = {
+                dotted(target.target): node.value
+                for node in walk(loop.body)
+                if isinstance(node, cst.Assign)
+                for target in node.targets
+                if dotted(target.target)
+            }
+            for call in calls_in(loop.body):
+                func = call.func
+                if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
+                    continue
+                value = assigned.get(dotted(func.value), func.value)
+                if self._summed_by_hand(value):
+                    self.context.report_unsound(
+                        call,
+                        "DDP116",
+                        f"`{self.context.code(value)}` sums the loss over the batch: each DDP process sums its share "
+                        "and DDP averages the gradients, so every step would be 1/world size of DataParallel's; "
+                        "scale this loss by dist.get_world_size() before backward() (or average it) by hand",
+                    )
+                    return
+
+    def _summed_by_hand(self, value: cst.BaseExpression) -> bool:
+        """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over an expression
+        that calls the wrapped model, or a mean multiplied by the batch's length."""
+        if isinstance(value, cst.UnaryOperation):
+            return self._summed_by_hand(value.expression)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+            return _this_batch(value.left) or _this_batch(value.right)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+            return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
+        if not isinstance(value, cst.Call) or value.args and not (
+            "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1
+        ):
+            return False
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
+            summed = value.func.value
+        elif "torch.sum" in self.context.qualified(value.func):
+            summed = value.args[0].value
+        else:
+            return False
+        return any(dotted(inner.func) in self.facts.model_names for inner in calls_in(summed))
 
     def _a_metric(self, call: cst.Call) -> bool:
         """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
@@ -563,10 +615,19 @@ def _about_devices(test_code: str) -> bool:
 
 
 def _this_batch(divisor: cst.BaseExpression) -> bool:
-    """``len(data)``, ``data.size(0)``, ``data.shape[0]``: the length of the batch in hand, not
-    of a dataset (``len(loader.dataset)`` or ``args.batch_size`` stay sums to refuse)."""
+    """``len(data)``, ``data.size(0)``, ``data.shape[0]``, ``data.size()[0] * 2``: the length of
+    the batch in hand, not of a dataset (``len(loader.dataset)`` or ``args.batch_size`` stay
+    sums to refuse)."""
     if isinstance(divisor, cst.Call) and dotted(divisor.func) == "len":
         return len(divisor.args) == 1 and isinstance(divisor.args[0].value, (cst.Name, cst.Subscript))
+    if isinstance(divisor, cst.BinaryOperation) and isinstance(divisor.operator, cst.Multiply):
+        numbers = (cst.Integer, cst.Float)
+        return (_this_batch(divisor.left) and isinstance(divisor.right, numbers)) or (
+            isinstance(divisor.left, numbers) and _this_batch(divisor.right)
+        )
+    if isinstance(divisor, cst.Subscript) and isinstance(divisor.value, cst.Call):
+        func = divisor.value.func  # `imgn.size()[0]`
+        return isinstance(func, cst.Attribute) and func.attr.value == "size" and not divisor.value.args
     return batch_length(divisor)
 
 
