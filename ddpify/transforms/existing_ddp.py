@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import first_positional
+from ddpify.analysis import dotted, first_positional, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword_arg
 
@@ -66,6 +66,28 @@ class ExistingDdpTransform(Transform):
         anchor = self.facts.distributed_uses[0]
         if not self.facts.loaders:
             return
+        if not self._divides_batch_size():
+            self._report_per_process_batch(anchor)
+        self._report_missing_set_epoch(anchor)
+
+    def _divides_batch_size(self) -> bool:
+        """pytorch/examples imagenet: ``args.batch_size = int(args.batch_size / ngpus_per_node)``."""
+        for node in walk(self.context.module):
+            if isinstance(node, cst.Assign):
+                targets, value = [t.target for t in node.targets], node.value
+            elif isinstance(node, cst.AugAssign) and isinstance(node.operator, (cst.DivideAssign, cst.FloorDivideAssign)):
+                targets, value = [node.target], None
+            else:
+                continue
+            if not any((dotted(target) or "").endswith("batch_size") for target in targets):
+                continue
+            if value is None or any(
+                isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide)) for n in walk(value)
+            ):
+                return True
+        return False
+
+    def _report_per_process_batch(self, anchor: cst.CSTNode) -> None:
         self.context.report(
             anchor,
             "DDP008",
@@ -74,6 +96,8 @@ class ExistingDdpTransform(Transform):
             "DataParallel did",
             Severity.WARNING,
         )
+
+    def _report_missing_set_epoch(self, anchor: cst.CSTNode) -> None:
         if "DistributedSampler(" in self.context.module.code and "set_epoch" not in self.context.module.code:
             self.context.report(
                 anchor,
