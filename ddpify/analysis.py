@@ -448,6 +448,7 @@ class Analyzer(cst.CSTVisitor):
         self._attr_contexts: dict[cst.Attribute, Context] = {}  # where `self.x = name` is
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
+        self._switches: dict[Function, tuple[cst.Param, bool] | None] = {}  # see _trains_at
         self._module_functions: dict[str, Function] = {}  # top-level functions, by name
         self._in_main_guard = False
         self._module: cst.Module | None = None
@@ -906,13 +907,14 @@ class Analyzer(cst.CSTVisitor):
             for expr in self._iterated(loop.iter):
                 expr = self._through_progress_variable(expr)
                 calls = self._loaders_for(expr, context, depth=0) or self._constructor_fed(expr, context)
+                code = cst.Module([]).code_for_node(expr)
                 if not calls:
                     if self._fed_by_other_modules(expr, context):
                         self.facts.fed_loops.add(loop)
-                        self.facts.training_loader_names.add((context.function, cst.Module([]).code_for_node(expr)))
+                        self.facts.training_loader_names.add((context.function, code))
                     continue
                 self.facts.fed_loops.add(loop)
-                self.facts.training_loader_names.add((context.function, cst.Module([]).code_for_node(expr)))
+                self.facts.training_loader_names.add((context.function, code))
                 for call in calls:
                     self.facts.loaders[call].training = True
                 if (
@@ -924,7 +926,7 @@ class Analyzer(cst.CSTVisitor):
                     # that EDSR's main.py calls in its while loop): each pass moves the
                     # sampler to its next epoch.
                     self.facts.pass_hooks.setdefault(loop, EpochHook(loop)).loaders.setdefault(
-                        cst.Module([]).code_for_node(expr), (expr, [])
+                        code, (expr, [])
                     )[1].extend(calls)
 
     def _constructor_fed(self, expr: cst.BaseExpression, context: Context) -> list[cst.Call]:
@@ -1193,7 +1195,9 @@ class Analyzer(cst.CSTVisitor):
         under ``if train:`` (or ``if not is_validate:``) on a parameter this call sets to the
         other literal (BERT-pytorch's ``iteration(..., train=False)``, flownet2's
         ``train(..., is_validate=True)``)."""
-        switch = self._training_switch(function)
+        if function not in self._switches:
+            self._switches[function] = self._training_switch(function)
+        switch = self._switches[function]
         if switch is None:
             return True
         param, trains_when = switch

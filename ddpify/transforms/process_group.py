@@ -186,6 +186,11 @@ TOLERANT_SAMPLER = """    if not isinstance(loader.sampler, torch.utils.data.dis
 class ProcessGroupTransform(Transform):
     CODE_PREFIX = "DDP2"
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        # function -> {name: binding}: its own variables named like something the set-up needs
+        self._local_bindings: dict[cst.FunctionDef, dict[str, cst.CSTNode]] = {}
+
     def check(self) -> None:
         if self.context.is_library:
             if self.facts.import_time_runs:
@@ -225,7 +230,6 @@ class ProcessGroupTransform(Transform):
         # A function's own variable of that name (open-reid's `dist = torch.cdist(...)`)
         # matters only if the converted code uses the name inside that function: decided
         # when the function has been rewritten (leave_FunctionDef).
-        self._local_bindings: dict[cst.FunctionDef, dict[str, cst.CSTNode]] = {}
         for scope, name, node in self._conflicts():
             if isinstance(scope, FunctionScope) and isinstance(scope.node, cst.FunctionDef):
                 self._local_bindings.setdefault(scope.node, {}).setdefault(name, node)
@@ -251,7 +255,7 @@ class ProcessGroupTransform(Transform):
         return found
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        for name, node in getattr(self, "_local_bindings", {}).get(original_node, {}).items():
+        for name, node in self._local_bindings.get(original_node, {}).items():
             if _uses_of(updated_node, name) > _uses_of(original_node, name):
                 self.context.report(
                     node,

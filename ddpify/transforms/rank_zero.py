@@ -103,15 +103,19 @@ from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
+TQDM_WRITES = tuple(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std."))
+WANDB_CALLS = tuple(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish"))
+# tensorboard_logger (WideResNet): configure() starts an event file, log_value() writes to it
+TENSORBOARD_LOGGER = tuple(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images"))
 SIDE_EFFECTS = {
     "builtins.print",
     "sys.stdout.write",
     "sys.stderr.write",
     "torch.save",
-    *(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std.")),
+    *TQDM_WRITES,
     *(f"shutil.{name}" for name in ("copy", "copy2", "copyfile", "copytree", "move", "rmtree")),
     *(f"os.{name}" for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir")),
-    *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
+    *WANDB_CALLS,
     # image and array writers
     "torchvision.utils.save_image",
     *(f"numpy.{name}" for name in ("save", "savez", "savez_compressed", "savetxt")),
@@ -124,18 +128,10 @@ SIDE_EFFECTS = {
     "scipy.io.wavfile.write",
     "torchaudio.save",
     "joblib.dump",
-    # tensorboard_logger (WideResNet): configure() starts an event file, log_value() writes to it
-    *(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images")),
+    *TENSORBOARD_LOGGER,
 }
 # Side effects that only show something (no file another rank may read next): no barrier.
-SHOWN_ONLY = {
-    "builtins.print",
-    "sys.stdout.write",
-    "sys.stderr.write",
-    *(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std.")),
-    *(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish")),
-    *(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images")),
-}
+SHOWN_ONLY = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES, *WANDB_CALLS, *TENSORBOARD_LOGGER}
 OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
 # pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
 PATH_WRITES = ("write_text", "write_bytes")

@@ -118,9 +118,8 @@ class SetEpochTransform(Transform):
                 code = self.context.code(loader)
                 self.context.report(original, "DDP501", f"ddp_sampler({code}).set_epoch() right before the statement that uses it")
                 self.context.use_helper("ddp_sampler")
-                statement = cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch})")
-                result.append((None, statement.with_changes(leading_lines=updated.leading_lines)))
-                updated = updated.with_changes(leading_lines=[])
+                statement, updated = _above(cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch})"), updated)
+                result.append((None, statement))
             result.append((original, updated))
         return result
 
@@ -133,9 +132,8 @@ class SetEpochTransform(Transform):
                 self.context.report(original, "DDP503", f"each pass over {code} moves its sampler to the next epoch (no epoch loop in sight)")
                 self.context.use_helper("ddp_sampler")
                 self.context.use_helper("ddp_next_epoch")
-                statement = cst.parse_statement(f"ddp_next_epoch({code})")
-                result.append((None, statement.with_changes(leading_lines=updated.leading_lines)))
-                updated = updated.with_changes(leading_lines=[])
+                statement, updated = _above(cst.parse_statement(f"ddp_next_epoch({code})"), updated)
+                result.append((None, statement))
             result.append((original, updated))
         return result
 
@@ -145,11 +143,15 @@ class SetEpochTransform(Transform):
         for original, updated in block:
             hook = self.facts.epoch_hooks.get(original)
             if hook is not None and self._loaders(hook) and _epoch_variable(original) is None:
-                counter = cst.parse_statement(f"{COUNTER} = 0").with_changes(leading_lines=updated.leading_lines)
+                counter, updated = _above(cst.parse_statement(f"{COUNTER} = 0"), updated)
                 result.append((None, counter))
-                updated = updated.with_changes(leading_lines=[])
             result.append((original, updated))
         return result
+
+
+def _above(new: cst.BaseStatement, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, cst.BaseStatement]:
+    """``new`` to go right above ``statement``, taking the comments and blank lines above it."""
+    return new.with_changes(leading_lines=statement.leading_lines), statement.with_changes(leading_lines=[])
 
 
 def _rebinds(loop: cst.CSTNode, code: str) -> bool:

@@ -269,14 +269,12 @@ class WrapModelTransform(Transform):
             return _this_batch(value.left) or _this_batch(value.right)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
             return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
-        if not isinstance(value, cst.Call) or value.args and not (
-            "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1
-        ):
+        if not isinstance(value, cst.Call):
             return False
-        if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
-            summed = value.func.value
-        elif "torch.sum" in self.context.qualified(value.func):
+        if "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1:
             summed = value.args[0].value
+        elif isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
+            summed = value.func.value
         else:
             return False
         return any(dotted(inner.func) in self.facts.model_names for inner in calls_in(summed))
