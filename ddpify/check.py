@@ -59,7 +59,7 @@ DDP_CODE_HAZARDS = tuple(
 # rules look for); statements that do not are not walked, which is most of a large file.
 HAZARD_WORDS = ("DataParallel", "CUDA_VISIBLE_DEVICES", "cuda", "print", "save", "Sampler", "set_epoch", "shuffle",
                 "device_ids", "tqdm", "trange", "SummaryWriter", "init(", "data_parallel", "replication_callback",
-                "SynchronizedBatchNorm", "--local", "--launcher", "--multiprocessing", "--distributed", "--gpu")
+                "SynchronizedBatchNorm", "stdout", "--local", "--launcher", "--multiprocessing", "--distributed", "--gpu")
 DISTRIBUTED_WORDS = ("distributed", "DistributedDataParallel")  # references that make a file DDP code
 ALIASED = DATA_PARALLEL | DATA_PARALLEL_FUNCTION | DDP | SAMPLER | PROGRESS_BARS | TRACKER_FACTORIES | {"torch.save"}
 # DataParallel-only synchronised BatchNorm (Synchronized-BatchNorm-PyTorch), by the name's last part.
@@ -179,6 +179,9 @@ class Checker:
         self.uses_distributed = any(t.startswith("torch.distributed") or t in DDP for t in imports.values())
         self.samplers: list[ast.Call] = []
         self.calls_set_epoch = False
+        # stdout (or print) replaced on the ranks other than 0 at set-up, as DETR's
+        # setup_for_distributed and ddpify's ddp_quiet do: prints and bars need no guard
+        self.quiets_output = False
         self.guarded: list[tuple[int, int]] = []  # bodies of `if <rank test>:` seen so far
         self.guarded_nodes: set[int] = set()  # inside `x if <rank test> else y`
         self.inner_references: set[int] = set()  # `nn` inside `nn.DataParallel`: already qualified
@@ -334,9 +337,16 @@ class Checker:
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
+            if _dotted(target) in QUIETING_TARGETS:
+                self.quiets_output = True
             if isinstance(target, ast.Subscript) and self.qualify(target.value) == "os.environ":
                 if _string(target.slice) == "CUDA_VISIBLE_DEVICES":
                     self.flag(target.slice, "DDP711", ddp_only=False)
+
+
+# Assignments that silence a rank's output, and the findings they make moot.
+QUIETING_TARGETS = {"sys.stdout", "builtins.print", "__builtin__.print", "__builtins__.print"}
+OUTPUT_CODES = {"DDP611", "DDP612"}
 
 
 def _string(node: ast.AST) -> str | None:
@@ -472,6 +482,8 @@ def _diagnostics(checker: Checker, source: str, options: CheckOptions) -> tuple[
     found = set()
     for node, code, ddp_only in checker.findings:
         if (ddp_only and not checker.uses_distributed) or not options.wants(code):
+            continue
+        if code in OUTPUT_CODES and checker.quiets_output:
             continue
         text = lines[node.lineno - 1] if node.lineno <= len(lines) else ""
         # ast columns count UTF-8 bytes; report characters, 1-based.

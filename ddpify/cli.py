@@ -59,6 +59,12 @@ def convert(
         "--no-relaunch",
         help="Leave out the self-relaunch: plain `python train.py` then runs one process even with several GPUs.",
     ),
+    self_check: bool = typer.Option(
+        False,
+        "--self-check",
+        help="Add run-time checks to the script: with several processes it stops if the ranks ever hold "
+        "different weights or learning rates (checked after optimizer steps 1, 2, 4, 8, ...).",
+    ),
     jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
 ) -> None:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
@@ -79,6 +85,7 @@ def convert(
         per_process_batch=per_process_batch or config.per_process_batch,
         allow_partial=allow_partial,
         relaunch=not no_relaunch,
+        self_check=self_check or config.self_check,
     )
     results = _convert_paths(paths, files, options, jobs)
     status = EXIT_OK

@@ -29,6 +29,7 @@ class Config:
     exclude: tuple[str, ...] = ()
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     per_process_batch: bool = False
+    self_check: bool = False
 
     def excluded(self, path: Path) -> bool:
         """Glob match on the path relative to the project root, or on any of its parts."""
@@ -59,7 +60,7 @@ class Config:
         return self.root.resolve()
 
 
-KNOWN = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "per-process-batch"}
+KNOWN = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores", "per-process-batch", "self-check"}
 
 
 def find_config(paths: list[Path]) -> Config:
@@ -89,4 +90,5 @@ def load(pyproject: Path) -> Config:
         exclude=tuple(section.get("exclude", ())) + tuple(section.get("extend-exclude", ())),
         per_file_ignores={k: tuple(v) for k, v in section.get("per-file-ignores", {}).items()},
         per_process_batch=bool(section.get("per-process-batch", False)),
+        self_check=bool(section.get("self-check", False)),
     )

@@ -73,6 +73,10 @@ class ConvertOptions:
     # Plain `python train.py` on a machine with several GPUs re-launches itself under
     # torchrun (one process per GPU), as DataParallel used every GPU; False leaves it out.
     relaunch: bool = True
+    # With several processes the converted script checks itself after optimizer steps 1, 2,
+    # 4, 8, ... (every rank the same weights and learning rates). Off by default: `ddpify
+    # verify` proves the same before launch without code in the script.
+    self_check: bool = False
 
 
 @dataclass

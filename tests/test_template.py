@@ -230,10 +230,41 @@ if dist.get_rank() == 0:
 """
 
 
-def test_unseeded_draws_agree_before_training_and_differ_during_it(tmp_path):
+def test_unseeded_draws_agree_before_training(tmp_path):
     result = _torchrun(tmp_path, UNSEEDED)
     assert result.returncode == 0, result.stderr
-    assert "same before training: True same during training: False" in result.stdout
+    assert "same before training: True" in result.stdout
+
+
+QUIET = """
+import logging, sys, warnings
+from tqdm import tqdm
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup
+
+ddp_setup()
+rank = dist.get_rank()
+print(f"print from rank {rank}")
+logging.basicConfig(level=logging.INFO)
+logging.info(f"info from rank {rank}")
+logging.error(f"error from rank {rank}")
+warnings.warn(f"warning from rank {rank}")
+for _ in tqdm(range(3), desc=f"bar of rank {rank}"):
+    pass
+tqdm.write(f"tqdm.write from rank {rank}")
+sys.stderr.write(f"stderr from rank {rank}\\n")
+"""
+
+
+def test_only_rank_zero_shows_output_but_errors_show_everywhere(tmp_path):
+    result = _torchrun(tmp_path, QUIET)
+    assert result.returncode == 0, result.stderr
+    shown = result.stdout + result.stderr
+    for what in ("print", "info", "warning", "bar", "tqdm.write", "error", "stderr"):
+        assert f"{what} from rank 0" in shown or f"{what} of rank 0" in shown, what
+    for what in ("print", "info", "warning", "bar", "tqdm.write"):
+        assert f"{what} from rank 1" not in shown and f"{what} of rank 1" not in shown, what
+    assert "error from rank 1" in shown and "stderr from rank 1" in shown
 
 
 def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):
@@ -292,3 +323,81 @@ def test_library_helper_text_uses_the_tolerant_calls():
     text = library_helper_text("x = ddp_local_batch_size(8)")
     assert "world_size = ddp_world_size()" in text and "def ddp_world_size():" in text
     assert "dist.get_world_size() if dist.is_initialized() else 1" in text
+
+
+# -- ddp_shard: a training loader sharded at run time -----------------------------------------
+
+
+def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
+    monkeypatch.setattr(template.dist, "get_world_size", lambda: world)
+    monkeypatch.setattr(template.dist, "get_rank", lambda: rank)
+    template.ddp_shard.__dict__.pop("cache", None)
+
+
+def _passes(loader, monkeypatch, rank: int, passes: int = 2) -> list[list[list[int]]]:
+    """Each pass's batches, as lists of dataset indices, seen by `rank`."""
+    _as_rank(monkeypatch, rank)
+    sharded = template.ddp_shard(loader)
+    assert template.ddp_shard(loader) is sharded, "one rebuilt loader per loader"
+    return [[batch[0].tolist() for batch in sharded] for _ in range(passes)]
+
+
+INDICES = torch.utils.data.TensorDataset(torch.arange(16))
+
+
+def test_a_world_of_one_keeps_the_loader(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    _as_rank(monkeypatch, 0, world=1)
+    assert template.ddp_shard(loader) is loader
+
+
+def test_in_order_each_global_batch_is_the_original_batch(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    original = [batch[0].tolist() for batch in loader]
+    ranks = [_passes(loader, monkeypatch, rank) for rank in (0, 1)]
+    for step, batch in enumerate(original):
+        assert sorted(ranks[0][0][step] + ranks[1][0][step]) == batch  # DataParallel's global batch
+    assert len(ranks[0][0]) == len(ranks[1][0]) == len(original)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.utils.data.DataLoader(INDICES, batch_size=4, shuffle=True),
+        lambda: torch.utils.data.DataLoader(
+            INDICES, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 16, 16, replacement=False)
+        ),
+    ],
+    ids=["shuffle", "own_sampler"],
+)
+def test_ranks_share_each_epoch_and_reshuffle_for_the_next(monkeypatch, make):
+    loader = make()
+    zero, one = (_passes(loader, monkeypatch, rank) for rank in (0, 1))
+    for epoch in (0, 1):
+        seen = [i for batch in zero[epoch] + one[epoch] for i in batch]
+        assert sorted(seen) == list(range(16)), "every sample once per epoch, split between the ranks"
+    assert zero[0] != zero[1], "the next pass is the next epoch"
+
+
+def test_a_batch_sampler_has_each_batch_split(monkeypatch):
+    batches = [[0, 1, 2], [3, 4, 5, 6], [7]]
+    loader = torch.utils.data.DataLoader(INDICES, batch_sampler=batches)
+    zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
+    assert zero == [[0, 2], [3, 5], [7]] and one == [[1], [4, 6], [7]]
+
+
+def test_options_are_kept(monkeypatch):
+    def collate(samples):
+        return [torch.stack([s[0] for s in samples]) * 10]
+
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=6, drop_last=True, collate_fn=collate)
+    _as_rank(monkeypatch, 1)
+    sharded = template.ddp_shard(loader)
+    assert sharded.collate_fn is collate and sharded.drop_last and sharded.batch_size == 3
+    assert [batch[0].tolist() for batch in sharded] == [[10, 30, 50], [70, 90, 110]]
+
+
+def test_what_cannot_be_sharded_stops(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    with pytest.raises(RuntimeError, match="the training data is a list"):
+        template.ddp_shard([torch.zeros(2)])

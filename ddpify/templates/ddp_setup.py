@@ -17,6 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
 
 # ddpify:begin
 # Distributed set-up added by ddpify. Launch with torchrun --standalone --nproc-per-node=N
@@ -32,7 +33,7 @@ def ddp_setup():
         env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
         env.setdefault("MASTER_ADDR", ddp_first_slurm_host(env["SLURM_NODELIST"]))
         env.setdefault("MASTER_PORT", "29500")
-    ddp_relaunch()  # ddpify:relaunch
+    ddp_relaunch()  # ddpify:ddp_relaunch
     if torch.cuda.is_available():  # before any other CUDA work; Slurm may bind one GPU per task
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -41,16 +42,26 @@ def ddp_setup():
     else:  # no launcher: a world of one, with no port
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     atexit.register(ddp_cleanup)  # also after an uncaught exception
-    if dist.get_rank() != 0:  # logging and warnings from rank 0 only; errors still show
-        import warnings  # here: the script may bind the name to something else
+    if dist.get_rank() != 0:
+        ddp_quiet()
+    ddp_share_random_state()  # ddpify:ddp_share_random_state
+    ddp_self_check()  # ddpify:ddp_self_check
 
-        logging.disable(logging.INFO)
-        warnings.simplefilter("ignore")
-    if dist.get_world_size() > 1:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        ddp_share_random_state()
-        register_optimizer_step_post_hook(ddp_after_step)
+def ddp_quiet():
+    """Output from rank 0 only: the other ranks' prints, progress bars, logging and warnings
+    go quiet (errors and tracebacks still show on every rank)."""
+    import functools
+    import sys
+    import warnings  # here: the script may bind the name to something else
+
+    sys.stdout = open(os.devnull, "w")
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    os.environ["TQDM_DISABLE"] = "1"  # tqdm imported from now on
+    tqdm = sys.modules.get("tqdm.std")
+    if tqdm is not None:  # imported already
+        tqdm.tqdm.__init__ = functools.partialmethod(tqdm.tqdm.__init__, disable=True)
 
 
 def ddp_share_random_state():
@@ -58,6 +69,8 @@ def ddp_share_random_state():
     import random
     import sys
 
+    if dist.get_world_size() == 1:
+        return
     numpy = sys.modules.get("numpy")
     states = [torch.get_rng_state(), random.getstate(), numpy and numpy.random.get_state()]
     dist.broadcast_object_list(states, src=0)
@@ -67,10 +80,17 @@ def ddp_share_random_state():
         numpy.random.set_state(states[2])
 
 
+def ddp_self_check():
+    """After each optimizer's steps 1, 2, 4, 8, ...: stop unless every rank holds the same
+    weights and learning rates."""
+    if dist.get_world_size() > 1:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(ddp_after_step)
+
+
 def ddp_after_step(optimizer, args, kwargs):
-    """After an optimizer's steps 1, 2, 4, 8, ...: stop unless every rank holds the same weights
-    and learning rates (a part trained outside DDP, a decision one rank took alone). After the
-    first, each rank draws its own noise, dropout and augmentation."""
+    """Stop if a part is trained outside DDP or one rank took a decision alone."""
     optimizer.ddp_steps = steps = getattr(optimizer, "ddp_steps", 0) + 1
     if steps & (steps - 1):
         return
@@ -90,16 +110,6 @@ def ddp_after_step(optimizer, args, kwargs):
             "model is trained outside DistributedDataParallel (a wrap that did not run on every rank, a model "
             "changed after it was wrapped), or one rank decided alone (a learning rate set from its own loss)"
         )
-    if dist.get_rank() != 0 and not getattr(ddp_after_step, "split", False):
-        import random
-        import sys
-
-        seed = torch.initial_seed() + dist.get_rank()
-        torch.manual_seed(seed)
-        random.seed(seed)
-        if "numpy" in sys.modules:
-            sys.modules["numpy"].random.seed(seed % 2**32)
-    ddp_after_step.split = True
 
 
 def ddp_sampler(loader):
@@ -117,6 +127,94 @@ def ddp_next_epoch(loader):
     sampler = ddp_sampler(loader)
     sampler.set_epoch(getattr(sampler, "ddp_passes", 0))
     sampler.ddp_passes = sampler.epoch + 1
+
+
+def ddp_shard(loader):
+    """A training DataLoader rebuilt once with each rank drawing its share of every epoch
+    (DataParallel's global batch kept); each new pass over it is the next epoch."""
+    if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
+        return loader
+    if isinstance(getattr(loader, "sampler", None), DistributedSampler):
+        return loader
+    cache = ddp_shard.__dict__.setdefault("cache", {})
+    if id(loader) not in cache:
+        cache[id(loader)] = (loader, ddp_rebuilt(loader))  # the original kept alive: its id stays its own
+    return cache[id(loader)][1]
+
+
+def ddp_rebuilt(loader):
+    """The loader with its sampler (or each batch of its batch sampler) split across the ranks."""
+    import inspect
+
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+    if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
+        raise RuntimeError(
+            f"ddpify: the training data is a {type(loader).__name__}, which cannot be split across the ranks "
+            "at run time (only torch's DataLoader over a map-style dataset can): every rank would train on "
+            "all of it; give it a DistributedSampler by hand"
+        )
+    fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
+    options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
+    batches = loader.batch_sampler
+    if type(batches) is BatchSampler:
+        shard = DdpShard(batches.sampler, per_batch=False)
+        local = ddp_local_batch_size(batches.batch_size)
+        rebuilt = DataLoader(loader.dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
+    elif batches is None:  # batch_size=None: one sample per step
+        rebuilt = DataLoader(loader.dataset, None, sampler=DdpShard(loader.sampler, per_batch=False), **options)
+    else:  # the user's batch sampler: each of its batches split across the ranks, as DataParallel did
+        rebuilt = DataLoader(loader.dataset, batch_sampler=DdpShard(batches, per_batch=True), **options)
+    rebuilt.ddp_sharded = True
+    return rebuilt
+
+
+class DdpShard(torch.utils.data.Sampler):
+    """This rank's share of a sampler: every rank draws the same order (its random generators
+    seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
+    as many steps), or of a batch sampler every world-size-th sample of each batch."""
+
+    def __init__(self, sampler, per_batch):
+        self.sampler, self.per_batch, self.epoch, self.passes = sampler, per_batch, None, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        epoch = self.passes if self.epoch is None else self.epoch
+        self.passes, self.epoch = self.passes + 1, None
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        drawn = ddp_same_draw(self.sampler, epoch)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if self.per_batch:
+            return iter([(batch * world)[rank : max(len(batch), world) : world] for batch in map(list, drawn)])
+        drawn += drawn[: -len(drawn) % world]
+        return iter(drawn[rank::world])
+
+    def __len__(self):
+        return len(self.sampler) if self.per_batch else -(-len(self.sampler) // dist.get_world_size())
+
+
+def ddp_same_draw(sampler, epoch):
+    """The sampler's whole pass, drawn with torch's, random's and numpy's generators seeded
+    alike on every rank (their states are restored after)."""
+    import random
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    state = random.getstate(), numpy and numpy.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(epoch)
+        random.seed(epoch)
+        if numpy is not None:
+            numpy.random.seed(epoch)
+        try:
+            return list(sampler)
+        finally:
+            random.setstate(state[0])
+            if numpy is not None:
+                numpy.random.set_state(state[1])
 
 
 def ddp_relaunch():
@@ -171,7 +269,12 @@ def ddp_local_batch_size(global_batch_size):
 
 
 def ddp_mean(value):
-    """The mean over all processes of a number or tensor (every process calls it); anything
+    """The mean over all processes of a number or tensor (every process calls it)."""
+    return ddp_sum(value, mean=True)
+
+
+def ddp_sum(value, mean=False):
+    """The sum over all processes of a number or tensor (every process calls it); anything
     else (a meter) is this rank's own. Reduced on this process's device: NCCL has no CPU path."""
     if torch.is_tensor(value):
         total = value.detach().to(ddp_device(), copy=True)
@@ -180,8 +283,10 @@ def ddp_mean(value):
     else:
         return value
     dist.all_reduce(total)
-    mean = total / dist.get_world_size()
-    return mean.to(value.device) if torch.is_tensor(value) else mean.item()
+    total = total / dist.get_world_size() if mean else total
+    if torch.is_tensor(value):
+        return total.to(value.device)
+    return int(total.item()) if isinstance(value, int) and not mean else total.item()
 
 
 def ddp_no_sync(model, accumulating):

@@ -52,10 +52,16 @@ TEMPLATE_IMPORTS = (
 # ddp_wrap's import is scheduled by the wrap transform (DDP_IMPORT), with the helper.
 TEMPLATE_NAMES = (
     "ddp_setup",
+    "ddp_quiet",
     "ddp_share_random_state",
+    "ddp_self_check",
     "ddp_after_step",
     "ddp_sampler",
     "ddp_next_epoch",
+    "ddp_shard",
+    "ddp_rebuilt",
+    "DdpShard",
+    "ddp_same_draw",
     "ddp_relaunch",
     "ddp_first_slurm_host",
     "ddp_cleanup",
@@ -64,20 +70,21 @@ TEMPLATE_NAMES = (
     "ddp_wrap",
     "ddp_local_batch_size",
     "ddp_mean",
+    "ddp_sum",
     "ddp_no_sync",
     "ddp_rank",
     "ddp_world_size",
     "DdpNoOp",
 )
-# Helpers inlined only when a transform's output calls them (ConversionContext.use_helper).
-OPTIONAL_HELPERS = {
-    "ddp_mean", "ddp_no_sync", "DdpNoOp", "ddp_relaunch", "ddp_sampler", "ddp_next_epoch", "ddp_wrap", "ddp_rank",
-    "ddp_world_size",
-}
+# ddp_setup's optional steps: a line marked `# ddpify:<name>` is kept only when <name> is
+# asked for (ConversionContext.use_helper); a helper is copied only when the converted code
+# (or a helper it keeps) calls it.
+SETUP_STEPS = ("ddp_relaunch", "ddp_share_random_state", "ddp_self_check")
 # In an imported module, the process may have set up no group (a project script that was
 # not converted imports it too): rank and world size come from helpers that allow for that.
 LIBRARY_CALLS = {"dist.get_rank()": "ddp_rank()", "dist.get_world_size()": "ddp_world_size()"}
-RELAUNCH_MARK = "  # ddpify:relaunch"
+STEP_MARK = re.compile(r"  # ddpify:(\w+)$")
+HELPER_NAME = re.compile(r"\b(?:ddp_[a-z_]+|Ddp[A-Z][A-Za-z]*)\b")
 # Names the emitted code uses, and the only thing each may already be bound to.
 RESERVED = {
     **{name: None for name in TEMPLATE_NAMES},
@@ -110,18 +117,40 @@ def template_chunks() -> list[tuple[str | None, str]]:
     return chunks
 
 
-def template_text(used: frozenset[str] = frozenset(), newline: str = "\n") -> str:
-    """The helper block as text, its header comment first; optional helpers only if
-    ``used`` (without ``ddp_relaunch`` its call goes too). Lines end with ``newline``.
+def _without_unasked_steps(text: str, asked: frozenset[str]) -> str:
+    """Drop the lines marked with a step that was not asked for; remove the marks."""
+    kept = []
+    for line in text.split("\n"):
+        mark = STEP_MARK.search(line)
+        if mark is None or mark.group(1) in asked:
+            kept.append(line[: mark.start()] if mark else line)
+    return "\n".join(kept)
+
+
+def _helpers_called(code: str, chunks: dict[str, str]) -> set[str]:
+    """The helpers ``code`` calls, and those they call in turn."""
+    wanted, pending = set(), set(HELPER_NAME.findall(code)) & chunks.keys()
+    while pending:
+        name = pending.pop()
+        wanted.add(name)
+        pending |= (set(HELPER_NAME.findall(chunks[name])) & chunks.keys()) - wanted
+    return wanted
+
+
+def template_text(code: str, asked: frozenset[str] = frozenset(), newline: str = "\n") -> str:
+    """The helper block for a script whose converted code is ``code``: its header comment,
+    then the helpers that code calls (ddp_setup among them) and those they call, with
+    ddp_setup's optional steps only if ``asked``. Lines end with ``newline``.
 
     Text, not parsed statements: the converter puts a placeholder statement where the
     block goes and swaps in this text after printing the tree (parsing the block cost a
     tenth of a one-file conversion)."""
-    kept = [text for name, text in template_chunks() if name not in OPTIONAL_HELPERS - used]
-    lines = [line for line in "\n\n\n".join(kept).split("\n") if "ddp_relaunch" in used or RELAUNCH_MARK not in line]
-    text = "\n".join(lines).replace(RELAUNCH_MARK, "")
-    if "ddp_relaunch" not in used:
-        text = text.replace(RELAUNCH_HEADER, NO_RELAUNCH_HEADER)
+    chunks = {name: _without_unasked_steps(text, asked) for name, text in template_chunks() if name is not None}
+    wanted = _helpers_called(code, chunks)
+    header = next(text for name, text in template_chunks() if name is None)
+    if "ddp_relaunch" not in asked:
+        header = header.replace(RELAUNCH_HEADER, NO_RELAUNCH_HEADER)
+    text = "\n\n\n".join([header, *(chunks[name] for name in TEMPLATE_NAMES if name in wanted)])
     return text.replace("\n", newline) + newline
 
 
@@ -143,7 +172,6 @@ def helpers_placeholder(text: str, context) -> cst.BaseStatement:
 
 
 LIBRARY_HEADER = "# Distributed helpers added by ddpify; the entry script sets up the process group."
-HELPER_NAME = re.compile(r"\b(?:ddp_[a-z_]+|DdpNoOp)\b")
 
 
 def library_helper_text(code: str, newline: str = "\n") -> str:
@@ -154,12 +182,8 @@ def library_helper_text(code: str, newline: str = "\n") -> str:
         for name, text in template_chunks()
         if name is not None and name != "ddp_setup"
     }
-    wanted, pending = set(), set(HELPER_NAME.findall(code)) & defined.keys()
-    while pending:
-        name = pending.pop()
-        wanted.add(name)
-        pending |= (set(HELPER_NAME.findall(defined[name])) & defined.keys()) - wanted
-    chosen = [text for name, text in defined.items() if name in wanted]
+    wanted = _helpers_called(code, defined)
+    chosen = [defined[name] for name in TEMPLATE_NAMES if name in wanted]
     if not chosen:
         return ""
     return newline.join("\n\n\n".join([LIBRARY_HEADER, *chosen]).split("\n")) + newline
@@ -332,7 +356,15 @@ class ProcessGroupTransform(Transform):
             at += 1
         if self.context.options.relaunch:
             self.context.use_helper("ddp_relaunch")
-        text = template_text(frozenset(self.context.helpers_used), self.context.module.default_newline)
+        if self.context.options.self_check:
+            self.context.use_helper("ddp_self_check")
+        if not _seeds(self.context.module):
+            # Unseeded draws before training (a random split, a shuffled file list) would
+            # differ per rank: every rank starts from rank 0's random state.
+            self.context.use_helper("ddp_share_random_state")
+        code = cst.Module(body=[statement for _, statement in block]).code
+        asked = frozenset(self.context.helpers_used)
+        text = template_text(code, asked, self.context.module.default_newline)
         helpers: list[Pair] = [(None, helpers_placeholder(text, self.context))]
         rest = block[at:]
         if rest:
@@ -345,3 +377,18 @@ class ProcessGroupTransform(Transform):
 def _uses_of(node: cst.CSTNode, name: str) -> int:
     """How often ``name`` appears as a name in ``node``'s code."""
     return sum(1 for found in walk(node) if isinstance(found, cst.Name) and found.value == name)
+
+
+def _seeds(module: cst.Module) -> bool:
+    """Does the script seed a random generator (``torch.manual_seed``, ``np.random.seed``,
+    a project's ``set_seed(...)``)? Then every rank draws alike from the start."""
+    return any(
+        isinstance(node, cst.Call) and "seed" in _last_name(node.func).lower()
+        for node in walk(module)
+    )
+
+
+def _last_name(func: cst.BaseExpression) -> str:
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    return func.value if isinstance(func, cst.Name) else ""

@@ -99,7 +99,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.names import PROGRESS_BARS, TRACKER_FACTORIES, WRITE_MODES
+from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
@@ -130,6 +130,8 @@ SIDE_EFFECTS = {
     "joblib.dump",
     *TENSORBOARD_LOGGER,
 }
+# Output to the terminal: ddp_setup() quiets the ranks other than 0, so it needs no guard.
+OUTPUT_CALLS = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES}
 # Side effects that only show something (no file another rank may read next): no barrier.
 SHOWN_ONLY = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES, *WANDB_CALLS, *TENSORBOARD_LOGGER}
 OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
@@ -152,6 +154,8 @@ class RankZeroTransform(Transform):
         if not (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)):
             return None
         call = statement.value
+        if self._shows_output(call):
+            return None  # ddp_setup() quiets the other ranks' output: no guard needed
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
         if self._imported_saver(call.func) and not self._from_project(call.func):
@@ -159,6 +163,15 @@ class RankZeroTransform(Transform):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
         return None
+
+    def _shows_output(self, call: cst.Call) -> bool:
+        """A print to the terminal, ``sys.stdout.write``, ``tqdm.write``: shown by rank 0 only
+        because ddp_setup() quiets the other ranks (a print into a file is a write)."""
+        names = self.context.qualified(call.func)
+        if not names & OUTPUT_CALLS:
+            return False
+        target = keyword_arg(call, "file")
+        return target is None or self.context.qualified(target.value) & {"sys.stdout", "sys.stderr"} != set()
 
     def _from_project(self, func: cst.BaseExpression) -> bool:
         """Project mode: the function's own module is converted too, and guards its writes."""
@@ -276,8 +289,6 @@ class RankZeroTransform(Transform):
         names = self.context.qualified(original_node.func)
         if "torch.save" in names:
             return self._save_unwrapped(original_node, updated_node)
-        if names & PROGRESS_BARS and not self._under_rank_guard(original_node):
-            return self._quiet_progress_bar(original_node, updated_node)
         if self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
@@ -349,21 +360,6 @@ class RankZeroTransform(Transform):
         unwrapped = self._unwrapped(name)
         self.context.report(original, "DDP614", f"whole model pickled: saves {unwrapped}, the module inside DDP")
         return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
-
-    def _quiet_progress_bar(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        existing = keyword_arg(updated, "disable")
-        if existing is not None and "_rank()" in self.context.code(existing.value):
-            return updated
-        self.context.add_import("torch.distributed", None, "dist")
-        self.context.report(original, "DDP604", "progress bar shown by rank 0 only (disable= on the others)")
-        if existing is None:
-            return append_arg(updated, keyword("disable", cst.parse_expression(self._other_ranks)))
-        text = self.context.code(existing.value)
-        atomic = isinstance(existing.value, (cst.Name, cst.Attribute, cst.Call, cst.Subscript))
-        combined = cst.parse_expression(f"{text if atomic else f'({text})'} or {self._other_ranks}")
-        return updated.with_changes(
-            args=[arg.with_changes(value=combined) if arg is existing else arg for arg in updated.args]
-        )
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if self._import_time(original_node):
@@ -444,7 +440,7 @@ class RankZeroTransform(Transform):
             if current is not None:
                 run.append(pair)
             elif pair[1] is not None:
-                result.extend(self._wait_before_load(pair))
+                result.extend(self._wait_before_load(self._averaged_print(pair)))
         return result
 
     def _wait_before_load(self, pair: Pair) -> Block:
@@ -494,12 +490,11 @@ class RankZeroTransform(Transform):
         barrier = self._same_path_on_every_rank(run[0][0]) and not self.context.is_library
         writes = [self._report_guarded(original, barrier) for original, _ in run]
         self.context.add_import("torch.distributed", None, "dist")
-        reductions, statements = self._loss_means(run)
+        statements = [updated for _, updated in run]
         # The comments above the first statement stay above everything emitted for it.
         comments = statements[0].leading_lines
         statements[0] = statements[0].with_changes(leading_lines=[])
-        emitted = [*reductions, cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock(body=statements))]
-        emitted[0] = emitted[0].with_changes(leading_lines=[*comments, *emitted[0].leading_lines])
+        emitted = [cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock(body=statements), leading_lines=comments)]
         if any(writes) and barrier:
             # Nothing may read a file before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
@@ -520,46 +515,104 @@ class RankZeroTransform(Transform):
         self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after if writes else ''}")
         return writes
 
-    # -- printed losses -------------------------------------------------------------------------
+    # -- printed losses ------------------------------------------------------------------------
 
-    def _loss_means(self, run: list[Pair]) -> tuple[list[cst.BaseStatement], list[cst.BaseStatement]]:
-        """Statements computing the cross-rank mean of printed losses, and the run using them."""
-        reductions: dict[str, cst.BaseStatement] = {}
-        statements = []
-        for original, updated in run:
-            losses = self._printed_losses(original)
-            if losses and self.context.is_library:
-                self.context.report(
-                    original,
-                    "DDP608",
-                    f"prints rank 0's own {losses[0]} (a mean across ranks needs a collective that every rank reaches, "
-                    "and the callers of this imported module's function are not in sight)",
-                    Severity.WARNING,
-                )
-                losses = []
-            if losses and not self._same_path_on_every_rank(original):
-                self.context.report(
-                    original,
-                    "DDP608",
-                    f"prints rank 0's own {losses[0]} (a mean across ranks needs a collective that every rank reaches, "
-                    "and this line's conditions may differ between ranks)",
-                    Severity.WARNING,
-                )
-                losses = []
-            for name in losses:
-                reductions.setdefault(name, self._reduction(name, original))
-            statements.append(updated.visit(_ReplaceLosses(losses)) if losses else updated)
-        if reductions:
-            self.context.use_helper("ddp_mean")
-        return list(reductions.values()), statements
+    def _averaged_print(self, pair: Pair) -> Pair:
+        """A print of a training loss shows its mean across ranks, and a count the training loop
+        adds up from its batches shows the sum over the ranks, as DataParallel printed the
+        global batch's; every rank runs the print (only rank 0's output shows), so every rank
+        reaches the collective. Where a rank may skip the line, or rank 0 alone runs it, rank
+        0's own value is printed and a warning says so."""
+        original, updated = pair
+        shown = self._printed_values(original)
+        if not shown:
+            return pair
+        where = None
+        if self.context.is_library:
+            where = "the callers of this imported module's function are not in sight"
+        elif self._guarded_above(original):
+            where = "only rank 0 runs this line"
+        elif not self._same_path_on_every_rank(original):
+            where = "this line's conditions may differ between ranks"
+        if where:
+            self.context.report(
+                original,
+                "DDP608",
+                f"prints rank 0's own {', '.join(shown)} (a value across ranks needs a collective that every rank "
+                f"reaches, and {where})",
+                Severity.WARNING,
+            )
+            return pair
+        means = [name for name, how in shown.items() if how == "ddp_mean"]
+        sums = [name for name, how in shown.items() if how == "ddp_sum"]
+        for helper in set(shown.values()):
+            self.context.use_helper(helper)
+        parts = [f"the mean of {_listed(means)}"] if means else []
+        parts += [f"the sum of {_listed(sums)}"] if sums else []
+        self.context.report(
+            original,
+            "DDP608",
+            f"prints {' and '.join(parts)} across ranks, as DataParallel printed the global batch's "
+            "(an object, such as a meter, prints rank 0's own values)",
+        )
+        return original, updated.visit(_AcrossRanks(shown))
 
-    def _printed_losses(self, original: cst.BaseStatement) -> list[str]:
-        if not isinstance(original, cst.SimpleStatementLine):
-            return []
-        call = self._side_effect(original.body[0])
-        if call is None or "builtins.print" not in self.context.qualified(call.func):
-            return []
-        return list(dict.fromkeys(_loss_names(call, self._derived_losses)))
+    def _printed_values(self, original: cst.BaseStatement) -> dict[str, str]:
+        """Printed names -> the helper that combines them across ranks: ``ddp_mean`` for a loss
+        (or a value computed from one), ``ddp_sum`` for a count the training loop adds up."""
+        if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
+            return {}
+        statement = original.body[0]
+        if not (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)):
+            return {}
+        call = statement.value
+        if "builtins.print" not in self.context.qualified(call.func) or not self._shows_output(call):
+            return {}
+        shown = {name: "ddp_mean" for name in _loss_names(call, self._derived_losses)}
+        if not shown:
+            return {}
+        counters = self._shard_counters(original)
+        for name in _variable_names(call):
+            if name in counters and name not in shown:
+                shown[name] = "ddp_sum"
+        return shown
+
+    def _shard_counters(self, node: cst.CSTNode) -> set[str]:
+        """Names the training loops of ``node``'s function add batch quantities to
+        (``total += labels.size(0)``, ``correct += ...``): each rank counts its shard only.
+        Step counters (``+= 1``) are the same on every rank."""
+        function = node
+        while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
+            function = self.context.parent(function)
+        found: set[str] = set()
+        for loop in self.facts.training_loops:
+            if self._function_of(loop) is not function:
+                continue
+            for inner in walk(loop):
+                if (
+                    isinstance(inner, cst.AugAssign)
+                    and isinstance(inner.operator, cst.AddAssign)
+                    and isinstance(inner.target, cst.Name)
+                    and not isinstance(inner.value, cst.Integer)
+                ):
+                    found.add(inner.target.value)
+        return found - self._derived_losses
+
+    def _function_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            parent = self.context.parent(parent)
+        return parent
+
+    def _guarded_above(self, node: cst.CSTNode) -> bool:
+        """Inside a statement that runs on rank 0 only: a rank guard, or a block this
+        transform guards (``with open(path, "w"):``)."""
+        parent = self.context.parent(node)
+        while parent is not None and not isinstance(parent, cst.Module):
+            if isinstance(parent, cst.With) and self._writes_file(parent):
+                return True
+            parent = self.context.parent(parent)
+        return self._under_rank_guard(node)
 
     @property
     def _derived_losses(self) -> frozenset[str]:
@@ -567,18 +620,12 @@ class RankZeroTransform(Transform):
             self._derived = _loss_derived(self.context.module)
         return self._derived
 
-    def _reduction(self, name: str, original: cst.BaseStatement) -> cst.BaseStatement:
-        self.context.report(
-            original,
-            "DDP608",
-            f"prints the mean of `{name}` across ranks, as DataParallel printed the global batch's "
-            "(if it is an object, such as a meter, rank 0's own values are printed)",
-        )
-        argument = f"{name}.item()" if name in _item_names(original) else name
-        return cst.parse_statement(f"{name}_mean = ddp_mean({argument})")
-
     def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
         return same_path_on_every_rank(node, self.context.parent)
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
 
 
 def _is_loss(name: str, derived: frozenset[str] = frozenset()) -> bool:
@@ -630,31 +677,42 @@ def _item_names(statement: cst.CSTNode) -> set[str]:
     return {n.func.value.value for n in walk(statement) if _is_item_call(n)}
 
 
-class _ReplaceLosses(cst.CSTTransformer):
-    """``loss.item()`` and bare ``loss`` -> ``loss_mean`` inside one printed statement."""
+def _variable_names(call: cst.Call) -> set[str]:
+    """Bare variable names a call reads (not attribute fields, not keyword names)."""
+    nodes = walk(call)
+    skip = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+    skip |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
+    return {n.value for n in nodes if isinstance(n, cst.Name) and id(n) not in skip}
 
-    def __init__(self, names: list[str]) -> None:
+
+class _AcrossRanks(cst.CSTTransformer):
+    """Inside one print: ``loss.item()`` -> ``ddp_mean(loss.item())``, a bare ``loss`` ->
+    ``ddp_mean(loss)``, a counted ``correct`` -> ``ddp_sum(correct)``."""
+
+    def __init__(self, helpers: dict[str, str]) -> None:
         super().__init__()
-        self.names = set(names)
+        self.helpers = helpers
 
     def visit_Call(self, node: cst.Call) -> bool:
-        return not (_is_item_call(node) and node.func.value.value in self.names)
+        return not (_is_item_call(node) and node.func.value.value in self.helpers)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if _is_item_call(original_node) and original_node.func.value.value in self.names:
-            return cst.Name(f"{original_node.func.value.value}_mean")
+        if _is_item_call(original_node) and original_node.func.value.value in self.helpers:
+            helper = self.helpers[original_node.func.value.value]
+            return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated_node)])
         return updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
-        return updated_node.with_changes(attr=original_node.attr)  # `self.loss` is not the variable
+        return updated_node.with_changes(attr=original_node.attr)
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return updated_node.with_changes(keyword=original_node.keyword)
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        if original_node.value in self.names:
-            return updated_node.with_changes(value=f"{original_node.value}_mean")
-        return updated_node
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        helper = self.helpers.get(original_node.value)
+        if helper is None:
+            return updated_node
+        return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated_node)])
 
 
 def _path_mkdir(call: cst.Call) -> bool:
