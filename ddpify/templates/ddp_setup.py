@@ -129,20 +129,20 @@ def ddp_next_epoch(loader):
     sampler.ddp_passes = sampler.epoch + 1
 
 
-def ddp_shard(loader):
+def ddp_shard(loader, global_batch=True):
     """A training DataLoader rebuilt once with each rank drawing its share of every epoch
-    (DataParallel's global batch kept); each new pass over it is the next epoch."""
+    (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch."""
     if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
         return loader
     cache = ddp_shard.__dict__.setdefault("cache", {})
     if id(loader) not in cache:
-        cache[id(loader)] = (loader, ddp_rebuilt(loader))  # the original kept alive: its id stays its own
+        cache[id(loader)] = (loader, ddp_rebuilt(loader, global_batch))  # the original kept alive: its id stays its own
     return cache[id(loader)][1]
 
 
-def ddp_rebuilt(loader):
+def ddp_rebuilt(loader, global_batch):
     """The loader with its sampler (or each batch of its batch sampler) split across the ranks."""
     import inspect
 
@@ -159,12 +159,12 @@ def ddp_rebuilt(loader):
     batches = loader.batch_sampler
     if type(batches) is BatchSampler:
         shard = DdpShard(batches.sampler, per_batch=False)
-        local = ddp_local_batch_size(batches.batch_size)
+        local = ddp_local_batch_size(batches.batch_size) if global_batch else batches.batch_size
         rebuilt = DataLoader(loader.dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
         rebuilt = DataLoader(loader.dataset, None, sampler=DdpShard(loader.sampler, per_batch=False), **options)
     else:  # the user's batch sampler: each of its batches split across the ranks, as DataParallel did
-        rebuilt = DataLoader(loader.dataset, batch_sampler=DdpShard(batches, per_batch=True), **options)
+        rebuilt = DataLoader(loader.dataset, batch_sampler=DdpShard(batches, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
 

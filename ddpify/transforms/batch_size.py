@@ -99,7 +99,8 @@ class BatchSizeTransform(Transform):
         value = node.args[0].value
         if not (isinstance(value, cst.Attribute) and value.attr.value == "dataset"):
             return False
-        return (self._function_of(node), self.context.code(value.value)) in self.facts.training_loader_names
+        key = (self._function_of(node), self.context.code(value.value))
+        return key in self.facts.training_loader_names or key in self.context.run_time_shards
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         parent = self.context.parent(node)
@@ -108,14 +109,18 @@ class BatchSizeTransform(Transform):
         return parent
 
     def _shard_length(self, length: cst.Call) -> cst.Call:
-        loader = self.context.code(length.args[0].value.value)
+        loader_node = length.args[0].value.value
+        loader = self.context.code(loader_node)
+        if (self._function_of(length), loader) in self.context.run_time_shards:
+            loader = self.context.shard_call(loader)
+            loader_node = cst.parse_expression(loader)
         self.context.report(
             length,
             "DDP405",
-            f"`len({loader}.dataset)` divided a sum over the training loader, which now covers one shard: "
-            f"divided by the shard's length, `len({loader}.sampler)`",
+            f"`len({self.context.code(length.args[0].value.value)}.dataset)` divided a sum over the training "
+            f"loader, which now covers one shard: divided by the shard's length, `len({loader}.sampler)`",
         )
-        attribute = length.args[0].value.with_changes(attr=cst.Name("sampler"))
+        attribute = cst.Attribute(value=loader_node, attr=cst.Name("sampler"))
         return length.with_changes(args=[length.args[0].with_changes(value=attribute)])
 
     def _is_gpu_count(self, node: cst.BaseExpression) -> bool:

@@ -64,6 +64,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import LoaderSite, first_positional, walk
+from ddpify.training_data import DataSite, data_sites, surely_not_a_loader, training_condition
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
@@ -80,31 +81,31 @@ class SamplerTransform(Transform):
         # loader statement (original) -> (new variable, dataset expression) to put above it
         self._hoisted: dict[cst.SimpleStatementLine, tuple[str, cst.BaseExpression]] = {}
         self._taken = set(self.facts.names)  # fresh names avoid these
+        # data expression of a training loop (original node) -> (its site, why): wrapped in
+        # ddp_shard(...), sharded where the loop draws from it
+        self._run_time: dict[cst.BaseExpression, tuple[DataSite, str]] = {}
 
     def check(self) -> None:
+        runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
         for site in self.facts.training_loaders:
             if site.foreign is not None or site.call in self.facts.parameter_stand_ins:
                 # Built by another module of the project, which shards it (or the project
                 # is refused with it): here it only needs set_epoch.
                 self.context.sharded_loaders.add(site.call)
                 continue
-            own = self._own_sampler(site.call)
-            if own is not None:
-                if "Distributed" not in self.context.code(own.value):
-                    self.context.report_unsound(
-                        site.call,
-                        "DDP302",
-                        f"training DataLoader has its own {own.keyword.value}=: every rank would draw the same "
-                        "batches; make it shard per rank by hand",
-                    )
-                continue
-            reason = self._unsupported(site.call)
+            reason = self._not_sharded_where_built(site.call)
+            if reason == "":
+                continue  # already distributed
             if reason:
-                self.context.report(site.call, "DDP303", f"cannot shard this training DataLoader: {reason}", Severity.ERROR)
+                runtime[site.call] = reason
+                continue
             # Known before the walk: an epoch loop above the loader's line (a train function
             # defined before main builds the loader) gets its set_epoch too.
             self.context.sharded_loaders.add(site.call)
-        for readers in self.facts.side_passes.values():
+        self._plan_run_time_shards(runtime)
+        for call, readers in self.facts.side_passes.items():
+            if call not in self.context.sharded_loaders:
+                continue  # the loader itself stays whole: the pass reads all of it
             for reader, what in readers:
                 self.context.report(
                     reader,
@@ -115,7 +116,7 @@ class SamplerTransform(Transform):
                     Severity.WARNING,
                 )
         trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
-        if trains_ddp and self.facts.training_loaders:
+        if trains_ddp and (self.facts.training_loaders or self._run_time):
             for loop in self._unfed_training_loops():
                 self.context.report_unsound(
                     loop,
@@ -153,6 +154,7 @@ class SamplerTransform(Transform):
             and not library_step_only
             and not self.facts.training_loaders
             and not self.facts.loader_parameters
+            and not self._run_time
         ):
             unfed = self._unfed_training_loops()
             innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
@@ -171,6 +173,78 @@ class SamplerTransform(Transform):
                 "DDP304",
                 f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
             )
+
+    def _not_sharded_where_built(self, call: cst.Call) -> str | None:
+        """Why this training DataLoader is sharded where the loop draws from it rather than
+        where it is built (None: rewritten where it is built; "": already distributed)."""
+        own = self._own_sampler(call)
+        if own is not None:
+            if "Distributed" in self.context.code(own.value):
+                return ""
+            if own.keyword.value == "batch_sampler":
+                return "each batch of its own batch_sampler is split between the ranks, as DataParallel split it"
+            return "its own sampler= draws the same order on every rank, and each rank takes its share"
+        reason = self._unsupported(call)
+        if reason:
+            return f"the DataLoader call cannot be rewritten where it is built ({reason})"
+        if call in self.facts.shared_loaders:
+            return "the function that builds it also builds loaders that are not trained on, which stay whole"
+        shuffle = _shuffle_by_keyword(call)[1]
+        if call in self.facts.iterator_loaders and shuffle is not None and self.context.code(shuffle.value) != "False":
+            return "it is drawn from with next(iter(...)): each new iter() is the next epoch, reshuffled"
+        return None
+
+    def _plan_run_time_shards(self, runtime: dict[cst.Call, str]) -> None:
+        """Training data not sharded where it is built is wrapped where the loop draws it."""
+        for site in data_sites(self.facts):
+            if site.loaders and all(call in self.context.sharded_loaders for call in site.loaders):
+                continue
+            if not site.loaders and self._fed_where_built(site):
+                continue
+            reasons = [runtime[call] for call in site.loaders if call in runtime]
+            if reasons:
+                self._run_time[site.expr] = (site, reasons[0])
+            elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
+                self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
+        self.context.run_time_shards.update(
+            (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
+        )
+
+    def _fed_where_built(self, site: DataSite) -> bool:
+        """Project mode: a loader parameter or a constructor's loader that the modules which
+        build it shard there (loader_parameters)."""
+        key = (site.function, self.context.code(site.expr))
+        return site.loop in self.facts.fed_loops and key in self.facts.training_loader_names
+
+    def _shard_at_run_time(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        site, reason = self._run_time[original]
+        code = self.context.code(original)
+        self.context.add_import(*SAMPLER_IMPORT)
+        per_process = self.context.options.per_process_batch
+        batch = "each process loads its own batch" if per_process else "each process loads its share of each batch"
+        self.context.report(
+            original,
+            "DDP312",
+            f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
+            f"{batch}, reshuffled every pass",
+        )
+        shard = cst.parse_expression(self.context.shard_call("_"))
+        sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
+        condition = training_condition(site.loop, self.facts)
+        if condition is None:
+            return sharded
+        test, when = condition
+        train, other = (sharded, updated) if when else (updated, sharded)
+        return cst.IfExp(test=test.deep_clone(), body=train, orelse=other.deep_clone() if other is updated else other)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
 
     def _imports_project_modules(self) -> list[str]:
         """Modules this script imports from its own project (a relative import, or a module or
@@ -191,7 +265,7 @@ class SamplerTransform(Transform):
     def _unfed_training_loops(self) -> list[cst.CSTNode]:
         """Training loops that neither draw from a known loader nor sit inside or around one
         that does (an epoch loop around the loader loop, a chunk loop inside it)."""
-        fed = self.facts.fed_loops
+        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()}
         unfed = []
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):
@@ -310,31 +384,13 @@ class SamplerTransform(Transform):
             result.append((original, updated))
         return result
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._run_time:
+            return self._shard_at_run_time(original_node, updated_node)
         site: LoaderSite | None = self.facts.loaders.get(original_node)
-        if site is None or not site.training:
+        if site is None or not site.training or original_node not in self.context.sharded_loaders:
             return updated_node
-        if self._own_sampler(original_node) is not None:
-            return updated_node  # reported by check()
         updated_node = _without_placeholder(updated_node)
-        if original_node in self.facts.iterator_loaders and "True" in self.context.code(
-            _shuffle_by_keyword(updated_node)[1] or cst.Name("False")
-        ):
-            self.context.report(
-                original_node,
-                "DDP307",
-                "the training loop draws from this loader with next(iter(...)): call "
-                "`loader.sampler.set_epoch(n)` before each new iter() so every pass reshuffles",
-                Severity.WARNING,
-            )
-        if original_node in self.facts.shared_loaders:
-            self.context.report(
-                original_node,
-                "DDP306",
-                "this DataLoader call also builds other loaders (the function is called more than once): "
-                "they are sharded too, so evaluation on them covers each rank's share only",
-                Severity.WARNING,
-            )
         self.context.sharded_loaders.add(original_node)
         self.context.add_import(*SAMPLER_IMPORT)
         dataset = first_positional(updated_node, "dataset")

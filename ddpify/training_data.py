@@ -1,0 +1,164 @@
+"""Where each training loop draws its data: the expressions ``ddp_shard`` may wrap.
+
+A training loop is known by what it does (it calls ``backward()``/``step()``, or a function
+that does); what matters for sharding is what it iterates, not where a DataLoader was
+built. For every training loop this finds the expressions that name its data, as the loop's
+code has them:
+
+- ``for x in loader`` / ``enumerate(tqdm(loader))`` / ``zip(a, b)``: the loader names inside;
+- a progress bar made above the loop (``pbar = tqdm(self.train_loader)``): the loader inside it;
+- ``next(it)`` with ``it = iter(loader)``, or ``next(iter(loader))``: the loader inside ``iter``;
+
+each with the DataLoader calls of this file it may be bound to (none when it comes from
+elsewhere: a helper of another module, a parameter no caller here feeds, a project object).
+The sampler transform shards the loaders it can rewrite where they are built, and wraps
+the others where the loop draws from them (``ddp_shard(loader)``, sharded at run time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ddpify.analysis import ITERABLE_WRAPPERS, Facts, _is_training_call, bound_names, calls_in, dotted, walk
+from ddpify.names import DATA_LOADER
+
+# What a data expression may be bound to in this file that is surely not a DataLoader.
+NOT_A_LOADER = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp, cst.Dict, cst.DictComp, cst.Integer, cst.SimpleString)
+
+
+@dataclass(frozen=True)
+class DataSite:
+    """One expression a training loop draws its data from."""
+
+    loop: cst.CSTNode
+    expr: cst.BaseExpression  # a node of the tree: Name or Attribute
+    loaders: tuple[cst.Call, ...]  # DataLoader calls of this file it may be bound to
+    function: cst.FunctionDef | None  # where the loop is
+
+    @property
+    def traced(self) -> bool:
+        return bool(self.loaders)
+
+
+def data_sites(facts: Facts) -> list[DataSite]:
+    """Every data expression of every training loop, each node once, in source order."""
+    analyzer = facts.analyzer
+    sites: list[DataSite] = []
+    seen: set[int] = set()
+    for loop in facts.training_loops:
+        context = facts.contexts[loop]
+        found = _data_expressions(loop.iter, analyzer) if isinstance(loop, cst.For) else []
+        for call in calls_in(loop.body):
+            if dotted(call.func) == "next" and call.args:
+                found += _iterator_sources(call.args[0].value, analyzer)
+        for expr in found:
+            if isinstance(expr, (cst.Name, cst.Attribute)):
+                expr = analyzer._through_progress_variable(expr)
+            if id(expr) in seen:
+                continue
+            seen.add(id(expr))
+            if isinstance(expr, cst.Call):
+                loaders = [expr] if expr in facts.loaders else []
+            elif isinstance(expr, cst.Subscript):
+                loaders = []
+            else:
+                loaders = analyzer._loaders_for(expr, context, depth=0)
+            sites.append(DataSite(loop, expr, tuple(loaders), context.function))
+    return sites
+
+
+def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
+    """What a loop iterates, seen through enumerate/zip/tqdm: names, attributes, subscripts
+    (``self.data_loader["train"]``) and DataLoader calls written in place."""
+    if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
+        return [expr]
+    if not isinstance(expr, cst.Call):
+        return []
+    names = analyzer.qualified(expr.func) | {dotted(expr.func) or ""}
+    if names & DATA_LOADER:
+        return [expr]
+    positional = [a.value for a in expr.args if a.keyword is None and not a.star]
+    if "builtins.zip" in names:
+        return [found for value in positional for found in _data_expressions(value, analyzer)]
+    wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] in ("tqdm", "trange") for n in names)
+    return _data_expressions(positional[0], analyzer) if wraps and positional else []
+
+
+def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
+    """``iter(loader)`` -> loader; ``it`` -> what every ``it = iter(...)`` iterates."""
+    if isinstance(source, cst.Call) and dotted(source.func) == "iter" and source.args:
+        return _data_expressions(source.args[0].value, analyzer)
+    if not isinstance(source, cst.Name):
+        return []
+    found = []
+    for assignment in analyzer._assignments_of(source):
+        node = getattr(assignment, "node", None)
+        value, _ = analyzer._assigned_value(node) if node is not None else (None, None)
+        if isinstance(value, cst.Call) and dotted(value.func) == "iter" and value.args:
+            found += _data_expressions(value.args[0].value, analyzer)
+    return found
+
+
+def surely_not_a_loader(site: DataSite, facts: Facts) -> cst.BaseExpression | None:
+    """The value a data name is bound to in this file when every binding is a literal or a
+    comprehension (a list of batches made here): no DataLoader to shard at run time."""
+    if not isinstance(site.expr, cst.Name):
+        return None
+    analyzer = facts.analyzer
+    values = []
+    for assignment in analyzer._assignments_of(site.expr):
+        node = getattr(assignment, "node", None)
+        if node is None:
+            return None
+        value, index = analyzer._assigned_value(node)
+        if value is None:
+            return None
+        if index is not None and isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements):
+            value = value.elements[index].value
+        values.append(value)
+    return values[0] if values and all(isinstance(value, NOT_A_LOADER) for value in values) else None
+
+
+def training_condition(loop: cst.CSTNode, facts: Facts) -> tuple[cst.BaseExpression, bool] | None:
+    """The test that decides whether a pass of ``loop`` trains: every backward()/step() in it
+    sits under ``if phase == "train":`` / ``if train:`` (True) or ``if not is_validate:``'s
+    else (False), on names the loop does not bind itself. None when every pass trains."""
+    calls = [call for call in calls_in(loop.body) if _is_training_call(call) or dotted(call.func) in facts.training_calls]
+    if not calls:
+        return None
+    parent = facts.analyzer.parent
+    common: dict[tuple[str, bool], cst.BaseExpression] | None = None
+    for call in calls:
+        tests = {}
+        node = call
+        while node is not loop and node is not None:
+            owner = parent(node)
+            if isinstance(owner, cst.If) and node in (owner.body, owner.orelse):
+                tests[(cst.Module([]).code_for_node(owner.test), node is owner.body)] = owner.test
+            node = owner
+        common = tests if common is None else {key: test for key, test in common.items() if key in tests}
+    if not common:
+        return None
+    bound_inside = _bound_in(loop)
+    for (_, when), test in common.items():
+        if not {name.value for name in walk(test) if isinstance(name, cst.Name)} & bound_inside:
+            return test, when
+    return None
+
+
+def _bound_in(loop: cst.CSTNode) -> set[str]:
+    """Names the loop binds: its targets and what its body assigns."""
+    bound: set[str] = set()
+    for node in walk(loop):
+        if isinstance(node, (cst.For, cst.CompFor)):
+            bound.update(bound_names(node.target))
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                bound.update(bound_names(target.target))
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            bound.update(bound_names(node.target))
+        elif isinstance(node, cst.NamedExpr):
+            bound.update(bound_names(node.target))
+    return bound
