@@ -285,7 +285,8 @@ def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
         if isinstance(parent, cst.ExceptHandler):
             return False
         if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
-            return False
+            if not is_main_guard(parent):  # `if __name__ == "__main__":` runs on every rank
+                return False
         parent = parent_of(parent)
     return True
 

@@ -11,6 +11,7 @@ import libcst as cst
 from ddpify.analysis import analyze
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
+from ddpify.training_data import step_function_calls
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -36,7 +37,7 @@ def convert_text(
         project.loader_functions,
         project.parameter_loaders if links is not None else None,
         project.reexports,
-        project.training_calls,
+        project.training_calls | step_function_calls(module),
     )
     if role == ENTRY and (facts.wraps or facts.existing_ddp):
         role = SCRIPT  # a project's entry script that wraps too: converted as a script

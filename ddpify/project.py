@@ -374,6 +374,8 @@ def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
 def _convert_group(project: Project, entry: ModuleInfo, options: ConvertOptions, results: dict) -> list[Path]:
     """The entry script and the project modules it imports: converted together (or none:
     see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
+    if ALREADY_CONVERTED.search(entry.source):
+        return []  # ddpify's own output: its modules were converted with it
     members = [entry, *project.reachable(entry)]
     if not any(member.wraps for member in members):
         return []

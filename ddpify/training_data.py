@@ -48,11 +48,12 @@ def data_sites(facts: Facts) -> list[DataSite]:
     sites: list[DataSite] = []
     seen: set[int] = set()
     for loop in facts.training_loops:
+        if not _draws_data(loop, facts):
+            continue  # an epoch loop: its passes draw their data in the loops inside or the calls
         context = facts.contexts[loop]
         found = _data_expressions(loop.iter, analyzer) if isinstance(loop, cst.For) else []
-        for call in calls_in(loop.body):
-            if dotted(call.func) == "next" and call.args:
-                found += _iterator_sources(call.args[0].value, analyzer)
+        for call in _draws_in(loop, facts):
+            found += _iterator_sources(call, analyzer)
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer._through_progress_variable(expr)
@@ -67,6 +68,42 @@ def data_sites(facts: Facts) -> list[DataSite]:
                 loaders = analyzer._loaders_for(expr, context, depth=0)
             sites.append(DataSite(loop, expr, tuple(loaders), context.function))
     return sites
+
+
+def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
+    """Does the loop itself take training steps on what it draws: backward()/step() in its own
+    body (not in a loop inside it), or a step function of the file given its batch
+    (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
+    targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
+    for call in _own_calls(loop.body):
+        if _is_training_call(call):
+            return True
+        if dotted(call.func) in facts.training_calls:
+            arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
+            if not targets or arguments & targets:
+                return True
+    return False
+
+
+def _own_calls(node: cst.CSTNode) -> list[cst.Call]:
+    """Calls in ``node`` that are not inside a loop or function within it."""
+    found: list[cst.Call] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+        def visit_For(self, inner: cst.For) -> bool:
+            return False
+
+        def visit_While(self, inner: cst.While) -> bool:
+            return False
+
+        def visit_FunctionDef(self, inner: cst.FunctionDef) -> bool:
+            return False
+
+    node.visit(Calls())
+    return found
 
 
 def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
@@ -84,6 +121,23 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
         return [found for value in positional for found in _data_expressions(value, analyzer)]
     wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] in ("tqdm", "trange") for n in names)
     return _data_expressions(positional[0], analyzer) if wraps and positional else []
+
+
+def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:
+    """What the loop draws batches from with ``next(it)`` (or Python 2's ``it.next()``), in
+    its body or in the step functions of the file it calls (crnn's ``trainBatch()`` reads a
+    global ``train_iter``)."""
+    bodies = [loop.body]
+    functions = facts.analyzer._module_functions
+    bodies += [functions[dotted(call.func)].body for call in _own_calls(loop.body) if dotted(call.func) in functions]
+    sources = []
+    for body in bodies:
+        for call in calls_in(body):
+            if dotted(call.func) == "next" and call.args:
+                sources.append(call.args[0].value)
+            elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("next", "__next__") and not call.args:
+                sources.append(call.func.value)
+    return sources
 
 
 def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
@@ -162,3 +216,47 @@ def _bound_in(loop: cst.CSTNode) -> set[str]:
         elif isinstance(node, cst.NamedExpr):
             bound.update(bound_names(node.target))
     return bound
+
+
+# Methods every torch module and optimizer has: `model.train()` is not the file's own train().
+MODULE_METHODS = frozenset({
+    "train", "eval", "forward", "to", "cuda", "cpu", "zero_grad", "parameters", "state_dict",
+    "load_state_dict", "apply", "half", "float", "step", "backward", "add_param_group",
+})
+
+
+def step_function_calls(module: cst.Module) -> frozenset[str]:
+    """Calls (as written: ``train``, ``self.train_step``, ``solver.update``) of this file's
+    functions and methods that run backward() or an optimizer step, directly or through
+    other such functions of the file: a loop that calls one is a training loop (PSMNet's
+    ``loss = train(imgL, imgR, disp)`` per batch)."""
+    functions = [node for node in walk(module) if isinstance(node, cst.FunctionDef)]
+    by_name: dict[str, list[cst.FunctionDef]] = {}
+    for function in functions:
+        by_name.setdefault(function.name.value, []).append(function)
+    trains = {function for function in functions if any(_is_training_call(call) for call in calls_in(function.body))}
+    grown = True
+    while grown:
+        grown = False
+        for function in functions:
+            if function not in trains and any(
+                callee in trains for call in calls_in(function.body) for callee in _callees(call, by_name)
+            ):
+                trains.add(function)
+                grown = True
+    return frozenset(
+        dotted(call.func)
+        for call in calls_in(module)
+        if dotted(call.func) and any(callee in trains for callee in _callees(call, by_name))
+    )
+
+
+def _callees(call: cst.Call, by_name: dict[str, list[cst.FunctionDef]]) -> list[cst.FunctionDef]:
+    """The file's functions a call may run, by name: ``f(...)``, or ``obj.m(...)`` for a
+    method name no torch module or optimizer has."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return by_name.get(func.value, [])
+    if isinstance(func, cst.Attribute) and func.attr.value not in MODULE_METHODS:
+        return by_name.get(func.attr.value, [])
+    return []

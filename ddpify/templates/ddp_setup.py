@@ -28,6 +28,11 @@ def ddp_setup():
     """Join the process group that torchrun or Slurm describes, or form a world of one."""
     if dist.is_initialized():
         return
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:  # a DataLoader worker importing the script again
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        return
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"))

@@ -202,8 +202,13 @@ class SamplerTransform(Transform):
             if not site.loaders and self._fed_where_built(site):
                 continue
             reasons = [runtime[call] for call in site.loaders if call in runtime]
+            unmarked = [call for call in site.loaders if not self.facts.loaders[call].training]
             if reasons:
                 self._run_time[site.expr] = (site, reasons[0])
+            elif unmarked:
+                # drawn through a step function (crnn's trainBatch() reads a global iterator):
+                # no epoch loop is known for it, and ddp_shard moves its epoch itself
+                self._run_time[site.expr] = (site, "the loop draws it through the step function it calls")
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
                 self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
         self.context.run_time_shards.update(
