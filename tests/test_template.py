@@ -332,6 +332,7 @@ def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
     monkeypatch.setattr(template.dist, "get_world_size", lambda: world)
     monkeypatch.setattr(template.dist, "get_rank", lambda: rank)
     template.ddp_shard.__dict__.pop("cache", None)
+    template.ddp_shard.__dict__.pop("passes", None)
 
 
 def _passes(loader, monkeypatch, rank: int, passes: int = 2) -> list[list[list[int]]]:
@@ -401,3 +402,29 @@ def test_what_cannot_be_sharded_stops(monkeypatch):
     _as_rank(monkeypatch, 0)
     with pytest.raises(RuntimeError, match="the training data is a list"):
         template.ddp_shard([torch.zeros(2)])
+
+
+def test_a_loader_built_anew_each_epoch_still_moves_to_the_next_epoch(monkeypatch):
+    # Retinaface: `batch_iterator = iter(DataLoader(dataset, ..., shuffle=True))` every epoch
+    _as_rank(monkeypatch, 0)
+    epochs = [[b[0].tolist() for b in template.ddp_shard(torch.utils.data.DataLoader(INDICES, 4, shuffle=True))] for _ in range(2)]
+    assert epochs[0] != epochs[1]
+
+
+class PassThroughLoader(torch.utils.data.DataLoader):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.collate_fn = lambda samples: [torch.stack([s[0] for s in samples]) + 100]
+
+
+class OwnConstructorLoader(torch.utils.data.DataLoader):
+    def __init__(self, dataset, batch_size):
+        super().__init__(dataset, batch_size)
+
+
+def test_a_subclass_that_passes_its_arguments_on_is_rebuilt_as_itself(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    sharded = template.ddp_shard(PassThroughLoader(INDICES, batch_size=4))
+    assert type(sharded) is PassThroughLoader and [b[0].tolist() for b in sharded][0] == [100, 102]
+    with pytest.raises(RuntimeError, match="OwnConstructorLoader, which cannot be split"):
+        template.ddp_shard(OwnConstructorLoader(INDICES, 4))

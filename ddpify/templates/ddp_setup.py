@@ -153,7 +153,7 @@ def ddp_rebuilt(loader, global_batch):
 
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-    if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
+    if not ddp_rebuildable(loader) or isinstance(loader.dataset, IterableDataset):
         raise RuntimeError(
             f"ddpify: the training data is a {type(loader).__name__}, which cannot be split across the ranks "
             "at run time (only torch's DataLoader over a map-style dataset can): every rank would train on "
@@ -161,17 +161,30 @@ def ddp_rebuilt(loader, global_batch):
         )
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
-    batches = loader.batch_sampler
+    batches, make, key = loader.batch_sampler, type(loader), id(loader.dataset)  # passes counted per dataset
     if type(batches) is BatchSampler:
-        shard = DdpShard(batches.sampler, per_batch=False)
+        shard = DdpShard(batches.sampler, key, per_batch=False)
         local = ddp_local_batch_size(batches.batch_size) if global_batch else batches.batch_size
-        rebuilt = DataLoader(loader.dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
+        rebuilt = make(loader.dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
-        rebuilt = DataLoader(loader.dataset, None, sampler=DdpShard(loader.sampler, per_batch=False), **options)
+        rebuilt = make(loader.dataset, None, sampler=DdpShard(loader.sampler, key, per_batch=False), **options)
     else:  # the user's batch sampler: each of its batches split across the ranks, as DataParallel did
-        rebuilt = DataLoader(loader.dataset, batch_sampler=DdpShard(batches, per_batch=global_batch), **options)
+        rebuilt = make(loader.dataset, batch_sampler=DdpShard(batches, key, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
+
+
+def ddp_rebuildable(loader):
+    """torch's DataLoader, or a subclass whose constructor only passes its arguments on
+    (deepspeech's and Conv-TasNet's AudioDataLoader, which set their collate_fn)."""
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return False
+    kinds = {p.kind for p in list(inspect.signature(type(loader).__init__).parameters.values())[1:]}
+    return type(loader) is DataLoader or kinds == {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
 
 
 class DdpShard(torch.utils.data.Sampler):
@@ -179,15 +192,16 @@ class DdpShard(torch.utils.data.Sampler):
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
     as many steps), or of a batch sampler every world-size-th sample of each batch."""
 
-    def __init__(self, sampler, per_batch):
-        self.sampler, self.per_batch, self.epoch, self.passes = sampler, per_batch, None, 0
+    def __init__(self, sampler, key, per_batch):
+        self.sampler, self.key, self.per_batch, self.epoch = sampler, key, per_batch, None
 
     def set_epoch(self, epoch):
         self.epoch = epoch
 
     def __iter__(self):
-        epoch = self.passes if self.epoch is None else self.epoch
-        self.passes, self.epoch = self.passes + 1, None
+        passes = ddp_shard.__dict__.setdefault("passes", {})  # a loader built anew each epoch counts on
+        epoch = passes.get(self.key, 0) if self.epoch is None else self.epoch
+        passes[self.key], self.epoch = epoch + 1, None
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         drawn = ddp_same_draw(self.sampler, epoch)

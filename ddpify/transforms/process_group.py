@@ -60,6 +60,7 @@ TEMPLATE_NAMES = (
     "ddp_next_epoch",
     "ddp_shard",
     "ddp_rebuilt",
+    "ddp_rebuildable",
     "DdpShard",
     "ddp_same_draw",
     "ddp_relaunch",

@@ -206,9 +206,13 @@ class SamplerTransform(Transform):
             if reasons:
                 self._run_time[site.expr] = (site, reasons[0])
             elif unmarked:
+                # built where it is drawn (Retinaface's iter(DataLoader(...)) each epoch), or
                 # drawn through a step function (crnn's trainBatch() reads a global iterator):
                 # no epoch loop is known for it, and ddp_shard moves its epoch itself
-                self._run_time[site.expr] = (site, "the loop draws it through the step function it calls")
+                why = "it is built where the loop draws from it" if isinstance(site.expr, cst.Call) else (
+                    "the loop draws it through a step function or an iterator made elsewhere"
+                )
+                self._run_time[site.expr] = (site, why)
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
                 self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
         self.context.run_time_shards.update(
