@@ -270,13 +270,24 @@ def ddp_device_ids():
     return [torch.cuda.current_device()] if torch.cuda.is_available() else None
 
 
-def ddp_wrap(module, **options):
+def ddp_wrap(module, every_parameter=False, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
-    module in a process with no group, is only moved there."""
+    module in a process with no group, is only moved there. every_parameter: parameters are
+    frozen or unfrozen after the wrap, so DDP registers them all and skips those without a
+    gradient."""
     module = module.to(ddp_device())
-    if dist.is_initialized() and any(parameter.requires_grad for parameter in module.parameters()):
-        module = DistributedDataParallel(module, device_ids=ddp_device_ids(), **options)
-    return module
+    frozen = [p for p in module.parameters() if not p.requires_grad] if every_parameter else []
+    if not dist.is_initialized() or not any(p.requires_grad for p in module.parameters()) and not frozen:
+        return module
+    for parameter in frozen:
+        parameter.requires_grad_(True)
+    if every_parameter:
+        options["find_unused_parameters"] = True
+    try:
+        return DistributedDataParallel(module, device_ids=ddp_device_ids(), **options)
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(False)
 
 
 def ddp_local_batch_size(global_batch_size):

@@ -52,6 +52,22 @@ iterated by a loop without a training step): that pass now reads this rank's sha
 DDP308  (error; a warning with ``--allow-partial``) project mode: another module trains on
 what a function of this one returns, and no DataLoader built here could be traced to it.
 
+DDP312  training data that is not sharded where it is built is sharded where the training
+loop draws from it, at run time: a loader with its own ``sampler=`` (every rank draws the
+same order, seeded by the epoch, and takes every world-size-th index) or ``batch_sampler=``
+(each batch split between the ranks, as DataParallel split it), a DataLoader call that
+cannot be rewritten, one from a builder that also makes evaluation loaders (those stay
+whole), one drawn with ``next(iter(...))``, and data from outside this file's DataLoader
+calls (a helper of another module, a dict of loaders, a parameter). ``ddp_shard`` rebuilds
+the loader once with the same options, each process loading its share of DataParallel's
+global batch, and moves to the next epoch on every pass; anything it cannot rebuild (not a
+DataLoader, an IterableDataset) stops the script with a clear error before training::
+
+    for x, y in train_loader:   ->   for x, y in ddp_shard(train_loader):
+    for inputs, labels in dataloaders[phase]:
+    # becomes (only the training pass is sharded)
+    for inputs, labels in ddp_shard(dataloaders[phase]) if phase == 'train' else dataloaders[phase]:
+
 DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
 DataLoader was found: shard the data by hand.
 """

@@ -54,6 +54,15 @@ DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
 forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
 
+DDP125  parameters are frozen or unfrozen after the wrap (``param.requires_grad = epoch >
+n`` in the training loop, a whole network frozen per epoch behind a flag, partial BatchNorm
+in the model's own ``train()``): DDP registers the trainable parameters when it is built and
+waits for a gradient of each at every backward, so it stops at the first step, or never
+synchronises a parameter unfrozen later. The wrap registers every parameter and skips those
+without a gradient::
+
+    model = nn.DataParallel(model)   ->   model = ddp_wrap(model, every_parameter=True)
+
 DDP110  the wrapped name is also assigned a checkpoint's entry (``net = checkpoint["net"]``,
 mixup-style resume): the checkpoint may hold a pickled DataParallel, so its ``module`` is
 wrapped (``getattr(net, "module", net)``), never a wrapper inside a wrapper.
@@ -96,6 +105,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
+from ddpify.trainable import trainable_set_changes
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
@@ -181,6 +191,8 @@ class WrapModelTransform(Transform):
         return False
 
     def check(self) -> None:
+        # requires_grad changed after the wrap: DDP registers every parameter (see trainable.py)
+        self.trainable_changes = trainable_set_changes(self.context.module, self.facts, self.context.position)
         for site in self.facts.wraps:
             self._check_submodule(site)
         self._check_sum_losses()
@@ -537,7 +549,18 @@ class WrapModelTransform(Transform):
             return cst.Call(func=cst.Name(subclass), args=args)
         self.context.use_helper("ddp_wrap")
         args = [cst.Arg(placed)]
-        if site.target in self.switched_models:
+        if self.trainable_changes:
+            change = self.trainable_changes[0]
+            line = self.context.position(change)[0]
+            shown = f"{self.context.code(change.target)} = ..." if isinstance(change, cst.AssignTarget) else self.context.code(change)
+            self.context.report(
+                site.call,
+                "DDP125",
+                f"parameters are frozen or unfrozen after the wrap (line {line}: `{shown}`): DDP registers every "
+                "parameter and skips those without a gradient (every_parameter=True: find_unused_parameters)",
+            )
+            args.append(keyword("every_parameter", cst.Name("True")))
+        elif site.target in self.switched_models:
             self.context.report(
                 site.call,
                 "DDP109",

@@ -30,7 +30,8 @@ from ddpify.analysis import WrapSite, calls_in, dotted, walk
 from ddpify.transforms.base import Block, Transform
 
 # Methods that change a module's parameters, dtype or structure in place.
-CHANGING_METHODS = {"apply", "half", "float", "double", "bfloat16", "requires_grad_", "reset_parameters", "init_weights"}
+# (Freezing, `requires_grad_`, is followed by the wrap instead: see trainable.py.)
+CHANGING_METHODS = {"apply", "half", "float", "double", "bfloat16", "reset_parameters", "init_weights"}
 
 
 class WrapPlacementTransform(Transform):
@@ -137,7 +138,7 @@ class WrapPlacementTransform(Transform):
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
                 assigned = dotted(node.target) or ""
                 if assigned.endswith(".requires_grad"):
-                    return True
+                    continue  # followed by the wrap (every_parameter), not a change it must precede
                 # `model.fc = nn.Linear(...)` replaces a layer; `model.ss_prob = p` sets a number.
                 if assigned.startswith(f"{target}.") and calls_in(self.context.parent(node) or node):
                     return True

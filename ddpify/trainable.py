@@ -1,0 +1,49 @@
+"""Which parameters train: changes to the trainable set after the wrap (freezing, unfreezing).
+
+DistributedDataParallel registers, when it is built, the parameters that require a
+gradient, and expects a gradient for each of them at every backward. A script that freezes
+parameters after the wrap (TSM's partial BatchNorm in the model's own ``train()``, 2s-AGCN's
+``param.requires_grad = epoch > only_train_epoch``, a whole network frozen per epoch behind
+a flag) stops DDP at the first step ("Expected to have finished reduction"); one that
+unfreezes parameters frozen at the wrap would train them apart on every rank, silently. The
+wrap then registers every parameter and lets DDP skip those without a gradient
+(``ddp_wrap(model, every_parameter=True)``: find_unused_parameters=True).
+
+Freezing inside a module's ``__init__``, or before the wrap in the function that wraps, is
+part of the model the wrap sees: nothing to follow.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import Facts, dotted, walk
+
+
+def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cst.CSTNode]:
+    """``x.requires_grad = ...`` and ``x.requires_grad_(...)`` that may run after a wrap."""
+    wraps = [(facts.contexts[site.call].function, position(site.call)) for site in facts.wraps if site.call in facts.contexts]
+    found = []
+    for node in walk(module):
+        if not _changes_trainable_set(node):
+            continue
+        function = _function_of(node, facts)
+        if function is not None and function.name.value == "__init__":
+            continue  # a module built frozen: the wrap sees it
+        if any(wrapped_in is function and position(node) < at for wrapped_in, at in wraps):
+            continue  # before the wrap, in the function that wraps
+        found.append(node)
+    return found
+
+
+def _changes_trainable_set(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.AssignTarget) and (dotted(node.target) or "").endswith(".requires_grad"):
+        return True
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_"
+
+
+def _function_of(node: cst.CSTNode, facts: Facts) -> cst.FunctionDef | None:
+    parent = facts.analyzer.parent(node)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        parent = facts.analyzer.parent(parent)
+    return parent if isinstance(parent, cst.FunctionDef) else None
