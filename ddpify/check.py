@@ -38,6 +38,8 @@ from ddpify.names import (
     TRACKER_FACTORIES,
     has_word,
 )
+from ddpify.names import names_data_parallel_variant as _names_data_parallel_variant
+from ddpify.names import variant_name as _variant_name
 from ddpify.rules import RULES
 
 # Text pre-filter, per file: what the text must contain before any rule can fire there. Each
@@ -65,8 +67,6 @@ ALIASED = DATA_PARALLEL | DATA_PARALLEL_FUNCTION | DDP | SAMPLER | PROGRESS_BARS
 # DataParallel-only synchronised BatchNorm (Synchronized-BatchNorm-PyTorch), by the name's last part.
 SYNC_BN_HELPERS = ("patch_replication_callback", "DataParallelWithCallback")
 SYNC_BN_LAYER = "SynchronizedBatchNorm"
-# Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
-VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
 # Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
 DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 # Command-line switches of a DDP path beside DataParallel that plain torchrun does not set.
@@ -352,12 +352,6 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _variant_name(name: str) -> bool:
-    """A name for a DataParallel variant (``BalancedDataParallel``, ``DataParallelModel``,
-    a project's own ``DataParallel``), not for DDP or FSDP."""
-    return name.endswith(VARIANT_ENDINGS) and "Distributed" not in name and "Sharded" not in name
-
-
 def _mentions_rank(test: ast.AST) -> bool:
     for node in ast.walk(test):
         word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
@@ -378,23 +372,6 @@ def could_have_findings(source: str) -> bool:
     if "sampler" in source and SHUFFLE_TRUE.search(source):  # DDP310
         return True
     return _may_use_distributed(source) and any(p.search(source) for p in DDP_CODE_HAZARDS)  # DDP5xx-7xx
-
-
-def _names_data_parallel_variant(source: str) -> bool:
-    """Whether the text holds a name that _variant_name may accept: one that ends in a
-    VARIANT_ENDINGS word, other than DistributedDataParallel and (Fully)ShardedDataParallel."""
-    if "DataParallel" not in source:
-        return False
-    text = source.replace("DistributedDataParallel", "").replace("ShardedDataParallel", "")
-    offset = text.find("DataParallel")
-    while offset != -1:
-        end = offset + len("DataParallel")
-        for ending in ("", "Model", "Criterion"):
-            after = text[end + len(ending) : end + len(ending) + 1]
-            if text.startswith(ending, end) and not (after.isidentifier() or after.isdigit()):
-                return True
-        offset = text.find("DataParallel", end)
-    return False
 
 
 def _may_use_distributed(source: str) -> bool:
