@@ -27,10 +27,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
+from ddpify.diagnostics import suppressed as _suppressed
 from ddpify.names import (
     DATA_LOADER,
     DATA_PARALLEL,
     DATA_PARALLEL_FUNCTION,
+    DATA_PARALLEL_METHODS,
     DDP,
     PROGRESS_BARS,
     RANK_WORDS,
@@ -67,15 +69,12 @@ ALIASED = DATA_PARALLEL | DATA_PARALLEL_FUNCTION | DDP | SAMPLER | PROGRESS_BARS
 # DataParallel-only synchronised BatchNorm (Synchronized-BatchNorm-PyTorch), by the name's last part.
 SYNC_BN_HELPERS = ("patch_replication_callback", "DataParallelWithCallback")
 SYNC_BN_LAYER = "SynchronizedBatchNorm"
-# Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
-DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 # Command-line switches of a DDP path beside DataParallel that plain torchrun does not set.
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 SPAWN_FLAGS = ("--multiprocessing-distributed", "--multiprocessing_distributed")
 GPU_FLAGS = ("--gpu", "--gpu-id", "--gpu_id")
 LOCAL_RANK_READ = re.compile(r"""['"]LOCAL_RANK['"]""")  # the environment variable, read as a string key
 CUDA_INDEX = re.compile(r"cuda:\d+")
-SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -456,12 +455,3 @@ def _diagnostics(checker: Checker, source: str, options: CheckOptions) -> tuple[
         if not _suppressed(text, code):
             found.add(Diagnostic(node.lineno, col, code, RULES[code].summary, Severity.WARNING))
     return tuple(sorted(found))
-
-
-def _suppressed(line: str, code: str) -> bool:
-    """`# noqa`, `# noqa: DDP611`, `# ddpify: ignore[DDP611]` (codes by prefix) on the line."""
-    match = SUPPRESSION.search(line)
-    if match is None:
-        return False
-    codes = [c.strip() for c in match.group(1).split(",") if c.strip()]
-    return not codes or any(code.startswith(c) for c in codes)

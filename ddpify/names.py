@@ -31,6 +31,8 @@ WRITE_MODES = "wax+"
 RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
 # Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
 VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
+# Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
+DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 
 
 def has_word(source: str, word: str) -> bool:

@@ -86,6 +86,18 @@ def test_no_import_circles() -> None:
     assert cycles(graph) == []
 
 
+def test_the_conversion_path_does_not_use_the_checker() -> None:
+    """`ddpify check` has its own parser (ast); a conversion parses once, with libcst."""
+    graph = import_graph()
+    reached, pending = set(), ["ddpify.engine", "ddpify.project"]
+    while pending:
+        name = pending.pop()
+        if name not in reached:
+            reached.add(name)
+            pending.extend(graph[name])
+    assert "ddpify.check" not in reached
+
+
 def test_the_analysis_rooms_stay_readable() -> None:
     """No analysis module over ~500 lines, no class over ~300 (docs/architecture.md)."""
     for path in (PACKAGE / "analysis").glob("*.py"):

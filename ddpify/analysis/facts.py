@@ -130,6 +130,10 @@ class Facts:
     sharded_parameter_calls: set[str] = field(default_factory=set)
     reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
     training_calls: frozenset[str] = frozenset()  # see ProjectLinks.training_calls
+    # forms of DataParallel convert cannot rewrite, as `ddpify check` codes them: a variant
+    # from another module called on a model (DDP122), a fork of DataParallel defined here
+    # (DDP121); see engine.variant_refusal
+    variants: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
     # a training loader read once outside the training loop (class weights, mean/std): what
     # reads it, per loader call; that pass now sees this rank's shard only
     side_passes: dict[cst.Call, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)

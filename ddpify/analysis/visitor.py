@@ -58,6 +58,7 @@ class Analyzer(cst.CSTVisitor):
             self.facts.star_imports = True
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.wraps.definition(node)
         self.scopes.enter_function(node)
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
@@ -65,6 +66,7 @@ class Analyzer(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.wraps.class_bases(node)
+        self.wraps.definition(node)
         self.scopes.classes.append(node)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -108,6 +110,8 @@ class Analyzer(cst.CSTVisitor):
             self.loaders.record(node)
         elif names & METRIC_SCHEDULERS and isinstance(assignment := self.scopes.parent(node), cst.Assign):
             self.facts.metric_schedulers.update(name for t in assignment.targets for name in bound_names(t.target))
+        else:
+            self.wraps.variant_call(node)
         if context.function is None and context.cls is None and self.entry.runs_here(node, names):
             self.facts.module_level_runs = True
             self.facts.import_time_runs |= not self.scopes.in_main_guard

@@ -4,17 +4,20 @@ the GPU count.
 
 Fills ``facts.wraps``, ``model_names``, ``dp_references``, ``dp_subclasses``,
 ``distributed_uses``, ``existing_ddp`` and ``gpu_count_names``; forms that cannot be
-converted are problems (DDP004).
+converted are problems (DDP004), and DataParallel variants (another package's
+``DataParallelModel``, a fork defined here) are ``facts.variants``, found as ``ddpify
+check`` finds them (DDP121, DDP122).
 """
 
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
 from ddpify.analysis.facts import Guard, WrapSite
 from ddpify.analysis.tree import DEVICE_COUNT, bound_names, calls_in, first_positional, is_main_guard
-from ddpify.names import DATA_PARALLEL, DDP, SAMPLER
+from ddpify.analysis.scopes import star_imported_torch
+from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
 # What a DataParallel subclass may define and still work on top of DDP unchanged.
@@ -42,6 +45,8 @@ class Wraps:
         self.scopes = scopes
         self.facts = scopes.facts
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
+        self._local_variants: set[str] = set()  # classes and functions defined here named *DataParallel*
+        self._variant_calls: list[tuple[cst.Call, str]] = []  # `BalancedDataParallel(0, model)`, unless defined here
 
     # -- during the walk -----------------------------------------------------------------
     def class_bases(self, node: cst.ClassDef) -> None:
@@ -164,8 +169,55 @@ class Wraps:
             return self._always_wraps(branch.body) and self._always_wraps(branch.orelse)
         return any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(branch))
 
+    # -- DataParallel variants (check's DDP121, DDP122) -------------------------------------
+    def definition(self, node: cst.FunctionDef | cst.ClassDef) -> None:
+        """A class or function named *DataParallel* (its calls are not a foreign variant), or
+        a fork of DataParallel: a class so named with its own scatter/gather (DDP121)."""
+        name = node.name.value
+        if not variant_name(name):
+            return
+        self._local_variants.add(name)
+        if not isinstance(node, cst.ClassDef):
+            return
+        methods = {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)}
+        if methods & DATA_PARALLEL_METHODS and not any(self._imported_names(b.value) & DATA_PARALLEL for b in node.bases):
+            self.facts.variants.append((node, "DDP121"))
+
+    def variant_call(self, call: cst.Call) -> None:
+        """``DataParallelModel(net)``: a DataParallel variant (not torch's) called on a model."""
+        if not any(a.keyword is None and a.star != "**" for a in call.args):
+            return
+        for name in sorted(self._imported_names(call.func)) or [None]:
+            last = (name or _loose_dotted(call.func) or "").rsplit(".", 1)[-1]
+            if variant_name(last) and name not in DATA_PARALLEL and not (name or "").startswith("torch."):
+                self._variant_calls.append((call, last))
+                return
+
+    def _imported_names(self, node: cst.BaseExpression) -> set[str]:
+        """What an expression names through the file's imports (as ``ddpify check`` reads
+        them: a star import may bring ``torch`` and ``nn``)."""
+        names = {
+            q.name
+            for q in self.scopes.get_metadata(QualifiedNameProvider, node, set())
+            if q.source is QualifiedNameSource.IMPORT
+        }
+        if names or not self.facts.star_imports:
+            return names
+        return star_imported_torch(node, self.scopes.scope_of)
+
     # -- after the walk ------------------------------------------------------------------
     def finish(self) -> None:
+        self.facts.variants += [(call, "DDP122") for call, last in self._variant_calls if last not in self._local_variants]
         self.facts.gpu_count_names -= self._other_bindings
         # A DDP path beside DataParallel: take it (transforms/existing_ddp.py), set nothing up twice.
         self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
+
+
+def _loose_dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c``; for an attribute of something else, its own name (``f().DataParallel``)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _loose_dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else node.attr.value
+    return None
