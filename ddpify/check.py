@@ -27,10 +27,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ddpify.diagnostics import Diagnostic, Severity
+from ddpify.diagnostics import suppressed as _suppressed
 from ddpify.names import (
     DATA_LOADER,
     DATA_PARALLEL,
     DATA_PARALLEL_FUNCTION,
+    DATA_PARALLEL_METHODS,
     DDP,
     PROGRESS_BARS,
     RANK_WORDS,
@@ -38,6 +40,8 @@ from ddpify.names import (
     TRACKER_FACTORIES,
     has_word,
 )
+from ddpify.names import names_data_parallel_variant as _names_data_parallel_variant
+from ddpify.names import variant_name as _variant_name
 from ddpify.rules import RULES
 
 # Text pre-filter, per file: what the text must contain before any rule can fire there. Each
@@ -65,17 +69,12 @@ ALIASED = DATA_PARALLEL | DATA_PARALLEL_FUNCTION | DDP | SAMPLER | PROGRESS_BARS
 # DataParallel-only synchronised BatchNorm (Synchronized-BatchNorm-PyTorch), by the name's last part.
 SYNC_BN_HELPERS = ("patch_replication_callback", "DataParallelWithCallback")
 SYNC_BN_LAYER = "SynchronizedBatchNorm"
-# Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
-VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
-# Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
-DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 # Command-line switches of a DDP path beside DataParallel that plain torchrun does not set.
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 SPAWN_FLAGS = ("--multiprocessing-distributed", "--multiprocessing_distributed")
 GPU_FLAGS = ("--gpu", "--gpu-id", "--gpu_id")
 LOCAL_RANK_READ = re.compile(r"""['"]LOCAL_RANK['"]""")  # the environment variable, read as a string key
 CUDA_INDEX = re.compile(r"cuda:\d+")
-SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -362,12 +361,6 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _variant_name(name: str) -> bool:
-    """A name for a DataParallel variant (``BalancedDataParallel``, ``DataParallelModel``,
-    a project's own ``DataParallel``), not for DDP or FSDP."""
-    return name.endswith(VARIANT_ENDINGS) and "Distributed" not in name and "Sharded" not in name
-
-
 def _mentions_rank(test: ast.AST) -> bool:
     for node in ast.walk(test):
         word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
@@ -388,23 +381,6 @@ def could_have_findings(source: str) -> bool:
     if "sampler" in source and SHUFFLE_TRUE.search(source):  # DDP310
         return True
     return _may_use_distributed(source) and any(p.search(source) for p in DDP_CODE_HAZARDS)  # DDP5xx-7xx
-
-
-def _names_data_parallel_variant(source: str) -> bool:
-    """Whether the text holds a name that _variant_name may accept: one that ends in a
-    VARIANT_ENDINGS word, other than DistributedDataParallel and (Fully)ShardedDataParallel."""
-    if "DataParallel" not in source:
-        return False
-    text = source.replace("DistributedDataParallel", "").replace("ShardedDataParallel", "")
-    offset = text.find("DataParallel")
-    while offset != -1:
-        end = offset + len("DataParallel")
-        for ending in ("", "Model", "Criterion"):
-            after = text[end + len(ending) : end + len(ending) + 1]
-            if text.startswith(ending, end) and not (after.isidentifier() or after.isdigit()):
-                return True
-        offset = text.find("DataParallel", end)
-    return False
 
 
 def _may_use_distributed(source: str) -> bool:
@@ -491,12 +467,3 @@ def _diagnostics(checker: Checker, source: str, options: CheckOptions) -> tuple[
         if not _suppressed(text, code):
             found.add(Diagnostic(node.lineno, col, code, RULES[code].summary, Severity.WARNING))
     return tuple(sorted(found))
-
-
-def _suppressed(line: str, code: str) -> bool:
-    """`# noqa`, `# noqa: DDP611`, `# ddpify: ignore[DDP611]` (codes by prefix) on the line."""
-    match = SUPPRESSION.search(line)
-    if match is None:
-        return False
-    codes = [c.strip() for c in match.group(1).split(",") if c.strip()]
-    return not codes or any(code.startswith(c) for c in codes)

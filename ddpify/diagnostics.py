@@ -7,11 +7,22 @@ either.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 
 # A file's part in a conversion; project mode (ddpify.project) gives the last two.
 SCRIPT, LIBRARY, ENTRY = "script", "library", "entry"
+SUPPRESSION = re.compile(r"#\s*(?:noqa|ddpify:\s*ignore)(?::\s*|\[)?([A-Z0-9, ]*)\]?", re.IGNORECASE)
+
+
+def suppressed(line: str, code: str) -> bool:
+    """`# noqa`, `# noqa: DDP611`, `# ddpify: ignore[DDP611]` (codes by prefix) on the line."""
+    match = SUPPRESSION.search(line)
+    if match is None:
+        return False
+    codes = [c.strip() for c in match.group(1).split(",") if c.strip()]
+    return not codes or any(code.startswith(c) for c in codes)
 
 
 class Severity(str, enum.Enum):

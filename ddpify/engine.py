@@ -7,11 +7,13 @@ import libcst (a third of a second on its own).
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
-from ddpify.analysis import analyze
-from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
+from ddpify.analysis import Facts, analyze
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
+from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
-from ddpify.training_data import step_function_calls
+from ddpify.analysis.data_sites import step_function_calls
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -44,13 +46,14 @@ def convert_text(
     project.foreign_loaders.extend(facts.foreign_training_loaders)
     project.loader_parameters.update(facts.loader_parameters)
     project.sharded_parameter_calls.update(facts.sharded_parameter_calls)
+    metadata = MetadataView(wrapper)
     if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
-        return variant_refusal(path, source) or FileResult(path, source, source)
+        return variant_refusal(path, source, facts, metadata) or FileResult(path, source, source)
     context = ConversionContext(
         module,
         facts,
         options,
-        MetadataView(wrapper),
+        metadata,
         path=path,
         role=role,
         model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
@@ -94,17 +97,20 @@ def _transforms_for(context: ConversionContext) -> tuple:
 VARIANT_CODES = {"DDP120", "DDP121", "DDP122"}
 
 
-def variant_refusal(path: str, source: str) -> FileResult | None:
+def variant_refusal(path: str, source: str, facts: Facts, metadata: MetadataView) -> FileResult | None:
     """A file with no torch DataParallel to convert that still splits batches with a form of
     it (`DataParallelModel(net)` from a project's fork, mmcv's `MMDataParallel`): refused
-    with check's finding, never "nothing to convert"."""
-    from ddpify.check import check_source
-
-    found = [d for d in check_source(source) if d.code in VARIANT_CODES]
-    if not found:
-        return None
-    errors = [Diagnostic(d.line, d.col, d.code, f"{d.message}; not converted", Severity.ERROR) for d in found]
-    return _refused(path, source, errors)
+    with check's finding (found by the analysis, ``facts.variants``), never "nothing to
+    convert". A ``# noqa: DDP122`` on the line lets it through, as in ``ddpify check``."""
+    lines = source.splitlines()
+    errors = []
+    for node, code in facts.variants:
+        start = metadata.get_metadata(PositionProvider, node).start
+        text = lines[start.line - 1] if start.line <= len(lines) else ""
+        if not suppressed(text, code):
+            message = f"{RULES[code].summary}; not converted"
+            errors.append(Diagnostic(start.line, start.column + 1, code, message, Severity.ERROR))
+    return _refused(path, source, errors) if errors else None
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

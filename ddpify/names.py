@@ -29,6 +29,10 @@ PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.",
 WRITE_MODES = "wax+"
 # Names in an `if` test that show the code below is already limited to one rank.
 RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
+# Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
+VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
+# Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
+DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 
 
 def has_word(source: str, word: str) -> bool:
@@ -48,6 +52,27 @@ def mentions_data_parallel(source: str) -> bool:
     ``*DataParallel`` variant (reported, not converted; see engine.variant_refusal)."""
     if has_word(source, "DataParallel") or has_word(source, "data_parallel"):
         return True
-    from ddpify.check import _names_data_parallel_variant
+    return names_data_parallel_variant(source)
 
-    return _names_data_parallel_variant(source)
+
+def variant_name(name: str) -> bool:
+    """A name for a DataParallel variant (``BalancedDataParallel``, ``DataParallelModel``,
+    a project's own ``DataParallel``), not for DDP or FSDP."""
+    return name.endswith(VARIANT_ENDINGS) and "Distributed" not in name and "Sharded" not in name
+
+
+def names_data_parallel_variant(source: str) -> bool:
+    """Whether the text holds a name that variant_name may accept: one that ends in a
+    VARIANT_ENDINGS word, other than DistributedDataParallel and (Fully)ShardedDataParallel."""
+    if "DataParallel" not in source:
+        return False
+    text = source.replace("DistributedDataParallel", "").replace("ShardedDataParallel", "")
+    offset = text.find("DataParallel")
+    while offset != -1:
+        end = offset + len("DataParallel")
+        for ending in ("", "Model", "Criterion"):
+            after = text[end + len(ending) : end + len(ending) + 1]
+            if text.startswith(ending, end) and not (after.isidentifier() or after.isdigit()):
+                return True
+        offset = text.find("DataParallel", end)
+    return False

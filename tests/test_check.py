@@ -469,3 +469,64 @@ def test_a_loader_module_converted_in_a_project_is_not_told_to_call_set_epoch():
     assert "DDP510" not in [code for _, code in codes(source)]
     plain = source.replace("# Distributed helpers added by ddpify; the entry script sets up the process group.\n", "")
     assert "DDP510" in [code for _, code in codes(plain)]
+
+
+VARIANT_CASES = {
+    "variants from other modules": (
+        "from models.data_parallel import DataParallel\n"
+        "from encoding.parallel import DataParallelModel as DPM, DataParallelCriterion\n"
+        "import apex\nmodel = DataParallel(net, device_ids=[0, 1], chunk_sizes=[2, 6])\n"
+        "model = DPM(net)\ncriterion = DataParallelCriterion(criterion)\n"
+        "ddp = apex.parallel.DistributedDataParallel(net)\nmodel = BalancedDataParallel(2, net, dim=0)\n"
+        "criterion = DataParallelCriterion\n"
+    ),
+    "a fork and a function defined here": (
+        "from torch.nn import Module\n@register\nclass BalancedDataParallel(Module):\n"
+        "    def scatter(self, inputs, kwargs, ids):\n        return inputs\n"
+        "def MyDataParallel(net):\n    return net\nmodel = MyDataParallel(net)\nother = BalancedDataParallel(0, net)\n"
+    ),
+    "suppressed on its line": "from mylib import DataParallelModel\nmodel = DataParallelModel(net)  # noqa: DDP122\n",
+    "star import, attribute of a call": "from models import *\nmodel = get_lib().DataParallelModel(\n    net)\n",
+    "only keywords": "from mylib import DataParallelModel\nmodel = DataParallelModel(module=net)\n",
+}
+
+
+def _convert_variants(source: str) -> list[tuple[int, int, str]] | None:
+    """What a conversion refuses with (DDP120-122, found by the libcst analysis), for a file
+    with no torch DataParallel to convert; None where the file has something else to say."""
+    import libcst as cst
+
+    from ddpify.analysis import analyze
+    from ddpify.engine import variant_refusal
+    from ddpify.transforms.base import MetadataView
+
+    wrapper = cst.MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
+    facts = analyze(wrapper)
+    if facts.wraps or facts.dp_references or facts.problems:
+        return None
+    result = variant_refusal("x.py", source, facts, MetadataView(wrapper))
+    return sorted((d.line, d.col, d.code) for d in result.diagnostics) if result else []
+
+
+def test_convert_finds_the_dataparallel_variants_check_finds():
+    """convert parses once (libcst) and finds the variants it refuses as check (ast) does."""
+    from ddpify.engine import VARIANT_CODES
+    from ddpify.names import mentions_data_parallel
+
+    torch_root = Path(pytest.importorskip("torch").__file__).parent
+    sources = {name: source for name, (source, _) in SELECTIVE_WALK_CASES.items()} | VARIANT_CASES
+    inputs = [path for path in sorted(FIXTURES.rglob("*.py")) if not path.name.endswith(".ddp.py") and ".ddp" not in path.parent.name]
+    for path in [*inputs, torch_root / "nn" / "parallel" / "data_parallel.py"]:  # torch's own DataParallel: a fork
+        sources[str(path)] = path.read_text(encoding="utf-8")
+    compared = found = 0
+    for name, source in sources.items():
+        if not mentions_data_parallel(source):
+            continue
+        converted = _convert_variants(source)
+        if converted is None:
+            continue
+        expected = sorted({(d.line, d.col, d.code) for d in check_source(source) if d.code in VARIANT_CODES})
+        assert converted == expected, name
+        compared += 1
+        found += len(expected)
+    assert compared > 10 and found >= 6

@@ -23,6 +23,9 @@ from ddpify.diagnostics import LIBRARY, SCRIPT, ConvertOptions, Diagnostic, Seve
 Pair = tuple[cst.BaseStatement | None, cst.BaseStatement]
 Block = list[Pair]
 METADATA = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
+# The statement that stands for the inlined helper block until the tree is printed
+# (process_group.helpers_placeholder puts it in; ConversionContext.finish swaps the text in).
+HELPERS_PLACEHOLDER = "__ddpify_helper_block__"
 
 
 class MetadataView:
@@ -91,8 +94,6 @@ class ConversionContext:
         """The printed tree with the helper block in place of its placeholder line."""
         if self.helper_block is None:
             return code
-        from ddpify.transforms.process_group import HELPERS_PLACEHOLDER
-
         newline = self.module.default_newline
         return code.replace(HELPERS_PLACEHOLDER + newline, self.helper_block, 1)
 
@@ -246,4 +247,21 @@ def move_leading_lines(source: cst.BaseStatement, target: cst.BaseStatement) -> 
     return (
         source.with_changes(leading_lines=[]),
         target.with_changes(leading_lines=[*source.leading_lines, *target.leading_lines]),
+    )
+
+
+def is_header(statement: cst.BaseStatement) -> bool:
+    """Docstring and imports at the top of a module: new imports go right after them."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    return all(
+        isinstance(small, (cst.Import, cst.ImportFrom))
+        or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
+        for small in statement.body
+    )
+
+
+def is_import(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.transforms.base import Block, Transform
+from ddpify.transforms.base import Block, Transform, is_header, is_import
 
 DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
 ImportKey = tuple[str, str | None, str | None]
@@ -106,20 +106,3 @@ def _render(key: ImportKey) -> str:
     module, name, alias = key
     suffix = f" as {alias}" if alias else ""
     return f"from {module} import {name}{suffix}" if name else f"import {module}{suffix}"
-
-
-def is_header(statement: cst.BaseStatement) -> bool:
-    """Docstring and imports at the top of a module: new imports go right after them."""
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return False
-    return all(
-        isinstance(small, (cst.Import, cst.ImportFrom))
-        or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)))
-        for small in statement.body
-    )
-
-
-def is_import(statement: cst.BaseStatement) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and any(
-        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
-    )

@@ -39,8 +39,7 @@ from libcst.metadata import FunctionScope, Scope, ScopeProvider
 
 from ddpify.analysis import walk
 from ddpify.diagnostics import ENTRY, Severity
-from ddpify.transforms.base import Block, Pair, Transform
-from ddpify.transforms.imports import is_header
+from ddpify.transforms.base import HELPERS_PLACEHOLDER, Block, Pair, Transform, is_header
 
 TEMPLATE_IMPORTS = (
     ("atexit", None, None),
@@ -158,9 +157,6 @@ def template_text(code: str, asked: frozenset[str] = frozenset(), newline: str =
 # The header's words on plain `python`, with and without the self-relaunch.
 RELAUNCH_HEADER = "# or srun; plain `python` starts one process per visible GPU (DDPIFY_NO_RELAUNCH=1: just one)."
 NO_RELAUNCH_HEADER = "# or srun; plain `python` runs as a world of one."
-
-
-HELPERS_PLACEHOLDER = "__ddpify_helper_block__"
 
 
 def helpers_placeholder(text: str, context) -> cst.BaseStatement:

@@ -80,7 +80,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import LoaderSite, first_positional, walk
-from ddpify.training_data import DataSite, data_sites, surely_not_a_loader, training_condition
+from ddpify.analysis.data_sites import DataSite, data_sites, surely_not_a_loader, training_condition
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 

@@ -105,7 +105,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
-from ddpify.trainable import trainable_set_changes
+from ddpify.analysis.trainable import trainable_set_changes
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)

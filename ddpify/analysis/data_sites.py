@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ddpify.analysis import ITERABLE_WRAPPERS, Facts, _is_training_call, bound_names, calls_in, dotted, walk
+from ddpify.analysis.facts import Facts
+from ddpify.analysis.loaders import ITERABLE_WRAPPERS
+from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, walk
 from ddpify.names import DATA_LOADER
 
 # What a data expression may be bound to in this file that is surely not a DataLoader.
@@ -56,7 +58,7 @@ def data_sites(facts: Facts) -> list[DataSite]:
             found += _iterator_sources(call, analyzer)
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
-                expr = analyzer._through_progress_variable(expr)
+                expr = analyzer.loaders.through_progress_variable(expr)
             if id(expr) in seen:
                 continue
             seen.add(id(expr))
@@ -65,7 +67,7 @@ def data_sites(facts: Facts) -> list[DataSite]:
             elif isinstance(expr, cst.Subscript):
                 loaders = []
             else:
-                loaders = analyzer._loaders_for(expr, context, depth=0)
+                loaders = analyzer.loaders.loaders_for(expr, context, depth=0)
             sites.append(DataSite(loop, expr, tuple(loaders), context.function))
     return sites
 
@@ -76,7 +78,7 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
     for call in _own_calls(loop.body):
-        if _is_training_call(call):
+        if is_training_call(call):
             return True
         if dotted(call.func) in facts.training_calls:
             arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
@@ -113,7 +115,7 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
         return [expr]
     if not isinstance(expr, cst.Call):
         return []
-    names = analyzer.qualified(expr.func) | {dotted(expr.func) or ""}
+    names = analyzer.scopes.qualified(expr.func) | {dotted(expr.func) or ""}
     if names & DATA_LOADER:
         return [expr]
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
@@ -128,7 +130,7 @@ def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:
     its body or in the step functions of the file it calls (crnn's ``trainBatch()`` reads a
     global ``train_iter``)."""
     bodies = [loop.body]
-    functions = facts.analyzer._module_functions
+    functions = facts.analyzer.scopes.module_functions
     bodies += [functions[dotted(call.func)].body for call in _own_calls(loop.body) if dotted(call.func) in functions]
     sources = []
     for body in bodies:
@@ -147,9 +149,9 @@ def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpr
     if not isinstance(source, cst.Name):
         return []
     found = []
-    for assignment in analyzer._assignments_of(source):
+    for assignment in analyzer.scopes.assignments_of(source):
         node = getattr(assignment, "node", None)
-        value, _ = analyzer._assigned_value(node) if node is not None else (None, None)
+        value, _ = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
         if isinstance(value, cst.Call) and dotted(value.func) == "iter" and value.args:
             found += _data_expressions(value.args[0].value, analyzer)
     return found
@@ -162,11 +164,11 @@ def surely_not_a_loader(site: DataSite, facts: Facts) -> cst.BaseExpression | No
         return None
     analyzer = facts.analyzer
     values = []
-    for assignment in analyzer._assignments_of(site.expr):
+    for assignment in analyzer.scopes.assignments_of(site.expr):
         node = getattr(assignment, "node", None)
         if node is None:
             return None
-        value, index = analyzer._assigned_value(node)
+        value, index = analyzer.scopes.assigned_value(node)
         if value is None:
             return None
         if index is not None and isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements):
@@ -179,10 +181,10 @@ def training_condition(loop: cst.CSTNode, facts: Facts) -> tuple[cst.BaseExpress
     """The test that decides whether a pass of ``loop`` trains: every backward()/step() in it
     sits under ``if phase == "train":`` / ``if train:`` (True) or ``if not is_validate:``'s
     else (False), on names the loop does not bind itself. None when every pass trains."""
-    calls = [call for call in calls_in(loop.body) if _is_training_call(call) or dotted(call.func) in facts.training_calls]
+    calls = [call for call in calls_in(loop.body) if is_training_call(call) or dotted(call.func) in facts.training_calls]
     if not calls:
         return None
-    parent = facts.analyzer.parent
+    parent = facts.analyzer.scopes.parent
     common: dict[tuple[str, bool], cst.BaseExpression] | None = None
     for call in calls:
         tests = {}
@@ -234,7 +236,7 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
     by_name: dict[str, list[cst.FunctionDef]] = {}
     for function in functions:
         by_name.setdefault(function.name.value, []).append(function)
-    trains = {function for function in functions if any(_is_training_call(call) for call in calls_in(function.body))}
+    trains = {function for function in functions if any(is_training_call(call) for call in calls_in(function.body))}
     grown = True
     while grown:
         grown = False

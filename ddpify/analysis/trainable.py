@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import Facts, dotted, walk
+from ddpify.analysis.facts import Facts
+from ddpify.analysis.tree import dotted, walk
 
 
 def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cst.CSTNode]:
@@ -43,7 +44,7 @@ def _changes_trainable_set(node: cst.CSTNode) -> bool:
 
 
 def _function_of(node: cst.CSTNode, facts: Facts) -> cst.FunctionDef | None:
-    parent = facts.analyzer.parent(node)
+    parent = facts.analyzer.scopes.parent(node)
     while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-        parent = facts.analyzer.parent(parent)
+        parent = facts.analyzer.scopes.parent(parent)
     return parent if isinstance(parent, cst.FunctionDef) else None

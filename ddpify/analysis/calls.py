@@ -1,0 +1,138 @@
+"""The module's call graph: who calls a function of this file, with which arguments, and
+whether that call trains.
+
+Loaders and epoch loops are traced through calls (a loader passed to ``train(loader)``, the
+epoch loop in the caller of a function that trains); this room answers where a function is
+called, what a parameter is bound to at a call, and how the caller names an expression of
+the callee.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import GlobalScope, ScopeProvider
+
+from ddpify.analysis.facts import Context, Function
+from ddpify.analysis.tree import dotted, is_training_call
+
+
+class CallGraph:
+    def __init__(self, scopes) -> None:
+        self.scopes = scopes
+        self._switches: dict[Function, tuple[cst.Param, bool] | None] = {}  # see trains_at
+
+    def call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
+        name = function.name.value
+        owner = self.owner_class(function)
+        calls = self.scopes.calls
+        if name == "__init__" and owner is not None:
+            # `Trainer(model, loader, optimizer)` runs Trainer.__init__
+            return [(call, context) for call, context in calls if dotted(call.func) and dotted(call.func).rpartition(".")[2] == owner.name.value]
+        # This module calls its top-level `train` by name; `model.train()` is another method.
+        top_level = self.scopes.module_functions.get(name) is function
+        sites = []
+        for call, context in calls:
+            func = call.func
+            if isinstance(func, cst.Name) and func.value == name:
+                sites.append((call, context))
+            elif isinstance(func, cst.Attribute) and func.attr.value == name and not top_level:
+                if owner is None or self._instance_of(func.value, owner):
+                    sites.append((call, context))
+        return sites
+
+    def _instance_of(self, receiver: cst.BaseExpression, cls: cst.ClassDef) -> bool:
+        """Is ``receiver`` (of ``receiver.method()``) an instance of ``cls``: ``self`` in its
+        methods, or a name bound to ``Cls(...)``? ``self.model.train()`` is the model's."""
+        if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
+            return True
+        if not isinstance(receiver, cst.Name):
+            return False
+        scope = self.scopes.get_metadata(ScopeProvider, receiver, None)
+        for assignment in scope[receiver.value] if scope is not None else []:
+            node = getattr(assignment, "node", None)
+            value, _ = self.scopes.assigned_value(node) if node is not None else (None, None)
+            if isinstance(value, cst.Call) and (dotted(value.func) or "").rpartition(".")[2] == cls.name.value:
+                return True
+        return False
+
+    def owner_class(self, function: Function) -> cst.ClassDef | None:
+        block = self.scopes.parent(function)
+        owner = self.scopes.parent(block) if isinstance(block, cst.IndentedBlock) else None
+        return owner if isinstance(owner, cst.ClassDef) else None
+
+    def argument_for(self, function: Function, param: cst.Param, call: cst.Call) -> cst.BaseExpression | None:
+        params = list(function.params.params)
+        bound = isinstance(call.func, cst.Attribute) or function.name.value == "__init__"
+        if bound and params and params[0].name.value in ("self", "cls"):
+            params = params[1:]
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == param.name.value:
+                return arg.value
+        if param not in params:
+            return None
+        index = params.index(param)
+        positional = [a for a in call.args if a.keyword is None and not a.star]
+        return positional[index].value if index < len(positional) else None
+
+    def trains_at(self, function: Function, call: cst.Call) -> bool:
+        """Does this call of ``function`` train? Not when every backward()/step() in it sits
+        under ``if train:`` (or ``if not is_validate:``) on a parameter this call sets to the
+        other literal (BERT-pytorch's ``iteration(..., train=False)``, flownet2's
+        ``train(..., is_validate=True)``)."""
+        if function not in self._switches:
+            self._switches[function] = self._training_switch(function)
+        switch = self._switches[function]
+        if switch is None:
+            return True
+        param, trains_when = switch
+        value = self.argument_for(function, param, call)
+        if value is None and param.default is not None:
+            value = param.default
+        if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
+            return True
+        return (value.value == "True") == trains_when
+
+    def _training_switch(self, function: Function) -> tuple[cst.Param, bool] | None:
+        """The parameter that switches every training call of ``function`` on, and the value
+        that does; None if there is none."""
+        switches = set()
+        for call, context in self.scopes.calls:
+            if context.function is not function or not is_training_call(call):
+                continue
+            switches.add(self._switch_around(call, function))
+        if len(switches) != 1 or None in switches:
+            return None
+        name, trains_when = switches.pop()
+        param = next((p for p in function.params.params if p.name.value == name), None)
+        return (param, trains_when) if param is not None else None
+
+    def _switch_around(self, call: cst.Call, function: Function) -> tuple[str, bool] | None:
+        """``(p, True)`` for a call under ``if p:``, ``(p, False)`` under ``if not p:``."""
+        node, parent = call, self.scopes.parent(call)
+        while parent is not None and parent is not function:
+            if isinstance(parent, cst.If) and node is parent.body:
+                test = parent.test
+                if isinstance(test, cst.Name):
+                    return test.value, True
+                if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and isinstance(test.expression, cst.Name):
+                    return test.expression.value, False
+            node, parent = parent, self.scopes.parent(parent)
+        return None
+
+    def expression_in_caller(
+        self, function: Function, expr: cst.BaseExpression, call: cst.Call
+    ) -> cst.BaseExpression | None:
+        """How the caller names what `function` calls `expr`."""
+        if isinstance(expr, cst.Name):
+            for param in function.params.params:
+                if param.name.value == expr.value:
+                    argument = self.argument_for(function, param, call)
+                    return argument if isinstance(argument, (cst.Name, cst.Attribute)) else None
+            scope = self.scopes.get_metadata(ScopeProvider, expr, None)
+            if scope is not None and not isinstance(scope, GlobalScope) and scope.assignments[expr.value]:
+                return None  # the function's own variable: the caller cannot name it
+            return expr  # a global: the same name works in the caller
+        name = dotted(expr)
+        if name and name.startswith("self.") and name.count(".") == 1 and isinstance(call.func, cst.Attribute):
+            return cst.Attribute(value=call.func.value, attr=cst.Name(name.split(".", 1)[1]))
+        return None

@@ -1,0 +1,104 @@
+"""The entry point: is this file a script, and where must the process-group set-up go.
+
+Fills ``facts.main_guard`` (through the walk), ``module_level_runs``, ``import_time_runs``
+and ``setup_anchor``: the first top-level statement that does work.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider, ScopeProvider
+
+from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call
+from ddpify.names import DATA_PARALLEL
+
+# Module-level calls that only configure (safe before the process group exists).
+CONFIGURATION_CALLS = (
+    "logging.", "warnings.", "argparse.", "os.path.", "os.environ", "os.getenv", "random.seed",
+    "numpy.random.seed", "torch.manual_seed", "torch.backends.", "torch.set_", "builtins.int", "builtins.float",
+)
+
+
+class Entry:
+    def __init__(self, scopes) -> None:
+        self.scopes = scopes
+        self.facts = scopes.facts
+
+    def runs_here(self, call: cst.Call, names: set[str]) -> bool:
+        """Does this module-level call wrap, train, or run a function or class of this file?"""
+        if names & DATA_PARALLEL:
+            return True
+        if isinstance(call.func, cst.Attribute):
+            return is_training_call(call)
+        scope = self.scopes.get_metadata(ScopeProvider, call.func, None) if isinstance(call.func, cst.Name) else None
+        return scope is not None and any(
+            isinstance(getattr(assignment, "node", None), (cst.FunctionDef, cst.ClassDef))
+            for assignment in scope[call.func.value]
+        )
+
+    def setup_anchor(self, module: cst.Module) -> cst.CSTNode | None:
+        """The first top-level statement that does work: set-up must run before it.
+
+        With a `__main__` block, configuration above it (logging, warnings, argparse,
+        seeds) may run before set-up: set-up goes into the `__main__` block instead of
+        moving the whole module into `try`.
+        """
+        configuration: set[str] = set()  # names bound to configuration objects (parsers, loggers)
+        # Set-up needs torch: never before the last top-level import (scripts set
+        # CUDA_VISIBLE_DEVICES or sys.path first and import torch after).
+        found = [i for i, statement in enumerate(module.body) if imports(statement)]
+        last_import = found[-1] if found else -1
+        for index, statement in enumerate(module.body):
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or index < last_import:
+                continue
+            if statement is self.facts.main_guard:
+                return statement
+            if self._declares_only(statement):
+                continue
+            if self.facts.main_guard is not None and self._is_configuration(statement, configuration):
+                continue
+            return statement
+        return None
+
+    def _is_configuration(self, statement: cst.CSTNode, configuration: set[str]) -> bool:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        for call in calls_in(statement):
+            names = {q.name for q in self.scopes.get_metadata(QualifiedNameProvider, call.func, set())}
+            base = dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+            if not (any(n.startswith(CONFIGURATION_CALLS) for n in names) or base in configuration):
+                return False
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                configuration.update(filter(None, (dotted(t.target) for t in small.targets)))
+        return True
+
+    def _declares_only(self, statement: cst.CSTNode) -> bool:
+        """Declarations, also inside `if TYPE_CHECKING:` and `try: import x except ImportError:`."""
+        if isinstance(statement, cst.SimpleStatementLine):
+            return self._is_declaration(statement)
+        if isinstance(statement, cst.If):
+            parts = [statement.body, statement.orelse]
+            if calls_in(statement.test):
+                return False
+        elif isinstance(statement, cst.Try):
+            parts = [statement.body, *statement.handlers, statement.orelse, statement.finalbody]
+        elif isinstance(statement, (cst.Else, cst.ExceptHandler, cst.Finally)):
+            parts = [statement.body]
+        elif isinstance(statement, cst.IndentedBlock):
+            parts = list(statement.body)
+        else:
+            return False
+        return all(part is None or self._declares_only(part) for part in parts)
+
+    def _is_declaration(self, line: cst.SimpleStatementLine) -> bool:
+        """Imports, docstrings and assignments without calls: safe before set-up."""
+        for small in line.body:
+            if isinstance(small, (cst.Import, cst.ImportFrom, cst.Pass)):
+                continue
+            if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                continue
+            if isinstance(small, (cst.Assign, cst.AnnAssign)) and not calls_in(small):
+                continue
+            return False
+        return True

@@ -1,0 +1,148 @@
+"""What the analysis found, keyed by original nodes: the records every room of the analysis
+fills in and every transform reads (``Facts``), and the small records inside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+if TYPE_CHECKING:
+    from ddpify.analysis.visitor import Analyzer
+
+Loop = cst.For | cst.While
+Function = cst.FunctionDef
+
+
+@dataclass
+class Guard:
+    """An ``if`` (statement or expression) around a wrap, and on which side the wrap sits."""
+
+    node: cst.If | cst.IfExp
+    wraps_when_true: bool
+
+
+@dataclass
+class WrapSite:
+    """One ``DataParallel(...)`` call and what surrounds it."""
+
+    call: cst.Call
+    outer: cst.BaseExpression  # the call, or the `.to(...)`/`.cuda()` call chained on it
+    move: cst.Call | None  # that chained call
+    module_arg: cst.BaseExpression | None
+    target: str | None  # "model" / "self.model": what the wrapped model is bound to
+    guards: list[Guard] = field(default_factory=list)  # enclosing `if`s that gate the wrap
+    device_count: int | None = None  # number of GPUs named by a literal device_ids
+
+
+@dataclass(frozen=True)
+class ForeignLoader:
+    """Project mode: a loader that a function of another project module returns
+    (``train_loader, val_loader = build_loaders(args)``): sharded there, set_epoch here."""
+
+    call: cst.Call  # the call of that function, in this file
+    function: str  # its dotted name here: "build_loaders", "data.build_loaders"
+    index: int | None  # which element of the returned tuple; None: the whole value
+
+
+@dataclass
+class LoaderSite:
+    call: cst.Call  # a stand-in node for a foreign loader (never found in the tree)
+    target: str | None
+    training: bool = False
+    foreign: ForeignLoader | None = None
+
+
+@dataclass
+class EpochHook:
+    """An epoch loop and the loaders whose sampler needs ``set_epoch`` at its top."""
+
+    loop: Loop
+    # code of the loader expression as the loop sees it -> (that expression, DataLoader calls)
+    loaders: dict[str, tuple[cst.BaseExpression, list[cst.Call]]] = field(default_factory=dict)
+    # code -> where the loop uses it: the training loop over it, or the call it is passed to
+    uses: dict[str, list[cst.CSTNode]] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """Where a node sits: its function, class and the loops around it in that function."""
+
+    function: Function | None
+    cls: cst.ClassDef | None
+    loops: tuple[Loop, ...]
+
+
+@dataclass
+class Problem:
+    node: cst.CSTNode
+    code: str
+    message: str
+
+
+@dataclass
+class Facts:
+    wraps: list[WrapSite] = field(default_factory=list)
+    dp_references: list[cst.BaseExpression] = field(default_factory=list)
+    loaders: dict[cst.Call, LoaderSite] = field(default_factory=dict)
+    shared_loaders: set[cst.Call] = field(default_factory=set)  # built by a helper called more than once
+    iterator_loaders: set[cst.Call] = field(default_factory=set)  # drawn from with next(iter(loader))
+    epoch_hooks: dict[Loop, EpochHook] = field(default_factory=dict)
+    pass_hooks: dict[Loop, EpochHook] = field(default_factory=dict)  # no epoch loop in sight: see SetEpoch
+    parameter_stand_ins: set[cst.Call] = field(default_factory=set)  # see Loaders.constructor_fed
+    model_names: set[str] = field(default_factory=set)
+    unsafe_functions: set[Function] = field(default_factory=set)
+    unsafe_method_names: set[str] = field(default_factory=set)
+    main_guard: cst.If | None = None
+    setup_anchor: cst.CSTNode | None = None  # first top-level statement that does work
+    problems: list[Problem] = field(default_factory=list)  # refuse the file
+    distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
+    contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
+    has_training_step: bool = False
+    training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
+    fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
+    # (function or None for module level, code) of what training loops there iterate: sharded
+    training_loader_names: set[tuple[Function | None, str]] = field(default_factory=set)
+    existing_ddp: bool = False  # torch.distributed code next to DataParallel
+    star_imports: bool = False
+    dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes  # `from models import *` may bind torch and nn
+    # module-level code wraps, trains, or calls a function or class defined here (a script,
+    # not an imported helper module)
+    module_level_runs: bool = False
+    import_time_runs: bool = False  # module_level_runs outside the `__main__` block
+    metric_schedulers: set[str] = field(default_factory=set)  # `scheduler` = ReduceLROnPlateau(...)
+    names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
+    # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()
+    gpu_count_names: set[str] = field(default_factory=set)
+    project_names: frozenset[str] = frozenset()  # bound from other project modules (project mode)
+    # project mode: functions of this module whose returned DataLoaders (at these indices of
+    # a returned tuple; None: the value itself) another module trains on
+    loader_functions: dict[str, set[int | None]] = field(default_factory=dict)
+    loader_functions_unresolved: list[str] = field(default_factory=list)  # none to shard there
+    # project mode (None: one file on its own): calls of other modules' functions whose
+    # training loop iterates a parameter, by call name -> [(positional index, parameter name)]
+    parameter_loaders: dict[str, list[tuple[int, str]]] | None = None
+    # project mode: this module's top-level functions whose training loop iterates a
+    # parameter no caller here feeds (the callers in other modules shard what they pass)
+    loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    # project mode: the call names of parameter_loaders whose loader was found here, and not
+    sharded_parameter_calls: set[str] = field(default_factory=set)
+    reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
+    training_calls: frozenset[str] = frozenset()  # see ProjectLinks.training_calls
+    # forms of DataParallel convert cannot rewrite, as `ddpify check` codes them: a variant
+    # from another module called on a model (DDP122), a fork of DataParallel defined here
+    # (DDP121); see engine.variant_refusal
+    variants: list[tuple[cst.CSTNode, str]] = field(default_factory=list)
+    # a training loader read once outside the training loop (class weights, mean/std): what
+    # reads it, per loader call; that pass now sees this rank's shard only
+    side_passes: dict[cst.Call, list[tuple[cst.CSTNode, str]]] = field(default_factory=dict)
+
+    @property
+    def foreign_training_loaders(self) -> list[ForeignLoader]:
+        return [site.foreign for site in self.training_loaders if site.foreign is not None]
+    analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
+
+    @property
+    def training_loaders(self) -> list[LoaderSite]:
+        return [site for site in self.loaders.values() if site.training]

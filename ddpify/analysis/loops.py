@@ -1,0 +1,245 @@
+"""Loops and training steps: which loops train, which loaders they draw from (sharded), the
+epoch loops around them (``set_epoch``), and passes over a training loader that do not train.
+
+A training loop is a loop whose body calls ``backward()`` or ``step()`` (or, in project
+mode, another module's function that does). After the walk, ``TrainingLoops.resolve``
+follows what each one iterates back to DataLoader calls (through ``Loaders``) and marks
+them training, attaches ``set_epoch`` to the loop around it (looking through callers), and
+in project mode shards the loaders this module passes to or builds for other modules.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.facts import Context, EpochHook, Loop
+from ddpify.analysis.tree import backwards_per_pass, calls_in, dotted, is_backward, walk
+
+# Calls that take a loader without reading a pass over its data here.
+NOT_A_PASS = {
+    "len", "iter", "next", "enumerate", "zip", "tqdm", "trange", "isinstance", "getattr", "hasattr", "setattr",
+    "print", "str", "repr", "type", "id", "ddp_sampler", "DistributedSampler", "dict", "list", "tuple",
+}
+TRAINING_WORDS = ("train", "fit", "epoch", "loop", "run", "learn", "step", "solve", "main")
+
+
+def reads_data(callee: str, trainers: set[str]) -> bool:
+    """Does a call of ``callee`` with the training loader read a pass over its data that is
+    not training? Names that train (here or by their name) and wrappers do not."""
+    last = callee.rpartition(".")[2]
+    if not last or last in NOT_A_PASS or callee in trainers or last in trainers:
+        return False
+    if last[0].isupper():  # a class: a trainer or a wrapper keeps the loader for later
+        return False
+    return not any(word in last.lower() for word in TRAINING_WORDS)
+
+
+class TrainingLoops:
+    def __init__(self, scopes, calls, loaders) -> None:
+        self.scopes = scopes
+        self.calls = calls  # the CallGraph
+        self.loaders = loaders  # the Loaders
+        self.facts = scopes.facts
+        self._training_loops: dict[Loop, Context] = {}
+
+    # -- during the walk -----------------------------------------------------------------
+    def training_step(self) -> None:
+        """A backward()/step() (or a call that runs one) here: the loops around it train."""
+        self.facts.has_training_step = True
+        for loop in self.scopes.loops[-1]:
+            self._training_loops.setdefault(loop, self.facts.contexts[loop])
+
+    # -- after the walk ------------------------------------------------------------------
+    def resolve(self) -> None:
+        self.facts.training_loops = list(self._training_loops)
+        loaders = self.loaders
+        for loop, context in self._training_loops.items():
+            if self._mark_iterator_loaders(loop, context):
+                self.facts.fed_loops.add(loop)
+            if not isinstance(loop, cst.For):
+                continue
+            for expr in loaders.iterated(loop.iter):
+                expr = loaders.through_progress_variable(expr)
+                calls = loaders.loaders_for(expr, context, depth=0) or loaders.constructor_fed(expr, context)
+                code = cst.Module([]).code_for_node(expr)
+                if not calls:
+                    if loaders.fed_by_other_modules(expr, context):
+                        self.facts.fed_loops.add(loop)
+                        self.facts.training_loader_names.add((context.function, code))
+                    continue
+                self.facts.fed_loops.add(loop)
+                self.facts.training_loader_names.add((context.function, code))
+                for call in calls:
+                    self.facts.loaders[call].training = True
+                if (
+                    not self._find_epoch_loops(loop, expr, context, calls, depth=0)
+                    and context.function is not None
+                    and not self.calls.call_sites(context.function)
+                ):
+                    # One pass per call, the calls in another module (a trainer's train()
+                    # that EDSR's main.py calls in its while loop): each pass moves the
+                    # sampler to its next epoch.
+                    self.facts.pass_hooks.setdefault(loop, EpochHook(loop)).loaders.setdefault(
+                        code, (expr, [])
+                    )[1].extend(calls)
+
+    def _mark_iterator_loaders(self, loop: Loop, context: Context) -> bool:
+        """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``;
+        True if there are any."""
+        fed = False
+        for call in calls_in(loop.body):
+            if dotted(call.func) != "next" or not call.args:
+                continue
+            source = call.args[0].value
+            for expr in self.loaders.iterator_sources(source):
+                for found in self.loaders.loaders_for(expr, context, depth=0):
+                    self.facts.loaders[found].training = True
+                    self.facts.iterator_loaders.add(found)
+                    fed = True
+        return fed
+
+    def _find_epoch_loops(
+        self,
+        loop: cst.BaseCompoundStatement,
+        expr: cst.BaseExpression,
+        context: Context,
+        calls: list[cst.Call],
+        depth: int,
+    ) -> bool:
+        """Attach set_epoch for `expr` to the loop around `loop`, looking through callers.
+        False if no loop was found around it."""
+        outer = [candidate for candidate in context.loops if candidate is not loop]
+        if outer:
+            hook = self.facts.epoch_hooks.setdefault(outer[-1], EpochHook(outer[-1]))
+            code = cst.Module([]).code_for_node(expr)
+            known = hook.loaders.setdefault(code, (expr, []))[1]
+            known.extend(call for call in calls if call not in known)
+            hook.uses.setdefault(code, []).append(loop)
+            return True
+        if context.function is None or depth > 4:
+            return False
+        function = context.function
+        found = False
+        for call_site, caller in self.calls.call_sites(function):
+            if not self.calls.trains_at(function, call_site):
+                continue
+            mapped = self.calls.expression_in_caller(function, expr, call_site)
+            if mapped is not None:
+                found |= self._find_epoch_loops(call_site, mapped, caller, calls, depth + 1)
+        return found
+
+    def shard_passed_loaders(self) -> None:
+        """Project mode: the loaders this module passes to another module's function that
+        trains on its parameter are training loaders here; set_epoch goes in the loop around
+        the call."""
+        for call, context in list(self.scopes.calls):
+            name = dotted(call.func)
+            if not self.facts.parameter_loaders or name not in self.facts.parameter_loaders:
+                continue
+            for index, param in self.facts.parameter_loaders[name]:
+                argument = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+                positional = [a for a in call.args if a.keyword is None and not a.star]
+                if argument is None and index < len(positional):
+                    argument = positional[index].value
+                argument = self.loaders.through_progress_variable(argument) if argument is not None else None
+                found = self.loaders.loaders_for(argument, context, depth=0) if argument is not None else []
+                if not found:
+                    self.scopes.problem(
+                        call,
+                        "DDP309",
+                        f"`{name}()` trains on its `{param}` argument, and what this call passes could not be traced "
+                        "to a DataLoader: every rank would train on all the data",
+                    )
+                    continue
+                self.facts.sharded_parameter_calls.add(name)
+                for loader in found:
+                    self.facts.loaders[loader].training = True
+                self._find_epoch_loops(call, argument, context, found, depth=0)
+
+    def check_backward_per_forward(self) -> None:
+        """More backward() calls than forward calls of the wrapped model in one training loop
+        (pix2pixHD: one wrapped model returns the G and D losses, each gets its backward).
+        DDP all-reduces once per forward: the second backward through it fails."""
+        if not self.facts.wraps:
+            return
+        for loop in self._training_loops:
+            calls = calls_in(loop.body)
+            backwards = [c for c in calls if is_backward(c)]
+            forwards = [c for c in calls if dotted(c.func) in self.facts.model_names]
+            per_pass = backwards_per_pass(loop.body)
+            if forwards and per_pass > len(forwards):
+                model = dotted(forwards[0].func)
+                self.scopes.problem(
+                    backwards[1],
+                    "DDP115",
+                    f"{per_pass} backward() calls per {len(forwards)} call(s) of the wrapped `{model}` in this "
+                    "training loop: DDP synchronises gradients once per forward, so a second backward through the "
+                    "same forward fails; wrap the networks that each loss trains separately, by hand",
+                )
+                return
+
+    def mark_loader_functions(self) -> None:
+        """Project mode: the loaders this module's builders return, that another module
+        trains on, are training loaders here (sharded where they are built)."""
+        for name, indices in self.facts.loader_functions.items():
+            function = self.scopes.module_functions.get(name)
+            for index in indices:
+                calls = self.loaders.loaders_returned(function, index, 0) if function is not None else []
+                if not calls:
+                    self.facts.loader_functions_unresolved.append(name)
+                for call in calls:
+                    self.facts.loaders[call].training = True
+
+    # -- passes over a training loader that do not train -----------------------------------
+    def find_side_passes(self) -> None:
+        """A sharded training loader that is also read once outside every loop: passed to a
+        function that does not train (deeplab's calculate_weigths_labels(train_loader)), or
+        iterated by a loop that trains nothing. Each rank now reads its shard only."""
+        contexts = {call: context for call, context in self.scopes.calls}
+        trainers = {context.function.name.value for context in self._training_loops.values() if context.function}
+        trainers |= set(self.facts.parameter_loaders or ())
+        for site in self.facts.training_loaders:
+            target, home = self._where_bound(site, contexts)
+            if target is None or home is None:
+                continue
+            for call, context in self.scopes.calls:
+                if context.loops or not self._same_binding(target, home, context):
+                    continue
+                callee = dotted(call.func) or ""
+                if any(dotted(arg.value) == target for arg in call.args) and reads_data(callee, trainers):
+                    self.facts.side_passes.setdefault(site.call, []).append((call, f"{callee}(...)"))
+            for loop, context in self.facts.contexts.items():
+                if not isinstance(loop, cst.For) or context.loops or loop in self._training_loops:
+                    continue
+                if not self._same_binding(target, home, context) or self._trains_inside(loop):
+                    continue
+                iterated = [self.loaders.through_progress_variable(expr) for expr in self.loaders.iterated(loop.iter)]
+                if any(dotted(expr) == target for expr in iterated):
+                    self.facts.side_passes.setdefault(site.call, []).append((loop, "a loop that trains nothing"))
+
+    def _where_bound(self, site, contexts: dict) -> tuple[str | None, Context | None]:
+        """The name a training loader is bound to, and where: its DataLoader call's target, or
+        for a loader another module builds, the target of the builder's call here
+        (`self.train_loader, self.val_loader, ... = make_data_loader(args)`)."""
+        if site.foreign is None:
+            return site.target, contexts.get(site.call)
+        call, index = site.foreign.call, site.foreign.index
+        parent = self.scopes.parent(call)
+        if not isinstance(parent, cst.Assign) or len(parent.targets) != 1:
+            return None, None
+        target = parent.targets[0].target
+        if index is not None:
+            if not isinstance(target, (cst.Tuple, cst.List)) or index >= len(target.elements):
+                return None, None
+            target = target.elements[index].value
+        return dotted(target), contexts.get(call)
+
+    @staticmethod
+    def _same_binding(target: str, home: Context, context: Context) -> bool:
+        """``self.x`` anywhere in the class; a plain name in the function that binds it."""
+        if target.startswith("self."):
+            return home.cls is not None and context.cls is home.cls
+        return context.function is home.function
+
+    def _trains_inside(self, loop: Loop) -> bool:
+        return any(inner in self._training_loops for inner in walk(loop) if isinstance(inner, (cst.For, cst.While)))

@@ -1,0 +1,182 @@
+"""Ranks, guards and collectives: what is the same on every rank, and what must never sit
+under a rank-0 guard.
+
+A converted DataParallel script has no rank-dependent code, so only data can make ranks
+diverge. The functions here answer, for the transforms that guard side effects and move
+decisions: is this condition the same on every rank, does every rank reach this statement,
+is it already under a rank test. ``Collectives`` finds the functions that run a model's
+forward/backward or a collective (directly or through other functions): a rank-0 guard
+around a call of one would hang the other ranks.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import Assignment, ScopeProvider
+
+from ddpify.analysis.facts import Function
+from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dotted, is_main_guard, names_in, root_name, walk
+from ddpify.names import RANK_WORDS
+
+# Calls whose results are the same on every rank inside a condition (same_on_every_rank).
+UNIFORM_CALLS = {"len", "range", "int", "min", "max"}
+# Methods of values that never run a model or a collective (strings, numbers, containers,
+# tensors read out); project mode treats other method calls as possibly training.
+HARMLESS_METHODS = {
+    "format", "join", "split", "strip", "replace", "upper", "lower", "startswith", "endswith", "get",
+    "items", "keys", "values", "append", "extend", "update", "copy", "item", "tolist", "cpu",
+    "detach", "numpy", "mean", "sum", "max", "min", "size", "numel", "dim", "strftime", "isoformat",
+    "info", "debug", "warning", "error", "add_scalar", "add_scalars", "write", "flush", "set_description",
+    "set_postfix", "close", "state_dict", "load_state_dict", "parameters", "named_parameters", "buffers",
+    "modules", "children", "train", "eval", "to", "cuda", "half", "float", "zero_grad", "param_groups",
+}
+
+
+def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
+    """Is this condition the same on every rank of a converted DataParallel script?
+
+    Loop counters, attributes (``args.log_interval``), CONSTANTS, literals and ``len()``
+    are; a loss, an output or any other data-derived value may not be.
+    """
+    for call in calls_in(test):
+        if dotted(call.func) not in UNIFORM_CALLS:
+            return False
+    in_attributes = {id(part) for n in walk(test) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
+    for name in names_in(test):
+        if id(name) in in_attributes or name.value in UNIFORM_CALLS or name.value in ("True", "False", "None"):
+            continue
+        if name.value not in loop_names and not name.value.isupper():
+            return False
+    return True
+
+
+def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
+    """Targets of the `for` loops around `node` (up to its function), and the function's
+    step counters (`step = 0` ... `step += 1`): rank-uniform counters (every rank runs as
+    many steps: a DistributedSampler gives each the same number of samples)."""
+    names: set[str] = set()
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.For):
+            names |= {name.value for name in names_in(node.target)}
+        node = parent_of(node)
+    return names | (_step_counters(node) if node is not None else set())
+
+
+def _step_counters(scope: cst.CSTNode) -> set[str]:
+    """Names only ever set to an integer literal or increased by one."""
+    counted: dict[str, bool] = {}
+    for found in walk(scope):
+        if isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name):
+            steady = isinstance(found.operator, cst.AddAssign) and isinstance(found.value, cst.Integer)
+            counted[found.target.value] = counted.get(found.target.value, True) and steady
+        elif isinstance(found, cst.Assign):
+            for target in found.targets:
+                for name in bound_names(target.target):
+                    counted[name] = counted.get(name, True) and isinstance(found.value, cst.Integer)
+        elif isinstance(found, (cst.For, cst.AnnAssign)):
+            target = found.target
+            for name in bound_names(target) if isinstance(found, cst.AnnAssign) else [n.value for n in names_in(target)]:
+                counted[name] = False
+    increased = {
+        found.target.value for found in walk(scope) if isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name)
+    }
+    return {name for name, steady in counted.items() if steady and name in increased}
+
+
+def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
+    """Does every rank surely reach this statement when rank 0 does?
+
+    DataParallel scripts have no rank-dependent code, so only data can make ranks
+    diverge: an ``if``/``while`` on a loss or output, or an exception handler.
+    Conditions on loop counters, attributes (``args.log_interval``), constants and
+    ``len()`` are the same on every rank.
+    """
+    loop_names = loop_names_around(node, parent_of)
+    parent = parent_of(node)
+    while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+        if isinstance(parent, cst.ExceptHandler):
+            return False
+        if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
+            if not is_main_guard(parent):  # `if __name__ == "__main__":` runs on every rank
+                return False
+        parent = parent_of(parent)
+    return True
+
+
+def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
+    """Is `node` inside an `if` whose test reads a rank (``if rank == 0:``, ``if is_main_process():``)?"""
+    while node is not None and not isinstance(node, cst.Module):
+        if isinstance(node, cst.If) and any(word in code_of(node.test) for word in RANK_WORDS):
+            return True
+        node = parent_of(node)
+    return False
+
+
+class Collectives:
+    """Functions that must never sit under a rank-0 guard: they (maybe) run a model's
+    forward/backward or a collective, directly or through one another. Fills
+    ``facts.unsafe_functions`` and ``facts.unsafe_method_names`` after the walk, and answers
+    ``call_is_unsafe`` for the transforms."""
+
+    def __init__(self, scopes) -> None:
+        self.scopes = scopes
+        self.facts = scopes.facts
+
+    def find_unsafe_functions(self) -> None:
+        by_function: dict[Function, list[cst.Call]] = {}
+        for call, context in self.scopes.calls:
+            if context.function is not None:
+                by_function.setdefault(context.function, []).append(call)
+        changed = True
+        while changed:
+            changed = False
+            for function, calls in by_function.items():
+                if function in self.facts.unsafe_functions:
+                    continue
+                params = {p.name.value for p in function.params.params}
+                if any(self.call_is_unsafe(call, params) for call in calls):
+                    self.facts.unsafe_functions.add(function)
+                    self.facts.unsafe_method_names.add(function.name.value)
+                    changed = True
+
+    def _may_reach_project_code(self, func: cst.BaseExpression) -> bool:
+        """Project mode: a function from another project module, a value bound in this file
+        (a model built by a project factory), or a method of an object that is not an
+        imported module (a trainer built from a project class)."""
+        root = root_name(func)
+        if root is None:
+            return False
+        if root.value in self.facts.project_names:
+            return True
+        definitions = (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
+        bound_here = [
+            a for a in self.scopes.assignments_of(root) if isinstance(a, Assignment) and not isinstance(a.node, definitions)
+        ]
+        if isinstance(func, cst.Name):
+            return bool(bound_here)
+        if isinstance(func, cst.Attribute) and func.attr.value in HARMLESS_METHODS:
+            return False
+        return not any(isinstance(getattr(a, "node", None), (cst.Import, cst.ImportFrom)) for a in self.scopes.assignments_of(root))
+
+    def call_is_unsafe(self, call: cst.Call, local_params: set[str]) -> bool:
+        """Does this call (maybe) run a model forward/backward or a collective?"""
+        func = call.func
+        if any(name.startswith("torch.distributed") for name in self.scopes.qualified(func)):
+            return True
+        name = dotted(func)
+        if name in self.facts.model_names or (isinstance(func, cst.Name) and func.value in local_params):
+            return True
+        if self.facts.project_names and self._may_reach_project_code(func):
+            return True
+        if isinstance(func, cst.Attribute):
+            if func.attr.value in COLLECTIVE_METHODS:
+                return True
+            if func.attr.value in self.facts.unsafe_method_names:
+                return True
+        if isinstance(func, cst.Name):
+            scope = self.scopes.get_metadata(ScopeProvider, func, None)
+            if scope is not None:
+                for assignment in scope[func.value]:
+                    if getattr(assignment, "node", None) in self.facts.unsafe_functions:
+                        return True
+        return False

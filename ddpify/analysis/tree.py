@@ -1,0 +1,177 @@
+"""Shared tree helpers: reading names, calls and statements of a libcst tree.
+
+Nothing here keeps state about a file except ``walk``'s table of subtrees (filled by the
+analysis walk), and nothing needs metadata.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+DEVICE_COUNT = "torch.cuda.device_count"
+# Method names that run the model's forward or backward (a DDP collective).
+COLLECTIVE_METHODS = {"backward", "forward"}
+TRAINING_METHODS = {"backward", "step"}
+# `scheduler.step()` steps a learning-rate schedule, not a model.
+SCHEDULER_WORDS = ("sched", "warmup")
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def is_main_guard(node: cst.CSTNode) -> bool:
+    """`if __name__ == "__main__":` (either order, either quotes)."""
+    if not isinstance(node, cst.If) or not isinstance(node.test, cst.Comparison):
+        return False
+    test = node.test
+    if len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        return False
+    sides = {type(test.left), type(test.comparisons[0].comparator)}
+    texts = {getattr(test.left, "value", None), getattr(test.comparisons[0].comparator, "value", None)}
+    return sides == {cst.Name, cst.SimpleString} and "__name__" in texts and bool(
+        texts & {'"__main__"', "'__main__'"}
+    )
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call inside `node`, in source order (a cheap stand-in for matchers.findall)."""
+    return [found for found in walk(node) if isinstance(found, cst.Call)]
+
+
+def bound_names(target: cst.BaseExpression) -> list[str]:
+    """`a`, `self.a` for an assignment target; each element of a tuple/list target."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in bound_names(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return bound_names(target.value)
+    name = dotted(target)
+    return [name] if name else []
+
+
+class _Subtrees:
+    """Every node of the tree being converted in source order, and where each node's subtree
+    starts and ends in that list: ``walk`` of an original node is then a slice, not a new
+    traversal (transforms ask for the calls inside statements many times)."""
+
+    nodes: list[cst.CSTNode] = []
+    spans: dict[cst.CSTNode, tuple[int, int]] = {}
+
+    @classmethod
+    def start(cls) -> None:
+        cls.nodes, cls.spans, cls._starts = [], {}, {}
+
+    @classmethod
+    def enter(cls, node: cst.CSTNode) -> None:
+        cls._starts[node] = len(cls.nodes)
+        cls.nodes.append(node)
+
+    @classmethod
+    def leave(cls, node: cst.CSTNode) -> None:
+        cls.spans[node] = (cls._starts.pop(node), len(cls.nodes))
+
+
+def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node` and everything below it, in source order."""
+    span = _Subtrees.spans.get(node)
+    if span is not None:
+        return _Subtrees.nodes[span[0] : span[1]]
+    found: list[cst.CSTNode] = []
+
+    class Collect(cst.CSTVisitor):
+        def on_visit(self, visited: cst.CSTNode) -> bool:
+            found.append(visited)
+            return True
+
+    node.visit(Collect())
+    return found
+
+
+def names_in(node: cst.CSTNode) -> list[cst.Name]:
+    return [n for n in walk(node) if isinstance(n, cst.Name)]
+
+
+def imports(statement: cst.CSTNode) -> bool:
+    """A top-level statement that imports (``import x``, ``from x import y``)."""
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+    )
+
+
+def returns(function: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The values a function returns (not those of functions nested in it)."""
+    found: list[cst.BaseExpression] = []
+
+    class Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            if node.value is not None:
+                found.append(node.value)
+
+    function.visit(Returns())
+    return found
+
+
+def first_positional(call: cst.Call, keyword: str | None = None) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is None and arg.star == "":
+            return arg.value
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    return None
+
+
+def root_name(node: cst.BaseExpression) -> cst.Name | None:
+    while isinstance(node, (cst.Attribute, cst.Call, cst.Subscript)):
+        node = node.value if not isinstance(node, cst.Call) else node.func
+    return node if isinstance(node, cst.Name) else None
+
+
+def batch_length(value: cst.BaseExpression) -> bool:
+    """``x.shape[0]``, ``x.size(0)``, ``len(x)``: how many samples a batch holds."""
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == "shape":
+        return True
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
+        return True
+    return isinstance(value, cst.Call) and dotted(value.func) == "len"
+
+
+def is_training_call(call: cst.Call) -> bool:
+    """``loss.backward()``, ``optimizer.step()``; not ``scheduler.step()``."""
+    if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in TRAINING_METHODS:
+        return False
+    if call.func.attr.value == "backward":
+        return True
+    receiver = (dotted(call.func.value) or "").lower()
+    return not any(word in receiver for word in SCHEDULER_WORDS)
+
+
+def is_backward(call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+
+
+def backwards_per_pass(node: cst.CSTNode) -> int:
+    """backward() calls one pass through ``node`` makes: `if fp16: scaled.backward() else:
+    loss.backward()` is one, not two."""
+    if isinstance(node, cst.If) and node.orelse is not None:
+        other = node.orelse.body if isinstance(node.orelse, cst.Else) else node.orelse
+        return _count_backwards(node.test) + max(backwards_per_pass(node.body), backwards_per_pass(other))
+    if isinstance(node, cst.Call):
+        return int(is_backward(node)) + sum(backwards_per_pass(child) for child in node.children)
+    return sum(backwards_per_pass(child) for child in node.children)
+
+
+def _count_backwards(node: cst.CSTNode) -> int:
+    return sum(1 for found in walk(node) if isinstance(found, cst.Call) and is_backward(found))

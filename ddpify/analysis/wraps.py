@@ -1,0 +1,223 @@
+"""Wraps and models: every ``DataParallel(...)`` wrap and what gates it, other references to
+the class, DataParallel subclasses, DDP code already in the file, and the names bound to
+the GPU count.
+
+Fills ``facts.wraps``, ``model_names``, ``dp_references``, ``dp_subclasses``,
+``distributed_uses``, ``existing_ddp`` and ``gpu_count_names``; forms that cannot be
+converted are problems (DDP004), and DataParallel variants (another package's
+``DataParallelModel``, a fork defined here) are ``facts.variants``, found as ``ddpify
+check`` finds them (DDP121, DDP122).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
+
+from ddpify.analysis.facts import Guard, WrapSite
+from ddpify.analysis.tree import DEVICE_COUNT, bound_names, calls_in, first_positional, is_main_guard
+from ddpify.analysis.scopes import star_imported_torch
+from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
+
+ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
+# What a DataParallel subclass may define and still work on top of DDP unchanged.
+FORWARDING_METHODS = {"__getattr__", "__init__"}
+# DataParallel internals DDP does not have.
+DATA_PARALLEL_INTERNALS = ("scatter", "gather", "replicate", "parallel_apply", "chunk_sizes", "output_device", "src_device_obj")
+
+
+def subclass_blocker(node: cst.ClassDef) -> str | None:
+    """Why a DataParallel subclass cannot simply become a DDP subclass, or None."""
+    for statement in node.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value not in FORWARDING_METHODS:
+            return f"overrides {statement.name.value}()"
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
+            calls = [c for c in calls_in(statement.body)]
+            if len(calls) != 2 or not isinstance(calls[0].func, cst.Attribute) or calls[0].func.attr.value != "__init__":
+                return "does more than call super().__init__() in __init__"
+    code = cst.Module([]).code_for_node(node)
+    used = [word for word in DATA_PARALLEL_INTERNALS if word in code]
+    return f"uses DataParallel's {used[0]}" if used else None
+
+
+class Wraps:
+    def __init__(self, scopes) -> None:
+        self.scopes = scopes
+        self.facts = scopes.facts
+        self._other_bindings: set[str] = set()  # names bound to anything but device_count()
+        self._local_variants: set[str] = set()  # classes and functions defined here named *DataParallel*
+        self._variant_calls: list[tuple[cst.Call, str]] = []  # `BalancedDataParallel(0, model)`, unless defined here
+
+    # -- during the walk -----------------------------------------------------------------
+    def class_bases(self, node: cst.ClassDef) -> None:
+        """A DataParallel subclass: one that only forwards attributes works on top of DDP."""
+        for base in node.bases:
+            if self.scopes.qualified(base.value) & DATA_PARALLEL:
+                reason = subclass_blocker(node)
+                if reason:
+                    self.scopes.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel and {reason}; convert it by hand")
+                else:
+                    # Attribute forwarding only: the same class works on top of DDP.
+                    self.facts.dp_subclasses[node.name.value] = node
+                    self.facts.dp_references.append(base.value)
+
+    def subclass_called(self, call: cst.Call) -> bool:
+        """``MyDataParallel(model)`` for a DataParallel subclass of this file that converts."""
+        if not isinstance(call.func, cst.Name) or call.func.value not in self.facts.dp_subclasses:
+            return False
+        scope = self.scopes.get_metadata(ScopeProvider, call.func, None)
+        return scope is not None and any(
+            getattr(a, "node", None) is self.facts.dp_subclasses[call.func.value] for a in scope[call.func.value]
+        )
+
+    def bind(self, names: list[str]) -> None:
+        """Names bound to something other than the GPU count."""
+        self._other_bindings.update(names)
+
+    def assign(self, node: cst.Assign) -> None:
+        """`n_gpu = torch.cuda.device_count()`: a name for the GPU count (unless bound otherwise)."""
+        counted = isinstance(node.value, cst.Call) and DEVICE_COUNT in self.scopes.qualified(node.value.func)
+        for target in node.targets:
+            (self.facts.gpu_count_names if counted else self._other_bindings).update(bound_names(target.target))
+
+    def reference(self, node: cst.Attribute | cst.Name) -> None:
+        names = self.scopes.qualified(node)
+        if names & ALREADY_DISTRIBUTED:
+            if not self._in_type_test(node):  # `isinstance(m, (DataParallel, DDP))` is an unwrap
+                self.facts.distributed_uses.append(node)
+            return
+        if not names & DATA_PARALLEL:
+            return
+        parent = self.scopes.parent(node)
+        if isinstance(parent, (cst.ImportAlias, cst.Attribute)):
+            return  # the import itself, or a part of a longer dotted name
+        if isinstance(parent, cst.Call) and parent.func is node:
+            return  # a wrap site, recorded by visit_Call
+        if isinstance(parent, cst.Arg) and isinstance(self.scopes.parent(parent), cst.ClassDef):
+            return  # a base class, reported by visit_ClassDef
+        if self._inside_import(node):
+            return
+        self.facts.dp_references.append(node)
+
+    def _in_type_test(self, node: cst.CSTNode) -> bool:
+        """An argument of ``isinstance``/``issubclass``, or compared with ``type(x) is``/``in``."""
+        while not isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)) and node is not None:
+            parent = self.scopes.parent(node)
+            if isinstance(parent, cst.Call) and node is not parent.func:
+                return isinstance(parent.func, cst.Name) and parent.func.value in ("isinstance", "issubclass")
+            if isinstance(parent, cst.Comparison):
+                return any(isinstance(t.operator, (cst.Is, cst.In, cst.IsNot, cst.NotIn, cst.Equal)) for t in parent.comparisons)
+            node = parent
+        return False
+
+    def _inside_import(self, node: cst.CSTNode) -> bool:
+        while not isinstance(node, (cst.Module, cst.BaseStatement)):
+            if isinstance(node, (cst.Import, cst.ImportFrom)):
+                return True
+            node = self.scopes.parent(node)
+        return False
+
+    def record_wrap(self, call: cst.Call) -> None:
+        outer: cst.BaseExpression = call
+        move = None
+        parent = self.scopes.parent(call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("to", "cuda"):
+            grand = self.scopes.parent(parent)
+            if isinstance(grand, cst.Call) and grand.func is parent:
+                outer, move = grand, grand
+        site = WrapSite(call, outer, move, first_positional(call, "module"), self.scopes.assigned_name(outer))
+        site.device_count = self._literal_device_count(call)
+        site.guards = self._enclosing_ifs(call)
+        if site.module_arg is None:
+            self.scopes.problem(call, "DDP004", "DataParallel(...) without a module argument; convert it by hand")
+        if site.target:
+            self.facts.model_names.add(site.target)
+        self.facts.wraps.append(site)
+
+    def _literal_device_count(self, call: cst.Call) -> int | None:
+        for index, arg in enumerate(call.args):
+            is_ids = (arg.keyword and arg.keyword.value == "device_ids") or (arg.keyword is None and index == 1)
+            if is_ids and isinstance(arg.value, (cst.List, cst.Tuple)):
+                return len(arg.value.elements)
+        return None
+
+    def _enclosing_ifs(self, node: cst.CSTNode) -> list[Guard]:
+        """The ``if``s that decide whether the wrap runs, innermost first.
+
+        An ``if`` whose every branch wraps (``DP(m).cuda() if cuda else DP(m)``) decides
+        nothing, and neither does ``if True:``.
+        """
+        found = []
+        while not isinstance(node, (cst.Module, cst.FunctionDef, cst.ClassDef)):
+            child, node = node, self.scopes.parent(node)
+            if isinstance(node, cst.If) and is_main_guard(node):
+                continue
+            if isinstance(node, (cst.If, cst.IfExp)) and child is not node.test:
+                in_body = child is node.body
+                other = node.orelse if in_body else node.body
+                if isinstance(node.test, cst.Name) and node.test.value == "True" and in_body:
+                    continue
+                if not self._always_wraps(other):
+                    found.append(Guard(node, in_body))
+        return found
+
+    def _always_wraps(self, branch: cst.CSTNode | None) -> bool:
+        """Does every path through this branch wrap a model in DataParallel?"""
+        if branch is None:
+            return False
+        if isinstance(branch, cst.If):  # elif
+            return self._always_wraps(branch.body) and self._always_wraps(branch.orelse)
+        return any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(branch))
+
+    # -- DataParallel variants (check's DDP121, DDP122) -------------------------------------
+    def definition(self, node: cst.FunctionDef | cst.ClassDef) -> None:
+        """A class or function named *DataParallel* (its calls are not a foreign variant), or
+        a fork of DataParallel: a class so named with its own scatter/gather (DDP121)."""
+        name = node.name.value
+        if not variant_name(name):
+            return
+        self._local_variants.add(name)
+        if not isinstance(node, cst.ClassDef):
+            return
+        methods = {s.name.value for s in node.body.body if isinstance(s, cst.FunctionDef)}
+        if methods & DATA_PARALLEL_METHODS and not any(self._imported_names(b.value) & DATA_PARALLEL for b in node.bases):
+            self.facts.variants.append((node, "DDP121"))
+
+    def variant_call(self, call: cst.Call) -> None:
+        """``DataParallelModel(net)``: a DataParallel variant (not torch's) called on a model."""
+        if not any(a.keyword is None and a.star != "**" for a in call.args):
+            return
+        for name in sorted(self._imported_names(call.func)) or [None]:
+            last = (name or _loose_dotted(call.func) or "").rsplit(".", 1)[-1]
+            if variant_name(last) and name not in DATA_PARALLEL and not (name or "").startswith("torch."):
+                self._variant_calls.append((call, last))
+                return
+
+    def _imported_names(self, node: cst.BaseExpression) -> set[str]:
+        """What an expression names through the file's imports (as ``ddpify check`` reads
+        them: a star import may bring ``torch`` and ``nn``)."""
+        names = {
+            q.name
+            for q in self.scopes.get_metadata(QualifiedNameProvider, node, set())
+            if q.source is QualifiedNameSource.IMPORT
+        }
+        if names or not self.facts.star_imports:
+            return names
+        return star_imported_torch(node, self.scopes.scope_of)
+
+    # -- after the walk ------------------------------------------------------------------
+    def finish(self) -> None:
+        self.facts.variants += [(call, "DDP122") for call, last in self._variant_calls if last not in self._local_variants]
+        self.facts.gpu_count_names -= self._other_bindings
+        # A DDP path beside DataParallel: take it (transforms/existing_ddp.py), set nothing up twice.
+        self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
+
+
+def _loose_dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c``; for an attribute of something else, its own name (``f().DataParallel``)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _loose_dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else node.attr.value
+    return None
