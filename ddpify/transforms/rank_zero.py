@@ -99,6 +99,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.guard_units import GuardUnits, bound_target, stand_in_escapes
 from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -147,6 +148,12 @@ class RankZeroTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._saves_checkpoints = "torch.save" in context.module.code
+        self._made_here: set[cst.CSTNode] = set()  # statements making a rank-0-only tracker
+
+    def check(self) -> None:
+        # Decided on the original tree before anything is rewritten: the blocks that go under
+        # one guard, and the rank-0-only objects whose values would leave it.
+        self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
 
     # -- what is a side effect ------------------------------------------------------------
 
@@ -230,6 +237,18 @@ class RankZeroTransform(Transform):
             return False
         return not any(name.rpartition(".")[0] in sys.stdlib_module_names for name in self.context.qualified(func))
 
+    def _would_guard(self, original: cst.BaseStatement) -> bool:
+        """_guardable without its reports: a write on its own line, nothing unsafe in it."""
+        if self._under_rank_guard(original):
+            return False
+        if self._writes_file(original):
+            return not any(self._reaches_model(call) for call in calls_in(original))
+        if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
+            return False
+        if self._side_effect(original.body[0]) is None:
+            return False
+        return not any(self._reaches_model(call) for call in calls_in(original))
+
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original):
             return False
@@ -298,7 +317,7 @@ class RankZeroTransform(Transform):
                     "(which ddpify limits to rank 0) or under `if dist.get_rank() == 0:`",
                     Severity.WARNING,
                 )
-        if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None:
+        if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None and not self._in_folder_unit(original_node):
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         if names & TRACKER_FACTORIES and self._tracker_value(original_node):
@@ -307,6 +326,12 @@ class RankZeroTransform(Transform):
             self.context.report(original_node, "DDP605", "Path.mkdir(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         return updated_node
+
+    def _in_folder_unit(self, node: cst.CSTNode) -> bool:
+        """Part of a folder set-up that rank 0 does alone (see GuardUnits): no exist_ok needed."""
+        while node is not None and not isinstance(node, cst.BaseStatement):
+            node = self.context.parent(node)
+        return node in self._units.folder_units
 
     def leave_Dict(self, original_node: cst.Dict, updated_node: cst.Dict) -> cst.Dict:
         if self._import_time(original_node):
@@ -375,11 +400,31 @@ class RankZeroTransform(Transform):
             return updated_node
         if self._under_rank_guard(original_node):
             return updated_node
+        escape = self._stand_in_escape(original_node)
+        if escape is not None:
+            line = self.context.position(escape)[0]
+            self.context.report(
+                original_node,
+                code,
+                f"{what} is made on every rank: line {line} takes `{self.context.code(escape)}` from it outside a "
+                "rank-0 guard, which a stand-in on the other ranks could not give",
+                Severity.WARNING,
+            )
+            return updated_node
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original_node, code, message)
         self.context.use_helper("DdpNoOp")
+        if code == "DDP606":
+            self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _stand_in_escape(self, assign: cst.Assign) -> cst.CSTNode | None:
+        target = bound_target(assign)
+        if target is None:
+            return None
+        guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
+        return stand_in_escapes(target, self.context.module, self.context.parent, guarded)
 
     def _tracker_value(self, call: cst.Call) -> bool:
         """``return SummaryWriter(...)`` or ``{"writer": SummaryWriter(...)}``: a writer made
@@ -429,10 +474,12 @@ class RankZeroTransform(Transform):
         result: Block = []
         run: list[Pair] = []  # consecutive statements of one kind share one guard
         kind = None
-        for pair in [*block, (None, None)]:
+        pairs = [*block, (None, None)]
+        for at, pair in enumerate(pairs):
             current = None
             if pair[1] is not None:
-                current = "guard" if self._guardable(pair[0]) else "download" if self._downloads(owner, pair[0]) else None
+                guarded = pair[0] is not None and self._units.guarded(pair[0]) or self._guardable(pair[0])
+                current = "guard" if guarded else "download" if self._downloads(owner, pair[0]) else None
             if run and current != kind:
                 result.extend(self._guard(run) if kind == "guard" else self._download_first_on_rank_zero(run))
                 run = []
@@ -441,7 +488,13 @@ class RankZeroTransform(Transform):
                 run.append(pair)
             elif pair[1] is not None:
                 result.extend(self._wait_before_load(self._averaged_print(pair)))
+                if pair[0] in self._made_here and pairs[at + 1][0] not in self._made_here and self._barrier_reached(pair[0]):
+                    # the others wait until rank 0 made it (a SummaryWriter makes its log folder)
+                    result.append((None, cst.parse_statement("dist.barrier()")))
         return result
+
+    def _barrier_reached(self, original: cst.CSTNode) -> bool:
+        return self._same_path_on_every_rank(original) and not self.context.is_library
 
     def _wait_before_load(self, pair: Pair) -> Block:
         """Every rank reads a checkpoint that rank 0 may still be writing (a best-model save
@@ -507,6 +560,12 @@ class RankZeroTransform(Transform):
         another rank may read next (a checkpoint; HRNet's results JSON, written then loaded
         by every rank's evaluation; a run folder removed, then made again by every rank)."""
         after = "; the other ranks wait at a barrier" if barrier else ""
+        if original in self._units.folder_units:
+            self.context.report(original, "DDP601", f"folder set-up (its existence check and the folder made) on rank 0 only{after}")
+            return True
+        if original in self._units.joined:
+            self.context.report(original, "DDP601", "computed only for the write below it: on rank 0 only, with that write")
+            return False
         if isinstance(original, cst.With):
             self.context.report(original, "DDP601", f"file written by rank 0 only (`with open(...)` block){after}")
             return True

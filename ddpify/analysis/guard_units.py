@@ -1,0 +1,187 @@
+"""Whole blocks under a rank-0 guard, not statements: what joins a guarded write, and where a
+rank-0-only object's value would leave its guard.
+
+A write that runs on rank 0 only takes the values computed only for it along
+(``state = {...}`` and ``save_path = os.path.join(writer.file_writer.get_logdir(), ...)``
+right above ``torch.save(state, save_path)``): on the other ranks they were never needed, and
+computing them there may touch what only rank 0 has (a writer made on rank 0 only). A folder
+made after a check of its existence (``if os.path.exists(d): raise ...`` then
+``os.makedirs(d)``) is one unit: done by rank 0 alone, then the others wait, or the rank
+that comes second would find the folder rank 0 just made.
+
+A stand-in (``DdpNoOp``) for a rank-0-only object is safe only where nothing is taken from
+it: its method calls as statements (``writer.add_scalar(...)``), ``with writer:``, code that
+runs on rank 0 only, and the same uses of a parameter it is passed to in this file. Any
+other use (``os.path.join(writer.file_writer.get_logdir(), ...)``, ``x = writer.logdir``) is
+an escape: the object is then made on every rank instead (a warning says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+from libcst.metadata import ScopeProvider
+
+from ddpify.analysis.tree import bound_names, calls_in, dotted, walk
+
+# Calls that look at a path on disk: a check of a folder before it is made.
+EXISTENCE_CHECKS = ("os.path.exists", "os.path.isdir", "os.path.isfile", "exists", "is_dir", "isdir")
+FOLDER_MAKERS = ("os.makedirs", "os.mkdir", "mkdir")
+
+
+class GuardUnits:
+    """Statements that join a rank-0 guard, decided on the original tree before rewriting."""
+
+    def __init__(self, module: cst.Module, metadata, guardable: Callable[[cst.CSTNode], bool], unsafe: Callable[[cst.Call], bool]) -> None:
+        self.metadata = metadata
+        self.guardable = guardable
+        self.unsafe = unsafe
+        self.joined: set[cst.CSTNode] = set()  # statements guarded with the write below them
+        self.folder_units: set[cst.CSTNode] = set()  # folder checks and the folder made after them
+        for node in walk(module):
+            if isinstance(node, (cst.Module, cst.IndentedBlock)):
+                self._plan(list(node.body))
+
+    def guarded(self, statement: cst.CSTNode) -> bool:
+        return statement in self.joined or statement in self.folder_units
+
+    def _plan(self, statements: list[cst.BaseStatement]) -> None:
+        for index, statement in enumerate(statements):
+            if index and self._checks_then_makes(statements[index - 1], statement):
+                self.folder_units.update((statements[index - 1], statement))
+            if not self.guardable(statement):
+                continue
+            unit = [statement]
+            before = index - 1
+            while before >= 0 and self._feeds_only(statements[before], unit):
+                unit.append(statements[before])
+                self.joined.add(statements[before])
+                before -= 1
+
+    def _feeds_only(self, statement: cst.BaseStatement, unit: list[cst.BaseStatement]) -> bool:
+        """``name = value`` whose every later read is inside ``unit``, computed without the
+        model or a collective."""
+        if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            return False
+        assign = statement.body[0]
+        if not isinstance(assign, cst.Assign) or any(self.unsafe(call) for call in calls_in(assign.value)):
+            return False
+        targets = [target.target for target in assign.targets]
+        if not all(isinstance(target, cst.Name) for target in targets):
+            return False
+        inside = {id(node) for member in unit for node in walk(member)}
+        for target in targets:
+            references = self._references(target)
+            if references is None or not references or any(id(node) not in inside for node in references):
+                return False
+        return True
+
+    def _references(self, name: cst.Name) -> list[cst.CSTNode] | None:
+        scope = self.metadata.get_metadata(ScopeProvider, name, None)
+        if scope is None:
+            return None
+        for assignment in scope.assignments[name.value]:
+            if getattr(assignment, "node", None) is name:
+                return [access.node for access in assignment.references]
+        return None
+
+    def _checks_then_makes(self, check: cst.BaseStatement, make: cst.BaseStatement) -> bool:
+        """``if os.path.exists(d): ...`` right above ``os.makedirs(d)`` (the same path)."""
+        if not isinstance(check, cst.If) or not isinstance(make, cst.SimpleStatementLine):
+            return False
+        made = [call for call in calls_in(make) if (dotted(call.func) or "").endswith(FOLDER_MAKERS)]
+        tested = [call for call in calls_in(check.test) if (dotted(call.func) or "").endswith(EXISTENCE_CHECKS)]
+        if not made or not tested or any(self.unsafe(call) for call in calls_in(check)):
+            return False
+        made_paths = {_path_code(call) for call in made} - {None}
+        return bool(made_paths & {_path_code(call) for call in tested})
+
+
+def _path_code(call: cst.Call) -> str | None:
+    """The path a call looks at or makes: its first argument, or what ``path.exists()`` is
+    called on."""
+    module = cst.Module([])
+    if call.args and call.args[0].keyword is None:
+        return module.code_for_node(call.args[0].value)
+    if isinstance(call.func, cst.Attribute):
+        return module.code_for_node(call.func.value)
+    return None
+
+
+def stand_in_escapes(target: cst.BaseExpression, module: cst.Module, parent_of, guarded: Callable[[cst.CSTNode], bool]) -> cst.CSTNode | None:
+    """The first use of a rank-0-only object bound to ``target`` (``writer``,
+    ``self.writer``) that takes something from it outside a rank-0 guard, or None; a function
+    of this file it is passed to is followed into (its parameter's uses, under that name)."""
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for node in walk(module):
+        if isinstance(node, cst.FunctionDef):
+            functions.setdefault(node.name.value, []).append(node)
+    pending, seen = [(dotted(target), module)], set()
+    while pending:
+        name, scope = pending.pop()
+        if name is None or (name, id(scope)) in seen:
+            continue
+        seen.add((name, id(scope)))
+        for node in walk(scope):
+            if not isinstance(node, (cst.Name, cst.Attribute)) or dotted(node) != name or node is target:
+                continue
+            if isinstance(node, cst.Name) and isinstance(parent_of(node), cst.Attribute) and parent_of(node).attr is node:
+                continue  # `x.writer`: another object's field
+            escape = _escape(node, parent_of, guarded)
+            if escape is not None:
+                return escape
+            pending += _passed_to(node, parent_of, functions)
+    return None
+
+
+def _passed_to(use: cst.CSTNode, parent_of, functions: dict[str, list[cst.FunctionDef]]) -> list[tuple[str, cst.CSTNode]]:
+    """``train(model, writer)`` -> [("logger", <def train(model, logger)>)]: the parameter of a
+    function of this file that receives the object."""
+    arg = parent_of(use)
+    call = parent_of(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(call, cst.Call) or arg.value is not use:
+        return []
+    name = call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    found = []
+    for function in functions.get(name, []):
+        params = list(function.params.params)
+        if isinstance(call.func, cst.Attribute) and params and params[0].name.value in ("self", "cls"):
+            params = params[1:]
+        if arg.keyword is not None:
+            found += [(arg.keyword.value, function)] if any(p.name.value == arg.keyword.value for p in params) else []
+            continue
+        index = [a for a in call.args if a.keyword is None and not a.star].index(arg) if not arg.star else None
+        if index is not None and index < len(params):
+            found.append((params[index].name.value, function))
+    return found
+
+
+def _escape(use: cst.CSTNode, parent_of, guarded) -> cst.CSTNode | None:
+    """Does this use take a value from the stand-in outside a guard?"""
+    node = use
+    while node is not None and not isinstance(node, cst.Module):
+        if isinstance(node, cst.BaseStatement) and guarded(node):
+            return None
+        node = parent_of(node)
+    child, parent = use, parent_of(use)
+    while isinstance(parent, cst.Attribute) and parent.value is child:  # writer.file_writer.flush
+        child, parent = parent, parent_of(parent)
+    if isinstance(parent, cst.Call) and parent.func is child and isinstance(parent_of(parent), cst.Expr):
+        return None  # `writer.add_scalar(...)` as a statement: its result is dropped
+    if isinstance(parent, (cst.WithItem, cst.AssignTarget, cst.Param)):
+        return None  # `with writer:`; a binding of the name
+    if isinstance(parent, cst.Arg) and child is use:
+        return None  # passed on: a callee of this file is followed (stand_in_escapes)
+    if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and parent.test is child:
+        return None  # `if writer:` (the stand-in is false)
+    if isinstance(parent, cst.Comparison):
+        return None  # `if writer is not None:`
+    return child
+
+
+def bound_target(assign: cst.Assign) -> cst.BaseExpression | None:
+    if len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    return target if bound_names(target) and isinstance(target, (cst.Name, cst.Attribute)) else None
