@@ -173,6 +173,8 @@ def _escape(use: cst.CSTNode, parent_of, guarded) -> cst.CSTNode | None:
         return None  # `with writer:`; a binding of the name
     if isinstance(parent, cst.Arg) and child is use:
         return None  # passed on: a callee of this file is followed (stand_in_escapes)
+    if isinstance(parent, (cst.Return, cst.Element, cst.DictElement)) and child is use:
+        return None  # handed on whole (`return writer`, `{"writer": writer}`): its holder calls its methods
     if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and parent.test is child:
         return None  # `if writer:` (the stand-in is false)
     if isinstance(parent, cst.Comparison):
