@@ -76,9 +76,13 @@ def convert_files(paths: list[Path], options: ConvertOptions = ConvertOptions(),
     return _map(functools.partial(convert_file, options=options), paths, jobs)
 
 
-def convert_project(root: Path, files: list[Path], options: ConvertOptions = ConvertOptions()) -> list[FileResult]:
+def convert_project(
+    root: Path, files: list[Path], options: ConvertOptions = ConvertOptions(), jobs: int = 0
+) -> list[FileResult]:
     """Convert a project (ddpify.project): one view across its files, results in ``files``
-    order; files that cannot be read come back with their error."""
+    order; files that cannot be read come back with their error. Each file is parsed,
+    analysed and rewritten once, in ``jobs`` worker processes (0: one per CPU, where the
+    project is large enough to pay for them; 1: none)."""
     from ddpify.project import convert_project as convert
 
     sources: dict[Path, str] = {}
@@ -88,7 +92,7 @@ def convert_project(root: Path, files: list[Path], options: ConvertOptions = Con
             sources[path] = read_source(path)[0]
         except (OSError, UnicodeDecodeError, SyntaxError) as error:
             unreadable[path] = FileResult(str(path), "", "", (), None, f"cannot read: {error}")
-    converted = {Path(result.path): result for result in convert(root, sources, options)}
+    converted = {Path(result.path): result for result in convert(root, sources, options, jobs)}
     return [unreadable.get(path) or converted[path] for path in files]
 
 

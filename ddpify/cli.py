@@ -104,7 +104,7 @@ def _convert_paths(paths: List[Path], files: list[Path], options: ConvertOptions
     folders = [path for path in paths if path.is_dir()]
     for folder in folders:
         inside = [file for file in discover([folder]) if file in set(files) and file not in by_path]
-        by_path.update((Path(r.path), r) for r in api.convert_project(folder, inside, options))
+        by_path.update((Path(r.path), r) for r in api.convert_project(folder, inside, options, jobs))
     alone = [file for file in files if file not in by_path]
     by_path.update((Path(r.path), r) for r in api.convert_files(alone, options, jobs))
     return [by_path[file] for file in files]

@@ -1,19 +1,27 @@
 """The conversion engine: libcst parse, analysis pass, transform pipeline.
 
+A file flows: parse (once) -> analysis walk (``ddpify.analysis``: facts keyed by original
+nodes) -> resolution under what the project says -> each transform's ``check()`` (any error
+refuses the file) -> one traversal running every transform (``transforms/base.Pipeline``)
+-> printed code with the helper block swapped in. ``FileConversion`` holds one file through
+all of it; ``convert_text`` is the one-file use.
+
 Kept apart from ``ddpify.api`` so that ``check`` and files with nothing to convert never
 import libcst (a third of a second on its own).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ddpify.analysis import Facts, analyze
+from ddpify.analysis import Analysis, Facts, activate
+from ddpify.analysis.data_sites import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
-from ddpify.analysis.data_sites import step_function_calls
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -27,56 +35,160 @@ def convert_text(
     """Parse, analyse and rewrite one file's text (see ddpify.api.convert_source). ``role``
     and ``links`` come from project mode (ddpify.project): the file's role (a library
     module, an entry script) and its links to the rest of the project."""
-    try:
-        module = cst.parse_module(source)
-    except cst.ParserSyntaxError as error:
-        return _refused(path, source, [_parse_error(source, error)])
-    wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
-    project = links or ProjectLinks()
-    facts = analyze(
-        wrapper,
-        project.names,
-        project.loader_functions,
-        project.parameter_loaders if links is not None else None,
-        project.reexports,
-        project.training_calls | step_function_calls(module),
+    file = FileConversion(path, source)
+    learned = file.learn(links)
+    if links is not None:
+        learned.into(links)
+    return file.rewrite(options, role, links)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What a file's analysis tells the rest of a project (see ProjectLinks): plain data, so
+    that it can come back from a worker process."""
+
+    foreign_loaders: tuple[tuple[str, int | None], ...] = ()
+    loader_parameters: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
+    sharded_parameter_calls: frozenset[str] = frozenset()
+
+    def into(self, links: ProjectLinks) -> None:
+        links.foreign_loaders.extend(ForeignCall(function, index) for function, index in self.foreign_loaders)
+        links.loader_parameters.update((name, list(params)) for name, params in self.loader_parameters)
+        links.sharded_parameter_calls.update(self.sharded_parameter_calls)
+
+
+@dataclass(frozen=True)
+class ForeignCall:
+    """A loader this file trains on that a function of another module returns (its name
+    here, and the element of the returned tuple; None: the value itself)."""
+
+    function: str
+    index: int | None
+
+
+class FileConversion:
+    """One file on the conversion path: parsed once, walked once (per set of names it binds
+    from other modules: one in a project), resolved again only when the project learns more
+    about it, rewritten once per role and links.
+
+    ``convert_text`` is the one-file use; project mode (ddpify.project) keeps one per file and
+    asks it what it learns (``learn``) while the project routes loaders between modules, and
+    for the rewrite at the end.
+    """
+
+    def __init__(self, path: str, source: str) -> None:
+        self.path, self.source = path, source
+        self.failed: FileResult | None = None
+        self._analysis: Analysis | None = None
+        self._walked_for: tuple | None = None
+        self._facts: Facts | None = None
+        self._resolved_for: tuple | None = None
+        self._rewrites: dict[tuple, FileResult] = {}
+        try:
+            self.module = cst.parse_module(source)
+        except cst.ParserSyntaxError as error:
+            self.failed = _refused(path, source, [_parse_error(source, error)])
+            return
+        self.wrapper = cst.MetadataWrapper(self.module, unsafe_skip_copy=True)
+        self.metadata = MetadataView(self.wrapper)
+        self.step_calls = step_function_calls(self.module)  # this file's own step functions
+
+    def facts(self, links: ProjectLinks | None) -> Facts:
+        """The facts under these links: walked on first use, resolved when they change."""
+        project = links or ProjectLinks()
+        training_calls = project.training_calls | self.step_calls
+        walk = (project.names, _frozen(project.reexports), training_calls)
+        if walk != self._walked_for:
+            self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls)
+            self._walked_for, self._resolved_for = walk, None
+        parameter_loaders = project.parameter_loaders if links is not None else None
+        resolution = (_frozen(project.loader_functions), _frozen(parameter_loaders))
+        if resolution != self._resolved_for:
+            self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders)
+            self._resolved_for = resolution
+        activate(self._analysis.subtrees)
+        return self._facts
+
+    def learn(self, links: ProjectLinks | None) -> Learned:
+        """Analyse under ``links``: what the rest of the project needs to know about this file."""
+        if self.failed is not None:
+            return Learned()
+        facts = self.facts(links)
+        return Learned(
+            tuple((site.function, site.index) for site in facts.foreign_training_loaders),
+            tuple((name, tuple(params)) for name, params in facts.loader_parameters.items()),
+            frozenset(facts.sharded_parameter_calls),
+        )
+
+    def rewrite(self, options: ConvertOptions, role: str = SCRIPT, links: ProjectLinks | None = None) -> FileResult:
+        """The converted file (or the refusal) for this role and these links; the same
+        question twice gets the same answer without a second rewrite."""
+        if self.failed is not None:
+            return self.failed
+        key = (options, role, links is not None and rewrite_key(links))
+        if key not in self._rewrites:
+            self._rewrites[key] = self._rewrite(options, role, links)
+        return self._rewrites[key]
+
+    def _rewrite(self, options: ConvertOptions, role: str, links: ProjectLinks | None) -> FileResult:
+        path, source, module = self.path, self.source, self.module
+        facts = self.facts(links)
+        project = links or ProjectLinks()
+        if role == ENTRY and (facts.wraps or facts.existing_ddp):
+            role = SCRIPT  # a project's entry script that wraps too: converted as a script
+        if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
+            return variant_refusal(path, source, facts, self.metadata) or FileResult(path, source, source)
+        context = ConversionContext(
+            module,
+            facts,
+            options,
+            self.metadata,
+            path=path,
+            role=role,
+            model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
+            trains_elsewhere=project.trains_elsewhere,
+        )
+        for problem in facts.problems:
+            context.report(problem.node, problem.code, problem.message, Severity.ERROR)
+        transforms = [transform(context) for transform in _transforms_for(context)]
+        for transform in transforms:
+            transform.check()
+        if context.has_errors:
+            return _refused(path, source, context.diagnostics)
+        converted = module.visit(Pipeline(context, transforms))
+        if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
+            return _refused(path, source, context.diagnostics)
+        launches = role == ENTRY or (role == SCRIPT and facts.wraps)
+        return FileResult(
+            path,
+            source,
+            context.finish(converted.code),
+            tuple(sorted(set(context.diagnostics))),
+            context.launch_command or (launch_command(path, context) if launches else None),
+        )
+
+
+def rewrite_key(links: ProjectLinks) -> tuple:
+    """Everything in ``links`` that a rewrite depends on (not what it learns)."""
+    return (
+        links.names,
+        _frozen(links.reexports),
+        links.training_calls,
+        links.trains_elsewhere,
+        _frozen(links.loader_functions),
+        _frozen(links.parameter_loaders),
     )
-    if role == ENTRY and (facts.wraps or facts.existing_ddp):
-        role = SCRIPT  # a project's entry script that wraps too: converted as a script
-    project.foreign_loaders.extend(facts.foreign_training_loaders)
-    project.loader_parameters.update(facts.loader_parameters)
-    project.sharded_parameter_calls.update(facts.sharded_parameter_calls)
-    metadata = MetadataView(wrapper)
-    if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
-        return variant_refusal(path, source, facts, metadata) or FileResult(path, source, source)
-    context = ConversionContext(
-        module,
-        facts,
-        options,
-        metadata,
-        path=path,
-        role=role,
-        model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
-        trains_elsewhere=project.trains_elsewhere,
-    )
-    for problem in facts.problems:
-        context.report(problem.node, problem.code, problem.message, Severity.ERROR)
-    transforms = [transform(context) for transform in _transforms_for(context)]
-    for transform in transforms:
-        transform.check()
-    if context.has_errors:
-        return _refused(path, source, context.diagnostics)
-    converted = module.visit(Pipeline(context, transforms))
-    if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
-        return _refused(path, source, context.diagnostics)
-    launches = role == ENTRY or (role == SCRIPT and facts.wraps)
-    return FileResult(
-        path,
-        source,
-        context.finish(converted.code),
-        tuple(sorted(set(context.diagnostics))),
-        context.launch_command or (launch_command(path, context) if launches else None),
-    )
+
+
+def _frozen(value):
+    """A hashable, order-free stand-in for a dict of sets or lists (or None)."""
+    if isinstance(value, dict):
+        return frozenset((key, _frozen(item)) for key, item in value.items())
+    if isinstance(value, (set, frozenset)):
+        return frozenset(value)
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value
 
 
 def _transforms_for(context: ConversionContext) -> tuple:

@@ -20,13 +20,37 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fixture_inputs, run_launched
+from conftest import FIXTURES, fixture_inputs, run_launched
 from ddpify.api import convert_source
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
 CASES = fixture_inputs("e2e")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+def golden(case: Path) -> str:
+    """The converted script, as tests/test_golden.py holds the conversion to it."""
+    return case.with_name(case.stem + ".ddp.py").read_text()
+
+
+# Loaders sharded where they are built get set_epoch in their epoch loop; ddp_shard moves its
+# shard to the next epoch on each pass itself (tests/test_template.py).
+WITH_EPOCHS = [case for case in CASES if "ddp_sampler(" in golden(case) or "ddp_next_epoch(" in golden(case)]
+# DistributedSampler draws another order than RandomSampler did, and an unseeded fixture's
+# random draws cannot be reproduced: their weights differ from the original's by design
+# (rank agreement and set_epoch are still asserted on them).
+REPRODUCIBLE = [case for case in CASES if "shuffle=True" not in case.read_text() and "e2e: unseeded" not in case.read_text()]
+
+
+def over(cases: list[Path]):
+    """Run a test on these fixtures' runs only (the runs fixture is shared: one set of runs
+    per fixture, whichever tests ask for it)."""
+    return pytest.mark.parametrize("runs", cases, indirect=True, ids=[case.name for case in cases])
+
+
+def only(name: str):
+    return over([FIXTURES / "e2e" / f"{name}.py"])
 
 
 def run(command: list[str], cwd: Path, probe_dir: Path) -> subprocess.CompletedProcess:
@@ -97,11 +121,9 @@ def test_each_line_is_printed_once(runs):
     }
 
 
+@over(WITH_EPOCHS)
 def test_set_epoch_is_called_every_epoch_on_every_rank(runs):
-    converted = (runs["dir"] / runs["case"].name).read_text()
-    if not any(call in converted for call in ("ddp_sampler(", "ddp_next_epoch(")):
-        # ddp_shard moves its shard to the next epoch on each pass itself (tests/test_template.py)
-        pytest.skip("no loader sharded where it is built: no set_epoch to call")
+    assert "set_epoch(" in (runs["dir"] / runs["case"].name).read_text()
     for rank in (0, 1):
         seen = epochs(runs["dir"] / "p-ddp", rank)
         # one run of n, n + 1, n + 2, ... per epoch loop (a warm-up loop, then the main one;
@@ -112,49 +134,30 @@ def test_set_epoch_is_called_every_epoch_on_every_rank(runs):
             assert end - begin >= 2, seen
 
 
-def skip_if_shuffled(runs) -> None:
-    if "shuffle=True" in runs["case"].read_text():
-        # DistributedSampler draws another order than RandomSampler did: weights differ by
-        # design. Rank agreement and set_epoch are still asserted above.
-        pytest.skip("shuffled fixture: the original's order cannot be reproduced")
-
-
-def skip_if_unseeded(runs) -> None:
-    if "e2e: unseeded" in runs["case"].read_text():
-        pytest.skip("unseeded fixture: the original's random draws cannot be reproduced")
-
-
+@over(REPRODUCIBLE)
 def test_world_of_one_matches_the_original(runs):
-    skip_if_shuffled(runs)
-    skip_if_unseeded(runs)
     assert_same(params(runs["dir"] / "p-single"), params(runs["dir"] / "p-original"))
 
 
+@over(REPRODUCIBLE)
 def test_two_ranks_match_the_original_when_not_shuffling(runs):
-    skip_if_shuffled(runs)
-    skip_if_unseeded(runs)
     assert_same(params(runs["dir"] / "p-ddp"), params(runs["dir"] / "p-original"))
-
-
-def only_for(runs, name: str) -> None:
-    if runs["case"].stem != name:
-        pytest.skip(f"asserted on the {name} fixture")
 
 
 def lines_with(text: str, fragment: str) -> list[str]:
     return [line for line in text.splitlines() if fragment in line]
 
 
+@only("side_effects")
 def test_evaluation_on_an_odd_sized_set_reports_exactly_what_the_original_did(runs):
-    only_for(runs, "side_effects")
     original = lines_with(runs["original"].stdout, "eval loss")
     assert len(original) == 3 and "of 37" in original[0]
     assert lines_with(runs["ddp"].stdout, "eval loss") == original
     assert lines_with(runs["single"].stdout, "eval loss") == original
 
 
+@only("side_effects")
 def test_log_records_and_files_are_written_once(runs):
-    only_for(runs, "side_effects")
     for run in ("original", "ddp"):
         assert len(lines_with(runs[run].stderr, "eval correct")) == 3, runs[run].stderr
     for folder in (runs["dir"] / "original", runs["dir"]):
@@ -163,37 +166,37 @@ def test_log_records_and_files_are_written_once(runs):
     assert (runs["dir"] / "logs" / "metrics.csv").read_text() == (runs["dir"] / "original" / "logs" / "metrics.csv").read_text()
 
 
+@only("side_effects")
 def test_checkpoint_keeps_the_dataparallel_key_layout(runs):
-    only_for(runs, "side_effects")
     original = torch.load(runs["dir"] / "original" / "checkpoint.pt")
     converted = torch.load(runs["dir"] / "checkpoint.pt")
     assert list(original) == list(converted) and all(key.startswith("module.") for key in converted)
     assert lines_with(runs["ddp"].stdout, "checkpoint keys") == ["checkpoint keys start with module.0.bias"]
 
 
+@only("side_effects")
 def test_progress_bar_drawn_by_one_rank(runs):
-    only_for(runs, "side_effects")
     bars = lambda text: len(lines_with(text.replace("\r", "\n"), "epoch 0: 100%"))  # noqa: E731
     assert bars(runs["ddp"].stderr) == bars(runs["original"].stderr) >= 1
 
 
+@only("writer_in_train")
 def test_writer_used_by_every_rank_writes_once(runs):
-    only_for(runs, "writer_in_train")
     # A stand-in on rank 1 (no AttributeError in train()); rank 0 writes the events file.
     # The work folder holds the 2-rank run's file and the world-of-one run's file.
     assert len(list((runs["dir"] / "original" / "runs").glob("events.out.tfevents.*"))) == 1
     assert len(list((runs["dir"] / "runs").glob("events.out.tfevents.*"))) == 2
 
 
+@only("meters_cpu_loss")
 def test_meters_and_cpu_losses_print_as_the_original_did(runs):
-    only_for(runs, "meters_cpu_loss")
     for run in ("ddp", "single"):
         assert len(lines_with(runs[run].stdout, "Epoch: [")) == len(lines_with(runs["original"].stdout, "Epoch: [")) == 6
         assert len(lines_with(runs[run].stdout, "running loss")) == 6
 
 
+@only("plateau_best")
 def test_plateau_decisions_and_best_checkpoint_match_the_original(runs):
-    only_for(runs, "plateau_best")
     learning_rates = lambda run: [line.split(" lr ")[1] for line in lines_with(runs[run].stdout, " lr ")]  # noqa: E731
     assert learning_rates("ddp") == learning_rates("single") == learning_rates("original")
     assert len(set(learning_rates("original"))) > 1, "the fixture must make the scheduler decide"
@@ -202,8 +205,8 @@ def test_plateau_decisions_and_best_checkpoint_match_the_original(runs):
     assert torch.allclose(torch.from_numpy(original), torch.from_numpy(converted), **TOLERANCE)
 
 
+@only("unseeded_split")
 def test_unseeded_split_is_the_same_on_every_rank(runs):
-    only_for(runs, "unseeded_split")
     # Rank 0 prints the validation indices; both ranks train on the complement, and the
     # probe recorded which samples each rank's sampler drew (base dataset indices).
     assert len(lines_with(runs["ddp"].stdout, "validation samples")) == 3
@@ -214,7 +217,7 @@ def test_unseeded_split_is_the_same_on_every_rank(runs):
     assert len(subsets[0]) == 1 and subsets[0] == subsets[1], "the same training subset on both ranks"
 
 
+@only("late_import_pickle")
 def test_whole_model_pickle_loads_without_a_process_group(runs):
-    only_for(runs, "late_import_pickle")
     loaded = torch.load(runs["dir"] / "whole_model.pt", weights_only=False)
     assert isinstance(loaded, torch.nn.Sequential), type(loaded)

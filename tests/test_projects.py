@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -336,11 +337,104 @@ def test_a_class_weight_pass_over_a_loader_built_in_another_module_is_reported(t
     assert results["train.py"].changed and not results["train.py"].error
 
 
+TEXTBOOK_TRAIN = (
+    "import torch\nfrom data import build_loaders\nfrom models import build_model\n\n\ndef main():\n"
+    "    model = build_model()\n    train_loader, val_loader = build_loaders(8)\n"
+    "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n"
+    "        for x, y in {loader}:\n            loss = ((model(x) - y) ** 2).mean()\n"
+    "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n"
+    "        print('epoch', epoch, loss.item())\n\n\nif __name__ == '__main__':\n    main()\n"
+)
+TEXTBOOK = {
+    "data.py": (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef build_loaders(batch_size):\n"
+        "    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 2))\n"
+        "    train_loader = DataLoader(data, batch_size=batch_size, shuffle=True)\n"
+        "    val_loader = DataLoader(data, batch_size=batch_size)\n    return train_loader, val_loader\n"
+    ),
+    "models.py": "import torch.nn as nn\n\n\ndef build_model():\n    return nn.DataParallel(nn.Linear(4, 2))\n",
+    "train.py": TEXTBOOK_TRAIN.format(loader="train_loader"),
+    "train2.py": TEXTBOOK_TRAIN.format(loader="train_loader"),
+}
+
+
+def test_two_training_scripts_sharing_one_loader_module_convert(tmp_path: Path) -> None:
+    # train.py + train2.py + data.py + models.py: was a KeyError on data.py in project mode
+    write_project(tmp_path, TEXTBOOK)
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), {n: r.error for n, r in results.items()}
+    assert all(results[name].changed for name in TEXTBOOK)
+    assert results["data.py"].output.count("DistributedSampler(") == 1  # the training loader only
+    for entry in ("train.py", "train2.py"):
+        assert "ddp_setup()" in results[entry].output and "set_epoch(epoch)" in results[entry].output
+
+
+def test_a_loader_builder_shards_what_any_of_its_scripts_trains_on(tmp_path: Path) -> None:
+    # train2.py trains on the builder's second loader: the one data.py serves both
+    write_project(tmp_path, {**TEXTBOOK, "train2.py": TEXTBOOK_TRAIN.format(loader="val_loader")})
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values())
+    assert results["data.py"].output.count("DistributedSampler(") == 2
+
+
+def count_work(monkeypatch) -> dict[str, Counter]:
+    """How often each file is parsed, walked (analysed) and rewritten, in this process."""
+    from ddpify import analysis, engine
+
+    counts = {"parsed": Counter(), "walked": Counter(), "rewritten": Counter()}
+    for owner, name, kind, path_of in (
+        (engine.FileConversion, "__init__", "parsed", lambda args: args[1]),
+        (engine.FileConversion, "_rewrite", "rewritten", lambda args: args[0].path),
+    ):
+        original = getattr(owner, name)
+
+        def counted(*args, original=original, kind=kind, path_of=path_of, **kwargs):
+            counts[kind][Path(path_of(args)).name] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+    walk = analysis.Analysis.__init__
+
+    def walked(self, wrapper, *args, **kwargs):
+        counts["walked"][wrapper.module] += 1
+        return walk(self, wrapper, *args, **kwargs)
+
+    monkeypatch.setattr(analysis.Analysis, "__init__", walked)
+    return counts
+
+
+def test_each_file_of_a_project_is_parsed_analysed_and_rewritten_once(monkeypatch) -> None:
+    """Three training scripts share the data, model, engine and utility modules: each module
+    is converted once, not once per script that imports it."""
+    counts = count_work(monkeypatch)
+    project = FIXTURES / "projects" / "shared_library"
+    results = convert_project(project, sorted(project.rglob("*.py")), jobs=1)
+    converted = {Path(r.path).name for r in results if r.changed}
+    assert converted == {"data.py", "models.py", "utils.py", "train.py", "finetune.py", "train_small.py"}
+    assert set(counts["parsed"].values()) == {1} and converted <= set(counts["parsed"])
+    assert set(counts["walked"].values()) == {1} and len(counts["walked"]) == len(counts["parsed"])
+    assert set(counts["rewritten"].values()) == {1} and converted <= set(counts["rewritten"])
+
+
+def test_worker_processes_convert_a_project_as_one_process_does() -> None:
+    project = FIXTURES / "projects" / "shared_library"
+    files = sorted(project.rglob("*.py"))
+    assert convert_project(project, files, jobs=2) == convert_project(project, files, jobs=1)
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
-RUNNABLE = [p for p in PROJECTS if (p / "train.py").exists() and "e2e: refused" not in (p / "train.py").read_text()]
+# Each training script of a project is run (train.py unless named here).
+ENTRIES = {"shared_library": ("train.py", "finetune.py", "train_small.py")}
+RUNNABLE = [
+    (project, entry)
+    for project in PROJECTS
+    if (project / "train.py").exists() and "e2e: refused" not in (project / "train.py").read_text()
+    for entry in ENTRIES.get(project.name, ("train.py",))
+]
+EVALUATING = [project for project, entry in RUNNABLE if entry == "train.py" and (project / "evaluate.py").exists()]
 
 
 def run(command: list[str], cwd: Path, probe_dir: Path) -> subprocess.CompletedProcess:
@@ -353,22 +447,32 @@ def run(command: list[str], cwd: Path, probe_dir: Path) -> subprocess.CompletedP
     return result
 
 
-@pytest.fixture(scope="module", params=RUNNABLE, ids=[p.name for p in RUNNABLE])
-def runs(request, tmp_path_factory):
-    project: Path = request.param
-    work = tmp_path_factory.mktemp(project.name)
+def convert_copies(project: Path, work: Path) -> tuple[Path, Path]:
+    """The project as it is (work/original) and converted (work/converted)."""
     original, converted = work / "original", work / "converted"
     shutil.copytree(project, original)
     shutil.copytree(project, converted)
     for name, result in convert_tree(converted).items():
         assert not result.error, result.error
         (converted / name).write_text(result.output, encoding="utf-8")
-    probe = [sys.executable, "-m", "ddpify.verify.probe", "train.py"]
+    return original, converted
+
+
+@pytest.fixture(
+    scope="module",
+    params=RUNNABLE,
+    ids=[project.name if entry == "train.py" else f"{project.name}-{entry[:-3]}" for project, entry in RUNNABLE],
+)
+def runs(request, tmp_path_factory):
+    project, entry = request.param
+    work = tmp_path_factory.mktemp(f"{project.name}-{entry[:-3]}")
+    original, converted = convert_copies(project, work)
+    probe = [sys.executable, "-m", "ddpify.verify.probe", entry]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     return {
         "work": work,
         "original": run(probe, original, work / "p-original"),
-        "ddp": run([*torchrun, "-m", "ddpify.verify.probe", "train.py"], converted, work / "p-ddp"),
+        "ddp": run([*torchrun, "-m", "ddpify.verify.probe", entry], converted, work / "p-ddp"),
         "single": run(probe, converted, work / "p-single"),
     }
 
@@ -418,12 +522,11 @@ def test_each_checkpoint_is_written_once(runs):
     assert len(saves) == len(original) >= 1
 
 
-def test_a_script_that_only_evaluates_still_runs_as_one_process(runs):
+@pytest.mark.parametrize("project", EVALUATING, ids=[p.name for p in EVALUATING])
+def test_a_script_that_only_evaluates_still_runs_as_one_process(project: Path, tmp_path: Path):
     """evaluate.py trains nothing and is left as it is (DDP212); the modules converted for
     train.py must still work in its process, which sets up no process group."""
-    converted, original = runs["work"] / "converted", runs["work"] / "original"
-    if not (converted / "evaluate.py").exists():
-        pytest.skip("no evaluation script in this project")
+    original, converted = convert_copies(project, tmp_path)
     assert (converted / "evaluate.py").read_bytes() == (original / "evaluate.py").read_bytes()
     command = [sys.executable, "evaluate.py"]
     env = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

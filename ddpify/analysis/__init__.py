@@ -58,7 +58,8 @@ from ddpify.analysis.tree import (
     DEVICE_COUNT,
     SCHEDULER_WORDS,
     TRAINING_METHODS,
-    _Subtrees,
+    Subtrees,
+    activate,
     backwards_per_pass,
     batch_length,
     bound_names,
@@ -80,13 +81,54 @@ _is_training_call, _is_backward, _root_name, _reads_data = is_training_call, is_
 _backwards_per_pass, _subclass_blocker = backwards_per_pass, subclass_blocker
 
 __all__ = [
-    "ALREADY_DISTRIBUTED", "Analyzer", "COLLECTIVE_METHODS", "CONFIGURATION_CALLS", "Context", "DATA_PARALLEL_INTERNALS",
+    "ALREADY_DISTRIBUTED", "Analysis", "Analyzer", "COLLECTIVE_METHODS", "CONFIGURATION_CALLS", "Context", "DATA_PARALLEL_INTERNALS",
     "DEVICE_COUNT", "EpochHook", "FORWARDING_METHODS", "Facts", "ForeignLoader", "Function", "Guard", "HARMLESS_METHODS",
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
     "calls_in", "dotted", "first_positional", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
     "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk",
 ]
+
+
+class Analysis:
+    """One file's analysis: walked once; resolved again for each thing the project tells it.
+
+    ``project_names``, ``reexports`` and ``training_calls`` (project mode: the names the
+    module binds from other project modules, the library names they pass on, the calls of
+    their functions that train) shape the walk; ``resolve`` takes what may change while a
+    project is converted: ``loader_functions`` (this module's functions whose returned
+    loaders another module trains on) and ``parameter_loaders`` (None: a file on its own).
+    """
+
+    def __init__(
+        self,
+        wrapper: cst.MetadataWrapper,
+        project_names: frozenset[str] = frozenset(),
+        reexports: dict[str, str] | None = None,
+        training_calls: frozenset[str] = frozenset(),
+    ) -> None:
+        self.subtrees = Subtrees()
+        activate(self.subtrees)  # filled by the analyzer's walk
+        walked = Facts(project_names=project_names, reexports=dict(reexports or {}), training_calls=training_calls)
+        # Resolved once and kept readable after the walk: transforms ask the analyzer whether
+        # a call reaches the model.
+        self.analyzer = Analyzer(walked, wrapper.resolve_many(PROVIDERS), self.subtrees)
+        wrapper.module.visit(self.analyzer)
+        self.walked = walked
+
+    def resolve(
+        self,
+        loader_functions: dict[str, set[int | None]] | None = None,
+        parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
+    ) -> Facts:
+        """The facts, decided on a copy of the walk's (the last one is the analyzer's)."""
+        activate(self.subtrees)
+        facts = self.walked.copy()
+        facts.loader_functions = dict(loader_functions or {})
+        facts.parameter_loaders = parameter_loaders
+        self.analyzer.resolve(facts)
+        facts.analyzer = self.analyzer
+        return facts
 
 
 def analyze(
@@ -97,19 +139,5 @@ def analyze(
     reexports: dict[str, str] | None = None,
     training_calls: frozenset[str] = frozenset(),
 ) -> Facts:
-    """Project mode: ``project_names``, the names the module binds from other modules of the
-    project (a call through one may run a model or a collective there); ``loader_functions``,
-    this module's functions whose returned loaders another module trains on."""
-    _Subtrees.start()  # filled by the analyzer's walk
-    facts = Facts()
-    facts.project_names = project_names
-    facts.loader_functions = dict(loader_functions or {})
-    facts.parameter_loaders = parameter_loaders
-    facts.reexports = dict(reexports or {})
-    facts.training_calls = training_calls
-    # Resolved once and kept readable after the walk: transforms ask the analyzer whether a
-    # call reaches the model.
-    analyzer = Analyzer(facts, wrapper.resolve_many(PROVIDERS))
-    wrapper.module.visit(analyzer)
-    facts.analyzer = analyzer
-    return facts
+    """Walk and resolve one file (see ``Analysis``)."""
+    return Analysis(wrapper, project_names, reexports, training_calls).resolve(loader_functions, parameter_loaders)

@@ -13,12 +13,13 @@ import libcst as cst
 from libcst.metadata import GlobalScope, ScopeProvider
 
 from ddpify.analysis.facts import Context, Function
+from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import dotted, is_training_call
 
 
-class CallGraph:
+class CallGraph(Room):
     def __init__(self, scopes) -> None:
-        self.scopes = scopes
+        super().__init__(scopes)
         self._switches: dict[Function, tuple[cst.Param, bool] | None] = {}  # see trains_at
 
     def call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:

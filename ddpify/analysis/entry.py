@@ -9,6 +9,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
+from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call
 from ddpify.names import DATA_PARALLEL
 
@@ -19,10 +20,9 @@ CONFIGURATION_CALLS = (
 )
 
 
-class Entry:
+class Entry(Room):
     def __init__(self, scopes) -> None:
-        self.scopes = scopes
-        self.facts = scopes.facts
+        super().__init__(scopes)
 
     def runs_here(self, call: cst.Call, names: set[str]) -> bool:
         """Does this module-level call wrap, train, or run a function or class of this file?"""

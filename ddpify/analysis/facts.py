@@ -3,7 +3,8 @@ fills in and every transform reads (``Facts``), and the small records inside it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -146,3 +147,14 @@ class Facts:
     @property
     def training_loaders(self) -> list[LoaderSite]:
         return [site for site in self.loaders.values() if site.training]
+
+    def copy(self) -> Facts:
+        """What the walk found, for one more resolution to decide on: its own containers and
+        loader sites (a resolution marks loaders training and adds to most collections)."""
+        fresh = copy.copy(self)
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, (list, dict, set)):
+                setattr(fresh, item.name, copy.copy(value))
+        fresh.loaders = {call: replace(site) for call, site in self.loaders.items()}
+        return fresh

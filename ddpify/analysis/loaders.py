@@ -14,21 +14,25 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.facts import Context, ForeignLoader, Function, LoaderSite
+from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import dotted, returns, root_name
 
 # Calls that only wrap an iterable: the loader is their first argument.
 ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
 
 
-class Loaders:
+class Loaders(Room):
     def __init__(self, scopes, calls) -> None:
-        self.scopes = scopes
+        super().__init__(scopes)
         self.calls = calls  # the CallGraph
-        self.facts = scopes.facts
         self._attr_loaders: dict[str, list[cst.Call]] = {}  # "x" for self.x = DataLoader()
         self._attr_targets: dict[str, list[cst.Attribute]] = {}  # "x" for self.x (, ...) = f(...)
         self._attr_contexts: dict[cst.Attribute, Context] = {}  # where `self.x = name` is
         self._foreign: dict[tuple[cst.Call, int | None], cst.Call] = {}  # see _foreign_loader
+
+    def forget_stand_ins(self) -> None:
+        """A new resolution: its facts get their own stand-ins for other modules' loaders."""
+        self._foreign = {}
 
     # -- during the walk -----------------------------------------------------------------
     def record(self, call: cst.Call) -> None:

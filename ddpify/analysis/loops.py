@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.facts import Context, EpochHook, Loop
+from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import backwards_per_pass, calls_in, dotted, is_backward, walk
 
 # Calls that take a loader without reading a pass over its data here.
@@ -34,12 +35,11 @@ def reads_data(callee: str, trainers: set[str]) -> bool:
     return not any(word in last.lower() for word in TRAINING_WORDS)
 
 
-class TrainingLoops:
+class TrainingLoops(Room):
     def __init__(self, scopes, calls, loaders) -> None:
-        self.scopes = scopes
+        super().__init__(scopes)
         self.calls = calls  # the CallGraph
         self.loaders = loaders  # the Loaders
-        self.facts = scopes.facts
         self._training_loops: dict[Loop, Context] = {}
 
     # -- during the walk -----------------------------------------------------------------

@@ -15,6 +15,7 @@ import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
 from ddpify.analysis.facts import Function
+from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dotted, is_main_guard, names_in, root_name, walk
 from ddpify.names import RANK_WORDS
 
@@ -112,15 +113,14 @@ def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
     return False
 
 
-class Collectives:
+class Collectives(Room):
     """Functions that must never sit under a rank-0 guard: they (maybe) run a model's
     forward/backward or a collective, directly or through one another. Fills
     ``facts.unsafe_functions`` and ``facts.unsafe_method_names`` after the walk, and answers
     ``call_is_unsafe`` for the transforms."""
 
     def __init__(self, scopes) -> None:
-        self.scopes = scopes
-        self.facts = scopes.facts
+        super().__init__(scopes)
 
     def find_unsafe_functions(self) -> None:
         by_function: dict[Function, list[cst.Call]] = {}

@@ -40,6 +40,18 @@ def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
     return {f"{STAR_IMPORTED_ROOTS[root]}.{rest}"}
 
 
+class Room:
+    """One part of the analysis: reads the shared ``Scopes``, records into the walk's facts,
+    and decides into each resolution's (``Analyzer.resolve``)."""
+
+    def __init__(self, scopes: Scopes) -> None:
+        self.scopes = scopes
+
+    @property
+    def facts(self) -> Facts:
+        return self.scopes.facts
+
+
 class Scopes:
     """The walk's position and the original tree's metadata, shared by the analysis rooms."""
 

@@ -1,7 +1,7 @@
 """Shared tree helpers: reading names, calls and statements of a libcst tree.
 
 Nothing here keeps state about a file except ``walk``'s table of subtrees (filled by the
-analysis walk), and nothing needs metadata.
+analysis walk, one per file), and nothing needs metadata.
 """
 
 from __future__ import annotations
@@ -55,33 +55,39 @@ def bound_names(target: cst.BaseExpression) -> list[str]:
     return [name] if name else []
 
 
-class _Subtrees:
-    """Every node of the tree being converted in source order, and where each node's subtree
-    starts and ends in that list: ``walk`` of an original node is then a slice, not a new
-    traversal (transforms ask for the calls inside statements many times)."""
+class Subtrees:
+    """Every node of one file's tree in source order, and where each node's subtree starts and
+    ends in that list: ``walk`` of an original node is then a slice, not a new traversal
+    (transforms ask for the calls inside statements many times). Filled by the analysis walk;
+    ``walk`` reads the table of the file being analysed or rewritten (``activate``)."""
 
-    nodes: list[cst.CSTNode] = []
-    spans: dict[cst.CSTNode, tuple[int, int]] = {}
+    def __init__(self) -> None:
+        self.nodes: list[cst.CSTNode] = []
+        self.spans: dict[cst.CSTNode, tuple[int, int]] = {}
+        self._starts: dict[cst.CSTNode, int] = {}
 
-    @classmethod
-    def start(cls) -> None:
-        cls.nodes, cls.spans, cls._starts = [], {}, {}
+    def enter(self, node: cst.CSTNode) -> None:
+        self._starts[node] = len(self.nodes)
+        self.nodes.append(node)
 
-    @classmethod
-    def enter(cls, node: cst.CSTNode) -> None:
-        cls._starts[node] = len(cls.nodes)
-        cls.nodes.append(node)
+    def leave(self, node: cst.CSTNode) -> None:
+        self.spans[node] = (self._starts.pop(node), len(self.nodes))
 
-    @classmethod
-    def leave(cls, node: cst.CSTNode) -> None:
-        cls.spans[node] = (cls._starts.pop(node), len(cls.nodes))
+
+_active = Subtrees()
+
+
+def activate(subtrees: Subtrees) -> None:
+    """The file whose nodes ``walk`` is asked about from now on."""
+    global _active
+    _active = subtrees
 
 
 def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node` and everything below it, in source order."""
-    span = _Subtrees.spans.get(node)
+    span = _active.spans.get(node)
     if span is not None:
-        return _Subtrees.nodes[span[0] : span[1]]
+        return _active.nodes[span[0] : span[1]]
     found: list[cst.CSTNode] = []
 
     class Collect(cst.CSTVisitor):

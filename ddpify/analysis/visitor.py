@@ -1,9 +1,13 @@
 """The analysis walk: one visitor over the original tree that hands each node to the rooms
-that record something about it, then lets each room decide what it found.
+that record something about it; ``resolve`` then lets each room decide what it found.
 
 The visitor itself decides nothing: ``Scopes`` keeps the position, ``Wraps``, ``Loaders``,
 ``TrainingLoops``, ``Entry`` and ``Collectives`` record and resolve (see the package's
-docstring for which facts each one owns).
+docstring for which facts each one owns). The walk's facts depend on the file alone (and,
+in project mode, on the names it binds from other modules); a resolution also on what the
+project says about it (its loaders another module trains on, the loader parameters of the
+functions it calls), so it can run again on a copy of the walk's facts when the project
+learns more, without a second walk.
 """
 
 from __future__ import annotations
@@ -19,15 +23,15 @@ from ddpify.analysis.loaders import Loaders
 from ddpify.analysis.loops import TrainingLoops
 from ddpify.analysis.ranks import Collectives
 from ddpify.analysis.scopes import Scopes
-from ddpify.analysis.tree import _Subtrees, bound_names, dotted, is_main_guard, is_training_call
+from ddpify.analysis.tree import Subtrees, bound_names, dotted, is_main_guard, is_training_call
 from ddpify.analysis.wraps import Wraps
 from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, METRIC_SCHEDULERS
 
 
 class Analyzer(cst.CSTVisitor):
-    def __init__(self, facts: Facts, metadata: dict[type, Any]) -> None:
+    def __init__(self, facts: Facts, metadata: dict[type, Any], subtrees: Subtrees) -> None:
         super().__init__()
-        self.facts = facts
+        self.subtrees = subtrees
         self.scopes = Scopes(facts, metadata)
         self.calls = CallGraph(self.scopes)
         self.wraps = Wraps(self.scopes)
@@ -36,13 +40,17 @@ class Analyzer(cst.CSTVisitor):
         self.entry = Entry(self.scopes)
         self.collectives = Collectives(self.scopes)
 
+    @property
+    def facts(self) -> Facts:
+        return self.scopes.facts
+
     def on_visit(self, node: cst.CSTNode) -> bool:
-        _Subtrees.enter(node)
+        self.subtrees.enter(node)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
-        _Subtrees.leave(original_node)
+        self.subtrees.leave(original_node)
 
     def call_is_unsafe(self, call: cst.Call, local_params: set[str]) -> bool:
         """Does this call (maybe) run a model forward/backward or a collective? (for the
@@ -149,6 +157,13 @@ class Analyzer(cst.CSTVisitor):
     def leave_Module(self, original_node: cst.Module) -> None:
         self.wraps.finish()
         self.facts.setup_anchor = self.entry.setup_anchor(original_node)
+
+    def resolve(self, facts: Facts) -> None:
+        """Decide on ``facts`` (a copy of the walk's, with what the project says): training
+        loops and their loaders, epoch hooks, loaders passed to or built for other modules,
+        functions that reach a collective, passes that do not train."""
+        self.scopes.facts = facts
+        self.loaders.forget_stand_ins()
         self.loops.resolve()
         self.loops.shard_passed_loaders()
         self.loops.check_backward_per_forward()

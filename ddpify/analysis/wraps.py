@@ -16,7 +16,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ddpify.analysis.facts import Guard, WrapSite
 from ddpify.analysis.tree import DEVICE_COUNT, bound_names, calls_in, first_positional, is_main_guard
-from ddpify.analysis.scopes import star_imported_torch
+from ddpify.analysis.scopes import Room, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
@@ -40,10 +40,9 @@ def subclass_blocker(node: cst.ClassDef) -> str | None:
     return f"uses DataParallel's {used[0]}" if used else None
 
 
-class Wraps:
+class Wraps(Room):
     def __init__(self, scopes) -> None:
-        self.scopes = scopes
-        self.facts = scopes.facts
+        super().__init__(scopes)
         self._other_bindings: set[str] = set()  # names bound to anything but device_count()
         self._local_variants: set[str] = set()  # classes and functions defined here named *DataParallel*
         self._variant_calls: list[tuple[cst.Call, str]] = []  # `BalancedDataParallel(0, model)`, unless defined here

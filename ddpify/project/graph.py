@@ -1,0 +1,312 @@
+"""What a project is: its modules, who imports whom, and what each module's text shows
+(``ModuleInfo``: a ``__main__`` block, DataParallel, a training step, its functions).
+
+The import graph comes from :mod:`ast` (fast, no libcst), parsed lazily: scripts and
+DataParallel modules first, then what they import. Conversion is ``groups.py``'s.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpify.names import mentions_data_parallel
+
+# A library module is worth converting when its functions print, save or write files, or
+# pick a GPU by index (every rank would use that one).
+TOP_LEVEL_LOOP = re.compile(r"^(?:for|while|if|with|try)\b", re.MULTILINE)  # maybe a flat script (see _loops_at_top_level)
+BACKWARD = re.compile(r"\.backward\s*\(")
+TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
+CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
+SIDE_EFFECT_WORDS = (
+    "print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(",
+    "SummaryWriter", "wandb", "mkdir(", "makedirs(", "save_image", "imwrite", "imsave", "savefig", ".write(",
+)
+
+
+@dataclass
+class ModuleInfo:
+    path: Path
+    name: str  # dotted, relative to the project root
+    source: str
+    imports: set[str] = field(default_factory=set)  # project modules it imports
+    imported_names: set[str] = field(default_factory=set)  # names bound from the project's modules
+    # name -> (module, attribute): `from data import build` -> ("data", "build"); `import data`
+    # -> ("data", None)
+    bindings: dict[str, tuple[str, str | None]] = field(default_factory=dict)
+    functions: set[str] = field(default_factory=set)  # defined at the top level
+    function_sources: dict[str, str] = field(default_factory=dict)  # their text
+    class_sources: dict[str, str] = field(default_factory=dict)  # top-level classes' text
+    training_defs: set[str] = field(default_factory=set)  # functions and methods (any depth) that train
+    # the names every function and method (by name) uses, and the whole module's: code, not strings
+    def_words: dict[str, set[str]] = field(default_factory=dict)
+    words: set[str] = field(default_factory=set)
+    runs: bool = False  # a `__main__` block
+    wraps: bool = False  # says DataParallel
+    trains: bool = False  # calls .backward() or .step()
+    # `importlib.import_module("models." + name)`: every project module under "models."
+    dynamic_prefixes: set[str] = field(default_factory=set)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
+    info = ModuleInfo(
+        path, module_name(root, path), source, wraps=mentions_data_parallel(source), trains=_trains(source)
+    )
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return info
+    package = info.name.split(".") if path.name == "__init__.py" else info.name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            info.imports.update(alias.name for alias in node.names)
+            for alias in node.names:  # `import a.b` binds `a`; `import a.b as c` binds `c` to a.b
+                info.bindings[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0], None
+                )
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            info.imports.add(module)
+            info.imports.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
+            for alias in node.names:
+                info.bindings[alias.asname or alias.name] = (module, alias.name)
+        elif isinstance(node, ast.If) and _is_main_test(node.test):
+            info.runs = True
+        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node)):
+            info.dynamic_prefixes.add(prefix)
+    # A flat script (no `__main__` block) runs its loops at the top level.
+    info.runs = info.runs or _loops_at_top_level(tree.body)
+    defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    info.functions = {node.name for node in defined}
+    info.function_sources = {node.name: ast.get_source_segment(source, node) or "" for node in defined}
+    info.class_sources = {
+        node.name: ast.get_source_segment(source, node) or "" for node in tree.body if isinstance(node, ast.ClassDef)
+    }
+    functions_anywhere = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    info.training_defs = {node.name for node in functions_anywhere if _trains(ast.get_source_segment(source, node) or "")}
+    info.def_words = {node.name: _words(node) for node in functions_anywhere}
+    info.words = _words(tree)
+    return info
+
+
+def _dynamic_import_prefix(call: ast.Call) -> str | None:
+    """``importlib.import_module("models." + name)`` (or an f-string, ``__import__``): the
+    module name's constant start, if it names a package ("models.")."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if called not in ("import_module", "__import__") or not call.args:
+        return None
+    name = call.args[0]
+    while isinstance(name, ast.BinOp) and isinstance(name.op, ast.Add):
+        name = name.left
+    if isinstance(name, ast.JoinedStr) and name.values:
+        name = name.values[0]
+    if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
+        return name.value[: name.value.rindex(".") + 1]
+    return None
+
+
+def _loops_at_top_level(body: list[ast.stmt]) -> bool:
+    """A loop that runs at import: at the top level, or in a top-level `if`/`with`/`try`
+    (EDSR's main.py: `if checkpoint.ok: while not t.terminate(): ...`)."""
+    for node in body:
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            return True
+        blocks = [getattr(node, name, []) for name in ("body", "orelse", "finalbody")]
+        blocks += [handler.body for handler in getattr(node, "handlers", [])]
+        if isinstance(node, (ast.If, ast.With, ast.Try)) and any(_loops_at_top_level(block) for block in blocks):
+            return True
+    return False
+
+
+def _words(node: ast.AST) -> set[str]:
+    """The names and attribute names a piece of code uses (not what its strings say)."""
+    return {
+        found.id if isinstance(found, ast.Name) else found.attr
+        for found in ast.walk(node)
+        if isinstance(found, (ast.Name, ast.Attribute))
+    }
+
+
+def _trains(source: str) -> bool:
+    """Calls ``.backward()``, or ``.step()`` on something that is not a scheduler."""
+    return any(
+        method == "backward" or not any(word in receiver.lower() for word in ("sched", "warmup"))
+        for receiver, method in TRAINING_STEP.findall(source)
+    )
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    )
+
+
+class Project:
+    """The project's modules and who imports whom (only modules inside the project). Files
+    are parsed lazily: scripts and DataParallel modules first, then what they import."""
+
+    def __init__(self, root: Path, sources: dict[Path, str]) -> None:
+        self.root = root
+        self.sources = sources
+        self.paths = {module_name(root, path): path for path in sources if path.suffix == ".py"}
+        self._read: dict[str, ModuleInfo] = {}
+
+    def in_project(self, module: str) -> bool:
+        return module in self.paths or any(other.startswith(module + ".") for other in self.paths)
+
+    def modules_by_path(self) -> dict[Path, ModuleInfo]:
+        return {info.path: info for info in self._read.values()}
+
+    def module(self, name: str) -> ModuleInfo:
+        if name not in self._read:
+            path = self.paths[name]
+            info = read_module(self.root, path, self.sources[path])
+            self._follow_search_path(info)
+            info.imports |= {other for other in self.paths for prefix in info.dynamic_prefixes if other.startswith(prefix)}
+            info.imports = {other for other in info.imports if other in self.paths and other != name}
+            # Only names bound from the project's own modules (calls through them may train).
+            info.imported_names = {
+                bound
+                for bound, (module, attribute) in info.bindings.items()
+                if self.in_project(module) and (module, attribute) != (name, None)
+            }
+            self._read[name] = info
+        return self._read[name]
+
+    def _follow_search_path(self, info: ModuleInfo) -> None:
+        """Imports that name a project module as Python finds it at run time: a sibling of
+        the script (`import _init_paths` in tools/) or a folder the script puts on sys.path
+        (`from core.function import train` with lib/ added by _init_paths: lib.core.function)."""
+        canonical = {module: self._located(info, module) for module in info.imports}
+        # A folder found on the search path for `core.function` (lib/) also holds `dataset`
+        # in `import dataset`; a bare name alone could be a library (`import logging`).
+        folders = {found[: -len(module) - 1] for module, found in canonical.items() if found.endswith("." + module)}
+        for module, found in canonical.items():
+            if found == module and "." not in module and not self.in_project(module):
+                places = [folder for folder in folders if self.in_project(f"{folder}.{module}")]
+                canonical[module] = f"{places[0]}.{module}" if len(places) == 1 else module
+        info.imports = {canonical[module] for module in info.imports}
+        info.bindings = {
+            bound: (canonical.get(module) or self._located(info, module), attribute)
+            for bound, (module, attribute) in info.bindings.items()
+        }
+
+    def _located(self, info: ModuleInfo, module: str) -> str:
+        if not module or self.in_project(module):
+            return module
+        package = info.name.rpartition(".")[0]
+        if package and self.in_project(f"{package}.{module}"):
+            return f"{package}.{module}"
+        if "." not in module:
+            return module  # `import logging` is not utils/logging.py
+        folders = {name.rpartition("." + module)[0] for name in self._dotted_names if name.endswith("." + module)}
+        return f"{folders.pop()}.{module}" if len(folders) == 1 else module
+
+    @property
+    def _dotted_names(self) -> set[str]:
+        """Every module and package name of the project (a.b.c gives a, a.b and a.b.c)."""
+        if not hasattr(self, "_names_cache"):
+            self._names_cache = {".".join(name.split(".")[: i + 1]) for name in self.paths for i in range(name.count(".") + 1)}
+        return self._names_cache
+
+    def candidates(self) -> list[ModuleInfo]:
+        """Scripts and DataParallel modules (a text pre-filter before any parse)."""
+        return [
+            self.module(name)
+            for name, path in self.paths.items()
+            if "__main__" in self.sources[path]
+            or mentions_data_parallel(self.sources[path])
+            or TOP_LEVEL_LOOP.search(self.sources[path])
+        ]
+
+    def reachable(self, info: ModuleInfo) -> list[ModuleInfo]:
+        """The project modules this one imports, directly or not (itself excluded)."""
+        seen: dict[str, ModuleInfo] = {}
+        stack = list(info.imports)
+        while stack:
+            name = stack.pop()
+            if name in seen or name == info.name:
+                continue
+            seen[name] = self.module(name)
+            stack.extend(seen[name].imports)
+        return sorted(seen.values(), key=lambda module: str(module.path))
+
+    def resolve(self, info: ModuleInfo, dotted: str, classes: bool = False) -> tuple[ModuleInfo, str] | None:
+        """The project module and top-level function (or, with ``classes``, class) a dotted
+        call name in ``info`` refers to (``build_loaders``, ``data.build_loaders``),
+        following re-exports."""
+        head, _, rest = dotted.partition(".")
+        module, attribute = info.bindings.get(head, (None, None))
+        if module is None:
+            return None
+        if attribute is not None:
+            if f"{module}.{attribute}" in self.paths:  # `from pkg import mod`: mod.function
+                module, attribute = f"{module}.{attribute}", None
+        path = [*([attribute] if attribute else []), *(rest.split(".") if rest else [])]
+        while len(path) > 1 and f"{module}.{path[0]}" in self.paths:
+            module, path = f"{module}.{path[0]}", path[1:]
+        if len(path) != 1 or module not in self.paths:
+            return None
+        for _ in range(5):  # `from .loaders import build_loaders` in a package's __init__
+            target = self.module(module)
+            if path[0] in target.functions or (classes and path[0] in target.class_sources):
+                return target, path[0]
+            module, attribute = target.bindings.get(path[0], (None, None))
+            if module not in self.paths or attribute is None:
+                return None
+            path = [attribute]
+        return None
+
+    def project_names(self, info: ModuleInfo) -> frozenset[str]:
+        """Names this module binds from other project modules (calls to them may train);
+        not those that only pass a library's name on (`from dataset import DataLoader`)."""
+        reexported = {bound for bound in info.imported_names if self.library_name(info, bound)}
+        return frozenset(info.imported_names - reexported)
+
+    def training_calls(self, info: ModuleInfo) -> frozenset[str]:
+        """Names called here of other modules' top-level functions that run a training step."""
+        found = set()
+        for name in set(CALL_NAME.findall(info.source)):
+            target = self.resolve(info, name)
+            if target is not None and target[0] is not info and _trains(target[0].function_sources.get(target[1], "")):
+                found.add(name)
+        return frozenset(found)
+
+    def reexports(self, info: ModuleInfo) -> dict[str, str]:
+        """Qualified names (as libcst spells them here) of library names that a project
+        module passes on: `from dataset import DataLoader` -> torch.utils.data.DataLoader."""
+        found = {}
+        for bound, (module, attribute) in info.bindings.items():
+            library = self.library_name(info, bound)
+            if library and attribute:
+                written = module.split(".")
+                for start in range(len(written)):  # written as imported, before _follow_search_path
+                    found[".".join([*written[start:], attribute])] = library
+        return found
+
+    def library_name(self, info: ModuleInfo, bound: str) -> str | None:
+        module, attribute = info.bindings.get(bound, (None, None))
+        for _ in range(5):
+            if module is None or attribute is None or module not in self.paths or module == info.name:
+                return None
+            target = self.module(module)
+            if attribute in target.functions or f"{module}.{attribute}" in self.paths:
+                return None
+            module, attribute = target.bindings.get(attribute, (None, None))
+            if module is not None and not self.in_project(module):
+                return f"{module}.{attribute}" if attribute else module
+        return None

@@ -1,0 +1,455 @@
+"""Converting a project: each entry script and the modules it imports, as a group.
+
+For every script that runs (``Project.candidates``) the group is the script and the project
+modules it imports. Each member gets a role (``ddpify.project``), is analysed, and says what
+it learnt: loaders it trains on that another module's function returns, functions that
+train on a loader parameter. The group then routes that knowledge (the builder of a loader
+shards it, the caller of a trainer shards what it passes), files are analysed again with
+it, and only then rewritten: once each, in the workers together. A module that several
+entry scripts import is planned by the first group; later groups reuse it, and add only
+what they need from it (another loader its builder must shard).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
+from ddpify.project.graph import BACKWARD, CALL_NAME, SIDE_EFFECT_WORDS, ModuleInfo, Project, _trains, _words
+from ddpify.workers import open_files
+
+
+@dataclass
+class Pending:
+    """A file routed but not rewritten yet: the rewrite runs once its group is routed (with
+    the group's other files, in the workers), then ``patches`` (refusals and warnings the
+    routing found) apply to its result, in order."""
+
+    path: Path
+    role: str
+    links: ProjectLinks  # what the rewrite depends on, as it was when the file was planned
+    patches: list = field(default_factory=list)
+
+
+def _patch(item: FileResult | Pending, change) -> FileResult | Pending:
+    """Apply ``change`` (FileResult -> FileResult) now, or after the rewrite of a pending file."""
+    if isinstance(item, Pending):
+        item.patches.append(change)
+        return item
+    return change(item)
+
+
+def convert_project(root: Path, sources: dict[Path, str], options: ConvertOptions, jobs: int = 0) -> list[FileResult]:
+    """Convert every file of the project; results in the order of ``sources``. ``jobs``:
+    worker processes (0: one per CPU, where the project is large enough to pay for them)."""
+    project = Project(root, sources)
+    # ddpify's own output (converted earlier): nothing to convert, as for a single file
+    results: dict[Path, FileResult] = {
+        path: FileResult(str(path), source, source) for path, source in sources.items() if ALREADY_CONVERTED.search(source)
+    }
+    candidates = project.candidates()
+    run = ProjectConversion(project, options, results)
+    likely = run.likely_conversions(candidates)
+    files = open_files([info.path for info, _ in likely], jobs)
+    try:
+        run.files = files
+        files.load([(str(info.path), info.source, links) for info, links in likely])
+        groups = [group for entry in candidates if entry.runs and (group := run.convert_group(entry))]
+        while any(_refuse_together(group, results, root) for group in groups):
+            pass  # a module shared by two groups, refused in one: the other goes too
+        for info in candidates:  # a DataParallel module no script of the project imports
+            if info.path not in results and info.wraps:
+                alone = {info.path: run.plan(info, SCRIPT, ProjectLinks())}
+                run.rewrite(alone)
+                _leave_unused_subclasses([info], None, alone)  # a vendored subclass nothing imports
+                results[info.path] = alone[info.path]
+    finally:
+        files.close()
+    if not options.allow_partial:
+        _leave_all_if_refused(results, root)
+    return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
+
+
+def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
+    """A project converts whole or not at all. Its modules may meet in ways the analysis
+    cannot see (a model class found by importlib, a loader that unwraps `DataParallel`):
+    with one file left as DataParallel, the rewrites of the others (a process group set
+    up around it, `isinstance(net, DistributedDataParallel)`) would break the program."""
+    refused = sorted(path for path, result in results.items() if result.error)
+    if not refused:
+        return
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    for path, result in list(results.items()):
+        if not result.error and result.changed:
+            results[path] = _refusal(result, "DDP210", f"{name} was not converted, and a project converts whole or not at all")
+
+
+class ProjectConversion:
+    """One run of project mode: the files (each parsed, analysed and rewritten once, in
+    ``files``), the results so far, and the role and links each kept group planned its
+    modules with (a later group that imports one reuses it)."""
+
+    def __init__(self, project: Project, options: ConvertOptions, results: dict[Path, FileResult]) -> None:
+        self.project, self.options, self.results = project, options, results
+        self.files = None  # ddpify.workers: set by convert_project
+        self.planned: dict[Path, tuple[str, ProjectLinks]] = {}
+        self._evaluation: dict[Path, bool] = {}
+
+    def links(self, member: ModuleInfo, members: list[ModuleInfo]) -> ProjectLinks:
+        return ProjectLinks(
+            names=self.project.project_names(member),
+            reexports=self.project.reexports(member),
+            training_calls=self.project.training_calls(member),
+            trains_elsewhere=any(other.trains for other in members if other is not member),
+        )
+
+    def _members(self, entry: ModuleInfo) -> list[ModuleInfo] | None:
+        """The group of an entry script; None if it has nothing to convert, or only
+        evaluates (see convert_group)."""
+        members = [entry, *self.project.reachable(entry)]
+        if not any(member.wraps for member in members):
+            return None
+        if entry.path not in self._evaluation:
+            trains = any(BACKWARD.search(member.source) for member in members)
+            self._evaluation[entry.path] = len(members) > 1 and (
+                not trains or _evaluates_only(self.project, entry, members)
+            )
+        return [] if self._evaluation[entry.path] else members
+
+    def likely_conversions(self, candidates: list[ModuleInfo]) -> list[tuple[ModuleInfo, ProjectLinks]]:
+        """The files the groups will analyse (read from the import graph alone), with the links
+        they will first be analysed under: parsed and walked ahead, in parallel. A file the
+        routing needs later (a loader builder with nothing else to convert) loads then."""
+        found: dict[Path, tuple[ModuleInfo, ProjectLinks]] = {}
+        for entry in candidates:
+            members = self._members(entry) if entry.runs else None
+            for member in members or ():
+                if member.path in self.results or member.path in found:
+                    continue
+                library = not member.runs or not (member.wraps or member.trains)
+                if member is entry or (library and (member.wraps or member.trains or _has_side_effects(member.source))):
+                    found[member.path] = (member, self.links(member, members))
+        for info in candidates:  # converted alone if no group takes it
+            if info.wraps and info.path not in found and info.path not in self.results:
+                found[info.path] = (info, ProjectLinks())
+        return list(found.values())
+
+    def plan(self, info: ModuleInfo, role: str, links: ProjectLinks) -> Pending:
+        """Analyse one file of a group under ``links``; what it learns lands in them (cleared
+        first: a file may be planned again with more knowledge). Rewritten later, once."""
+        links.foreign_loaders.clear()
+        links.loader_parameters.clear()
+        links.sharded_parameter_calls.clear()
+        self.files.learn(str(info.path), info.source, links).into(links)
+        inputs = replace(
+            links,
+            reexports=dict(links.reexports),
+            loader_functions=None if links.loader_functions is None else dict(links.loader_functions),
+            parameter_loaders=dict(links.parameter_loaders),
+            foreign_loaders=[],
+            loader_parameters={},
+            sharded_parameter_calls=set(),
+        )
+        return Pending(info.path, role, inputs)
+
+    def rewrite(self, converted: dict[Path, FileResult | Pending]) -> None:
+        """Rewrite every pending file of ``converted`` (together, in the workers), then apply
+        its patches."""
+        pending = [item for item in converted.values() if isinstance(item, Pending)]
+        rewritten = self.files.rewrite([(str(item.path), self.options, item.role, item.links) for item in pending])
+        for item, result in zip(pending, rewritten):
+            for change in item.patches:
+                result = change(result)
+            converted[item.path] = result
+
+    def convert_group(self, entry: ModuleInfo) -> list[Path]:
+        """The entry script and the project modules it imports: converted together (or none:
+        see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
+        project, options, results = self.project, self.options, self.results
+        members = self._members(entry)
+        if members is None:
+            return []
+        if not members:
+            # Evaluates or exports with the project's models: nothing to shard or synchronise.
+            # It stays as it is (modules converted for a training script allow a process that
+            # set up no group). A script on its own converts as it would alone.
+            results.setdefault(entry.path, _left_for_evaluation(entry))
+            return []
+        trains = any(BACKWARD.search(member.source) for member in members)
+        converted: dict[Path, FileResult | Pending] = {}
+        roles: dict[Path, str] = {}
+        links: dict[Path, ProjectLinks] = {}
+        shared: dict[Path, ProjectLinks] = {}  # modules an earlier group planned: what they learnt
+        for member in members:
+            if member.path in results:
+                converted[member.path] = results[member.path]
+                if member.path in self.planned:
+                    shared[member.path] = self.planned[member.path][1]
+                continue
+            links[member.path] = self.links(member, members)
+            if member is entry:
+                roles[member.path] = ENTRY  # the engine makes it a script if it wraps
+            elif not member.runs or not (member.wraps or member.trains):
+                # A helper with a self-test `__main__` block is still this script's library.
+                roles[member.path] = LIBRARY
+            else:
+                continue  # another script: its own group
+            if member is entry or member.wraps or member.trains or _has_side_effects(member.source):
+                converted[member.path] = self.plan(member, roles[member.path], links[member.path])
+        modules = project.modules_by_path()
+        # A loop over a loader parameter (`train_one_epoch(model, loader)` in engine.py): the
+        # callers shard what they pass.
+        for path in _route_parameters(project, members, links, converted, shared, roles):
+            converted[path] = self.plan(modules[path], roles[path], links[path])
+        # A loader another module's builder returns: that module shards it where it builds it.
+        builders: dict[Path, dict[str, set[int | None]]] = {}  # module -> its loader functions to shard
+        for path, link in links.items():
+            for foreign in link.foreign_loaders:
+                _route(project, modules[path], foreign, builders, converted, options)
+        for path, functions in builders.items():
+            if path in links:
+                links[path].loader_functions = functions
+                converted[path] = self.plan(modules[path], roles.get(path, LIBRARY), links[path])
+            elif path in self.planned:
+                # A builder an earlier group converted (two training scripts, one data module):
+                # the same file serves both, sharding what either trains on.
+                role, before = self.planned[path]
+                merged = {name: set(indices) for name, indices in (before.loader_functions or {}).items()}
+                for name, indices in functions.items():
+                    merged.setdefault(name, set()).update(indices)
+                if merged != (before.loader_functions or {}):
+                    links[path] = replace(
+                        before, loader_functions=merged, foreign_loaders=[], loader_parameters={}, sharded_parameter_calls=set()
+                    )
+                    roles[path] = role
+                    converted[path] = self.plan(modules[path], role, links[path])
+        self.rewrite(converted)
+        _leave_unused_subclasses(members, entry, converted)
+        if not any(_wraps(result) for result in converted.values()):
+            return []  # DataParallel only named (isinstance checks): not a DataParallel project
+        entry_result = converted[entry.path]
+        if trains and not any(result.error for result in converted.values()) and not any(
+            "DistributedSampler" in result.output for result in converted.values()
+        ):
+            reason = (
+                "the project's model is wrapped in DistributedDataParallel, but no training DataLoader was found "
+                "sharded in this script or the modules it imports (built in a class, loaded dynamically, or in a "
+                "module ddpify cannot follow): every rank would train on all the data"
+            )
+            if options.allow_partial:
+                warning = Diagnostic(1, 1, "DDP211", f"{reason} (converted anyway: --allow-partial)", Severity.WARNING)
+                converted[entry.path] = replace(entry_result, diagnostics=(*entry_result.diagnostics, warning))
+            else:
+                converted[entry.path] = _refusal(entry_result, "DDP211", reason)
+        elif not entry_result.error and "ddp_setup()" not in entry_result.output:
+            # Modules converted under a script that sets nothing up would fail at their first
+            # collective: refuse the entry, and so the group.
+            reason = "this script runs project modules that use DistributedDataParallel, but it could not be given the set-up"
+            converted[entry.path] = _refusal(entry_result, "DDP210", reason)
+        results.update(converted)
+        self.planned.update((path, (roles[path], links[path])) for path in links if path in roles and path in converted)
+        return list(converted)
+
+
+def _class_words(source: str) -> set[str]:
+    try:
+        return _words(ast.parse(source))
+    except SyntaxError:
+        return {"<unreadable>"}
+
+
+def _training_names(members: list[ModuleInfo]) -> set[str]:
+    """Functions and methods of the group that train, or call (by name) one that does:
+    CenterNet's `Trainer.train` calls `run_epoch`, which calls backward()."""
+    training = set().union(*(member.training_defs for member in members))
+    uses = {name: words for member in members for name, words in member.def_words.items()}
+    grown = True
+    while grown:
+        grown = False
+        for name, words in uses.items():
+            if name not in training and words & training:
+                training.add(name)
+                grown = True
+    return training
+
+
+SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
+
+
+def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None, converted: dict) -> None:
+    """A vendored package's DataParallel subclass that nothing in the group uses
+    (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback beside the
+    patch_replication_callback the script calls) does not refuse the project: its module
+    is left as it is, said in a warning."""
+    for member in members:
+        result = converted.get(member.path)
+        if member is entry or result is None or not result.error:
+            continue
+        errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
+        classes = {match.group(1) for d in errors if (match := SUBCLASS_PROBLEM.match(d.message))}
+        if not classes or len(classes) != len(errors) or any(d.code.startswith("DDP1") for d in result.diagnostics):
+            continue
+        uses = [
+            line
+            for other in members
+            if other is not member
+            for line in other.source.splitlines()
+            if not line.lstrip().startswith(("from ", "import ", "__all__"))
+        ]
+        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes):
+            continue
+        names = ", ".join(sorted(classes))
+        warning = Diagnostic(
+            errors[0].line, errors[0].col, "DDP213",
+            f"defines DataParallel subclass {names}, which nothing in this project uses: left as it is",
+            Severity.WARNING,
+        )
+        converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
+
+
+def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
+    """An evaluation script beside the trainer (HRNet's tools/test.py imports `validate`
+    from the module that also holds `train`): it trains nothing itself, never names a
+    function or method of the group that trains, and every project function it calls (and
+    they call, a few levels down) does neither. A project name that does not resolve to a
+    function (a class, an object) may train: not this."""
+    if entry.trains:
+        return False
+    training = _training_names(members)
+    pending, seen = [(entry, entry.source, entry.words)], set()
+    while pending:
+        module, text, words = pending.pop()
+        if words & training:
+            return False
+        for name in set(CALL_NAME.findall(text)):
+            if name.partition(".")[0] not in module.bindings or not project.in_project(module.bindings[name.partition(".")[0]][0]):
+                continue  # not a project name
+            found = project.resolve(module, name, classes=True)
+            if found is None:
+                return False
+            key = (found[0].name, found[1])
+            if key in seen:
+                continue
+            seen.add(key)
+            body = found[0].function_sources.get(found[1]) or found[0].class_sources.get(found[1], "")
+            if _trains(body) or len(seen) > 50:
+                return False
+            words = found[0].def_words.get(found[1]) or _class_words(body)
+            pending.append((found[0], body, words))
+    return True
+
+
+def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
+    diagnostic = Diagnostic(1, 1, code, reason, Severity.ERROR)
+    return FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+
+
+def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
+    reason = (
+        "uses the project's DataParallel models but trains nothing (no backward() here or in the project "
+        "functions it calls): left as it is; it runs as one process, the converted modules allow that"
+    )
+    diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
+    return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
+
+
+ALREADY_CONVERTED = re.compile(r"^# Distributed (set-up|helpers) added by ddpify", re.MULTILINE)
+
+
+def _route_parameters(
+    project: Project, members: list[ModuleInfo], links: dict, converted: dict, shared: dict, roles: dict
+) -> list[Path]:
+    """Functions that train on a loader parameter (learnt in the first pass) and the group
+    modules that call them: each caller gets the calls to look at (``parameter_loaders``);
+    returns the callers to convert again. A function no caller feeds is refused (DDP309).
+    Those of ``shared`` modules (planned by an earlier group, fed there) are called, not
+    refused, here."""
+    trainers = {
+        (project.modules_by_path()[path].name, function): params
+        for path, link in links.items()
+        for function, params in link.loader_parameters.items()
+    }
+    known = {
+        (project.modules_by_path()[path].name, function): params
+        for path, link in shared.items()
+        for function, params in link.loader_parameters.items()
+    } | trainers
+    if not known:
+        return []
+    callers, fed = [], set()
+    for member in members:
+        calls = {}
+        for name in set(CALL_NAME.findall(member.source)):
+            found = project.resolve(member, name, classes=True)  # a trainer class's constructor too
+            if found is not None and (found[0].name, found[1]) in known:
+                calls[name] = known[(found[0].name, found[1])]
+                fed.add((found[0].name, found[1]))
+        # A caller converted before (ddpify's own output, or by an earlier group) or another
+        # script (its own group shards what it passes) feeds the function, but is not
+        # planned again here.
+        if calls and member.path in links and member.path in roles:
+            links[member.path].parameter_loaders = calls
+            callers.append(member.path)
+    for (module, function), _ in trainers.items():
+        if (module, function) not in fed:
+            path = project.paths[module]
+            reason = (
+                f"`{function}()` trains on a loader passed to it, and no module of the project that ddpify can "
+                "follow calls it: every rank would train on all the data"
+            )
+            converted[path] = _patch(converted[path], functools.partial(_refusal, code="DDP309", reason=reason))
+    return callers
+
+
+def _route(project: Project, member: ModuleInfo, foreign, builders: dict, converted: dict, options: ConvertOptions) -> None:
+    """A loader ``member`` trains on comes from a function of another module: that module
+    shards it. If the function cannot be found, ``member`` is refused (with
+    ``--allow-partial``, converted with a warning)."""
+    found = project.resolve(member, foreign.function)
+    if found is None:
+        reason = (
+            f"the training loader comes from `{foreign.function}()`, which is not a function of this project "
+            "that ddpify can find: every rank would train on all the data"
+        )
+        change = functools.partial(_untraced_loader, reason=reason, allow_partial=options.allow_partial)
+        converted[member.path] = _patch(converted[member.path], change)
+        return
+    module, function = found
+    builders.setdefault(module.path, {}).setdefault(function, set()).add(foreign.index)
+
+
+def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> FileResult:
+    if allow_partial and not result.error:
+        warning = Diagnostic(1, 1, "DDP308", f"{reason} (converted anyway: --allow-partial)", Severity.WARNING)
+        return replace(result, diagnostics=(*result.diagnostics, warning))
+    return _refusal(result, "DDP308", reason)
+
+
+def _wraps(result: FileResult) -> bool:
+    """A refusal, or a conversion that built DistributedDataParallel."""
+    return bool(result.error) or (result.changed and "DistributedDataParallel" in result.output)
+
+
+def _has_side_effects(source: str) -> bool:
+    return any(word in source for word in SIDE_EFFECT_WORDS)
+
+
+def _refuse_together(group: list[Path], results: dict[Path, FileResult], root: Path) -> bool:
+    """One refused file leaves every file of its group untouched, each saying why. True if
+    that refused a file that was converted."""
+    refused = [path for path in group if results[path].error]
+    if not refused:
+        return False
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    reason = f"{name} works together with this file and was not converted"
+    changed = False
+    for path in group:
+        result = results[path]
+        if result.error:
+            continue
+        results[path] = _refusal(result, "DDP210", reason)
+        changed = True
+    return changed
