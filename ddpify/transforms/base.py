@@ -117,7 +117,7 @@ class ConversionContext:
         if self.options.allow_partial:
             self.report(node, code, f"{message} (converted anyway: --allow-partial)", Severity.WARNING)
         else:
-            self.report(node, code, f"{message}; not converted (--allow-partial converts the rest)", Severity.ERROR)
+            self.report(node, code, f"{message}; not converted", Severity.ERROR)
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         try:

@@ -20,15 +20,6 @@ DDP301  sampler added::
     loader = DataLoader(train_set, batch_size=ddp_local_batch_size(64),
                         sampler=DistributedSampler(train_set, shuffle=True))
 
-DDP302  (error; a warning with ``--allow-partial``) the loader already has a sampler or
-batch sampler that is not distributed: every rank would draw the same batches.
-
-DDP303  (error) the loader cannot be rewritten safely (its dataset is computed in a call
-that is not a plain assignment statement, or a sampler is passed by position): the file is
-left untouched. ``DataLoader(ds, 32, True)`` is fine: the third positional argument is
-``shuffle``, which moves into the sampler; so is ``**kwargs`` beside an explicit batch size
-(a shuffle or sampler inside it would stop the script with DataLoader's own error).
-
 DDP305  a dataset built inside the loader call moves to a variable just above it, so the
 sampler shares it (evaluated once, as before)::
 
@@ -37,13 +28,6 @@ sampler shares it (evaluated once, as before)::
     train_dataset = datasets.MNIST("data", download=True)
     train_loader = DataLoader(train_dataset, batch_size=ddp_local_batch_size(64),
                               sampler=DistributedSampler(train_dataset, shuffle=False))
-
-DDP307  (warning) a shuffled training loader drawn from with ``next(iter(loader))``: its
-sampler is sharded, but ``set_epoch`` must be called by hand before each new ``iter()``.
-
-DDP306  (warning) the training loader is built by a helper function that also builds other
-loaders (``make_loader(train_set)``, ``make_loader(val_set)``): the one DataLoader call is
-sharded, so evaluation on the others covers each rank's share only.
 
 DDP311  (warning) the training loader is also read once outside the training loop (passed to
 a function that trains nothing, like deeplab's ``calculate_weigths_labels(train_loader)``, or
@@ -68,8 +52,11 @@ DataLoader, an IterableDataset) stops the script with a clear error before train
     # becomes (only the training pass is sharded)
     for inputs, labels in ddp_shard(dataloaders[phase]) if phase == 'train' else dataloaders[phase]:
 
-DDP304  (error; a warning with ``--allow-partial``) the script trains (calls ``backward()``/``step()``) but no training
-DataLoader was found: shard the data by hand.
+DDP304  (error; a warning with ``--allow-partial``) the script trains, but its training loop
+draws from no DataLoader (a list of batches made here, tensors sliced by hand: nothing
+``ddp_shard`` can split), or its training step is out of sight (no ``backward()``/``step()``
+in the file, which builds an optimizer and hands its model to code from elsewhere, or imports
+its project's modules): convert the folder (``ddpify convert DIR``) or shard by hand.
 """
 
 from __future__ import annotations
@@ -134,25 +121,10 @@ class SamplerTransform(Transform):
         trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
         if trains_ddp and (self.facts.training_loaders or self._run_time):
             for loop in self._unfed_training_loops():
-                self.context.report_unsound(
-                    loop,
-                    "DDP304",
-                    "this training loop's data could not be traced to a DataLoader of this file: every rank "
-                    "would train on all of it",
-                )
-        if (
-            self.facts.wraps
-            and not self.facts.has_training_step
-            and not self.context.trains_elsewhere  # project mode converts that module too
-            and self._imports_project_modules()
-        ):
-            self.context.report_unsound(
-                self.facts.wraps[0].call,
-                "DDP304",
-                "no backward()/step() in this file, which imports its own project's modules "
-                f"({', '.join(self._imports_project_modules())}): the training step lives there, so the loaders it "
-                "draws from cannot be confirmed sharded (ddpify converts one file at a time)",
-            )
+                self.context.report_unsound(loop, "DDP304", self._no_loader(loop))
+        out_of_sight = self._training_out_of_sight()
+        if out_of_sight:
+            self.context.report_unsound(self.facts.wraps[0].call, "DDP304", out_of_sight)
         for name in self.facts.loader_functions_unresolved:
             self.context.report_unsound(
                 self.context.module,
@@ -175,20 +147,11 @@ class SamplerTransform(Transform):
             unfed = self._unfed_training_loops()
             innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
             iterated = [self.context.code(loop.iter) for loop in innermost if isinstance(loop, cst.For)]
-            why = (
-                f"the training loop iterates `{iterated[0]}`, which could not be followed to one of the DataLoaders "
-                "built here"
-                if self.facts.loaders and iterated
-                else "none of the DataLoaders built here is iterated by a loop that calls backward()/step()"
-                if self.facts.loaders
-                else "no torch DataLoader is built in this file; a loader from another module or a DataLoader "
-                "subclass cannot be sharded here"
+            message = self._no_loader(innermost[0]) if innermost else (
+                "no loop here draws batches and trains on them (backward()/step() run outside any loop over data, "
+                "or in a function this file cannot follow): every rank would train on all the data; shard it by hand"
             )
-            self.context.report_unsound(
-                self.facts.wraps[0].call if self.facts.wraps else self.context.module,
-                "DDP304",
-                f"the training data could not be traced to a DataLoader ({why}): every rank would train on all the data",
-            )
+            self.context.report_unsound(self.facts.wraps[0].call if self.facts.wraps else self.context.module, "DDP304", message)
 
     def _not_sharded_where_built(self, call: cst.Call) -> str | None:
         """Why this training DataLoader is sharded where the loop draws from it rather than
@@ -270,6 +233,51 @@ class SamplerTransform(Transform):
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
         return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
+
+    def _no_loader(self, loop: cst.CSTNode) -> str:
+        """The true blocker of a training loop that draws from no DataLoader."""
+        what = f"`{self.context.code(loop.iter)}`" if isinstance(loop, cst.For) else "what its body reads"
+        return (
+            f"this training loop iterates {what}, not a DataLoader: its batches cannot be split between the "
+            "ranks (every rank would train on all of them); make them a Dataset in a DataLoader, or give each "
+            "rank its share by hand"
+        )
+
+    def _training_out_of_sight(self) -> str | None:
+        """The script wraps a model and builds an optimizer or hands its model on, but no
+        backward()/step() is in it: the training step runs in code this file does not hold."""
+        if not self.facts.wraps or self.facts.has_training_step or self.context.trains_elsewhere:
+            return None
+        modules = self._imports_project_modules()
+        handed = self._model_handed_on()
+        if not modules and handed is None:
+            return None  # evaluation or export with a wrapped model: nothing trains
+        where = f"`{handed}`" if handed else f"the modules it imports ({', '.join(modules)})"
+        return (
+            f"no backward()/step() in this file: the training step runs in {where}, out of sight, so what it "
+            "draws from cannot be sharded here; convert the folder that holds both (`ddpify convert DIR`)"
+        )
+
+    def _model_handed_on(self) -> str | None:
+        """A call of code from elsewhere given the wrapped model (``trainer.train(model, ...)``,
+        ``Solver(data, model, optimizer).train()``), in a file that builds an optimizer."""
+        names = {site.target for site in self.facts.wraps if site.target}
+        builds_optimizer = any(
+            any(name.startswith("torch.optim.") for name in self.context.qualified(call.func))
+            for call in walk(self.context.module)
+            if isinstance(call, cst.Call)
+        )
+        if not builds_optimizer:
+            return None
+        defined = {node.name.value for node in walk(self.context.module) if isinstance(node, (cst.FunctionDef, cst.ClassDef))}
+        for call in walk(self.context.module):
+            if not isinstance(call, cst.Call) or not any(cst.Module([]).code_for_node(arg.value) in names for arg in call.args):
+                continue
+            func = self.context.code(call.func)
+            if func.split(".")[0] in defined or any(n.startswith(("torch.", "builtins.")) for n in self.context.qualified(call.func)):
+                continue
+            return f"{func}(...)"
+        return None
 
     def _imports_project_modules(self) -> list[str]:
         """Modules this script imports from its own project (a relative import, or a module or
