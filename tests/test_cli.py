@@ -147,13 +147,14 @@ def test_pyproject_sets_the_convert_default(tmp_path):
 
 
 def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
-    text = (FIXTURES / "loaders" / "existing_sampler.py").read_text()
+    text = (FIXTURES / "loaders" / "unfed_loop.py").read_text()
     path = write(tmp_path, "train.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "DDP302" in result.output and "launch:" not in result.output
+    assert result.exit_code == 1 and "DDP304" in result.output and "launch:" not in result.output
+    assert "--allow-partial" not in result.output, "a refusal never points at the partial conversion"
     assert path.read_text() == text
     result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
-    assert result.exit_code == 0 and "DDP302" in result.output and "launch:" in result.output
+    assert result.exit_code == 0 and "DDP304" in result.output and "launch:" in result.output
     assert "DistributedDataParallel(" in path.read_text()
 
 
@@ -166,7 +167,7 @@ def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):
 
 
 def test_a_refused_file_writes_no_output(tmp_path):
-    source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "existing_sampler.py").read_text())
+    source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "unfed_loop.py").read_text())
     result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
     assert result.exit_code == 1 and not (tmp_path / "out.py").exists()
 
