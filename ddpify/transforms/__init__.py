@@ -17,6 +17,7 @@ from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
+from ddpify.transforms.summed_losses import SummedLossesTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
 from ddpify.transforms.wrap_placement import WrapPlacementTransform
 
@@ -25,6 +26,7 @@ TRANSFORMS = (
     WrapModelTransform,
     WrapPlacementTransform,
     BatchLossesTransform,
+    SummedLossesTransform,
     SamplerTransform,
     BatchSizeTransform,
     SetEpochTransform,

@@ -86,12 +86,6 @@ mixed-precision switch (``if len(opt.gpu_ids) and not opt.fp16:``, pix2pixHD): w
 the model is wrapped elsewhere, after ``amp.initialize``. Made to run on every rank, this
 wrap would wrap the model twice; convert by hand.
 
-DDP116  (refuses; a warning with ``--allow-partial``) a loss summed over the batch
-(``reduction="sum"``, ``size_average=False``; YOLO losses): under DataParallel it summed the
-global batch; each DDP process sums its share and DDP averages the gradients, so every step
-is 1/world size of the original (SGD: a learning rate divided by the number of GPUs). Scale
-that loss by ``dist.get_world_size()`` before ``backward()``, or use a mean, by hand.
-
 DDP104  another reference to the DataParallel class (``isinstance(m, nn.DataParallel)``)
 now names DistributedDataParallel, which also has ``.module``.
 """
@@ -195,9 +189,6 @@ class WrapModelTransform(Transform):
         self.trainable_changes = trainable_set_changes(self.context.module, self.facts, self.context.position)
         for site in self.facts.wraps:
             self._check_submodule(site)
-        self._check_sum_losses()
-        if self.facts.has_training_step:
-            self._check_hand_summed_losses()
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
                 create_graph = keyword_arg(node, "create_graph")
@@ -209,108 +200,6 @@ class WrapModelTransform(Transform):
                         "penalty): DDP all-reduces only first-order gradients and waits for parameters the penalty "
                         "never reaches, so the ranks stop or drift apart; convert this loss by hand",
                     )
-
-    def _check_sum_losses(self) -> None:
-        if not self.facts.has_training_step:
-            return
-        for node in self.facts.contexts:
-            if not isinstance(node, cst.Call) or not _sums_over_batch(node, self.context.code):
-                continue
-            if not self._trains_with(node):
-                continue  # `test_loss += F.nll_loss(output, target, reduction="sum").item()`: a metric
-            self.context.report_unsound(
-                node,
-                "DDP116",
-                f"`{self.context.code(node)}` sums the loss over the batch: each DDP process sums its share and DDP "
-                "averages the gradients, so every step would be 1/world size of DataParallel's; scale this loss by "
-                "dist.get_world_size() before backward() (or average it) by hand",
-            )
-            return
-
-    def _trains_with(self, call: cst.Call) -> bool:
-        """Is this sum-reduced loss (maybe) a training loss? A functional loss in a training
-        loop or in a loss module's forward; a loss module unless every call of the name it is
-        bound to is in evaluation code (a loop that trains nothing, a test/eval function)."""
-        context = self.facts.contexts[call]
-        if self._a_metric(call):
-            return False
-        in_training = bool(context.loops) and context.loops[-1] in self.facts.training_loops
-        name = (dotted(call.func) or "").rpartition(".")[2]
-        if not name.endswith("Loss"):
-            return in_training or (context.function is not None and context.function.name.value == "forward")
-        parent = self.context.parent(call)
-        targets = [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
-        uses = [node for node in self.facts.contexts if isinstance(node, cst.Call) and dotted(node.func) in targets]
-        if not uses:
-            return True
-        # DnCNN: `criterion(out, noise) / (imgn.size()[0] * 2)` at every use is a batch mean
-        return any(not self._a_metric(use) and not self._evaluates(self.facts.contexts[use]) for use in uses)
-
-    def _check_hand_summed_losses(self) -> None:
-        """``loss = ((model(x) - y) ** 2).sum()`` or ``F.mse_loss(out, y) * x.size(0)`` then
-        ``loss.backward()`` in a training loop: a sum over the batch without a keyword."""
-        for loop in self.facts.training_loops:
-            assigned = {
-                dotted(target.target): node.value
-                for node in walk(loop.body)
-                if isinstance(node, cst.Assign)
-                for target in node.targets
-                if dotted(target.target)
-            }
-            for call in calls_in(loop.body):
-                func = call.func
-                if not (isinstance(func, cst.Attribute) and func.attr.value == "backward"):
-                    continue
-                value = assigned.get(dotted(func.value), func.value)
-                if self._summed_by_hand(value):
-                    self.context.report_unsound(
-                        call,
-                        "DDP116",
-                        f"`{self.context.code(value)}` sums the loss over the batch: each DDP process sums its share "
-                        "and DDP averages the gradients, so every step would be 1/world size of DataParallel's; "
-                        "scale this loss by dist.get_world_size() before backward() (or average it) by hand",
-                    )
-                    return
-
-    def _summed_by_hand(self, value: cst.BaseExpression) -> bool:
-        """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over an expression
-        that calls the wrapped model, or a mean multiplied by the batch's length."""
-        if isinstance(value, cst.UnaryOperation):
-            return self._summed_by_hand(value.expression)
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
-            return _this_batch(value.left) or _this_batch(value.right)
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
-            return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
-        if not isinstance(value, cst.Call):
-            return False
-        if "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1:
-            summed = value.args[0].value
-        elif isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
-            summed = value.func.value
-        else:
-            return False
-        return any(dotted(inner.func) in self.facts.model_names for inner in calls_in(summed))
-
-    def _a_metric(self, call: cst.Call) -> bool:
-        """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
-        comprehension over another loader: not a summed training loss."""
-        node, parent = call, self.context.parent(call)
-        if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "detach", "tolist"):
-            return True
-        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right):
-            return True  # `F.mse_loss(..., reduction="sum") / len(data)`: the batch's mean
-        while parent is not None and not isinstance(parent, cst.BaseStatement):
-            if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
-                return True
-            node, parent = parent, self.context.parent(parent)
-        return False
-
-    def _evaluates(self, context) -> bool:
-        if context.function is not None and context.function.name.value in ("forward", "__call__"):
-            return False  # a loss module's own loop (YOLOv4's `for output in xin:`)
-        if context.function is not None and re.search(r"test|eval|valid|infer", context.function.name.value):
-            return True
-        return bool(context.loops) and not any(loop in self.facts.training_loops for loop in context.loops)
 
     def _check_submodule(self, site: WrapSite) -> None:
         """``model.encoder = DP(model.encoder)``: the rest of ``model`` trains outside DDP."""
@@ -635,32 +524,3 @@ def _about_devices(test_code: str) -> bool:
     return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})
 
 
-def _this_batch(divisor: cst.BaseExpression) -> bool:
-    """``len(data)``, ``data.size(0)``, ``data.shape[0]``, ``data.size()[0] * 2``: the length of
-    the batch in hand, not of a dataset (``len(loader.dataset)`` or ``args.batch_size`` stay
-    sums to refuse)."""
-    if isinstance(divisor, cst.Call) and dotted(divisor.func) == "len":
-        return len(divisor.args) == 1 and isinstance(divisor.args[0].value, (cst.Name, cst.Subscript))
-    if isinstance(divisor, cst.BinaryOperation) and isinstance(divisor.operator, cst.Multiply):
-        numbers = (cst.Integer, cst.Float)
-        return (_this_batch(divisor.left) and isinstance(divisor.right, numbers)) or (
-            isinstance(divisor.left, numbers) and _this_batch(divisor.right)
-        )
-    if isinstance(divisor, cst.Subscript) and isinstance(divisor.value, cst.Call):
-        func = divisor.value.func  # `imgn.size()[0]`
-        return isinstance(func, cst.Attribute) and func.attr.value == "size" and not divisor.value.args
-    return batch_length(divisor)
-
-
-def _sums_over_batch(call: cst.Call, code) -> bool:
-    """``nn.MSELoss(reduction="sum")``, ``F.l1_loss(x, y, reduction='sum')``,
-    ``nn.BCELoss(size_average=False)``: a loss summed over the batch."""
-    for arg in call.args:
-        if arg.keyword is None:
-            continue
-        value = code(arg.value).strip()
-        if arg.keyword.value == "reduction" and value in ('"sum"', "'sum'"):
-            return True
-        if arg.keyword.value == "size_average" and value == "False":
-            return True
-    return False

@@ -1,0 +1,203 @@
+"""DDP116: a training loss summed over the batch is scaled by the world size.
+
+DataParallel computed a summed loss (``reduction="sum"``, ``size_average=False``, YOLO's
+losses, ``((model(x) - y) ** 2).sum()``) over the whole global batch, so its gradient was
+the sum over every sample. Each DDP process sums its own share and DDP averages the
+gradients across processes: every step would be 1/world size of DataParallel's (with SGD, a
+learning rate divided by the number of GPUs). Multiplied by the world size where it is
+computed, each process's loss is its share of the global sum times the number of shares:
+DDP's average is then exactly DataParallel's gradient, and the loss printed as the mean
+across ranks is the global batch's sum, as DataParallel printed it.
+
+DDP116  the summed training loss is scaled where it is computed: the call itself, each
+training use of a loss module built to sum, or the value summed by hand::
+
+    loss = F.mse_loss(out, y, reduction="sum")
+    # becomes
+    loss = F.mse_loss(out, y, reduction="sum") * dist.get_world_size()
+
+    criterion = nn.MSELoss(reduction="sum")
+    loss = criterion(model(x), y)         ->   loss = criterion(model(x), y) * dist.get_world_size()
+
+A summed loss read as a number (``.item()``), divided by the batch's own length (``/
+len(data)``: a mean), or computed in evaluation code is a metric and is left alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.analysis import batch_length, calls_in, dotted, walk
+from ddpify.transforms.base import Transform
+
+# Where `x * world size` needs no parentheses around it.
+LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement)
+
+
+class SummedLossesTransform(Transform):
+    CODE_PREFIX = "DDP11"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._scaled: dict[cst.CSTNode, str] = {}  # original expression -> what it sums (shown)
+
+    def check(self) -> None:
+        if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
+            return
+        for node in self.facts.contexts:
+            if isinstance(node, cst.Call) and _sums_over_batch(node, self.context.code) and self._trains_with(node):
+                if (dotted(node.func) or "").rpartition(".")[2].endswith("Loss"):
+                    for use in self._training_uses(node):
+                        self._scaled[use] = self.context.code(node)
+                else:
+                    self._scaled[node] = self.context.code(node)
+        for value in self._hand_summed():
+            self._scaled[value] = self.context.code(value)
+
+    # -- what sums ---------------------------------------------------------------------------
+
+    def _trains_with(self, call: cst.Call) -> bool:
+        """Is this sum-reduced loss (maybe) a training loss? A functional loss in a training
+        loop or in a loss module's forward; a loss module unless every call of the name it is
+        bound to is in evaluation code (a loop that trains nothing, a test/eval function)."""
+        context = self.facts.contexts[call]
+        if self._a_metric(call):
+            return False
+        in_training = bool(context.loops) and context.loops[-1] in self.facts.training_loops
+        name = (dotted(call.func) or "").rpartition(".")[2]
+        if not name.endswith("Loss"):
+            return in_training or (context.function is not None and context.function.name.value == "forward")
+        return bool(self._training_uses(call)) or not self._uses(call)
+
+    def _uses(self, constructor: cst.Call) -> list[cst.Call]:
+        parent = self.context.parent(constructor)
+        targets = [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
+        return [node for node in self.facts.contexts if isinstance(node, cst.Call) and dotted(node.func) in targets]
+
+    def _training_uses(self, constructor: cst.Call) -> list[cst.Call]:
+        # DnCNN: `criterion(out, noise) / (imgn.size()[0] * 2)` at every use is a batch mean
+        return [use for use in self._uses(constructor) if not self._a_metric(use) and not self._evaluates(self.facts.contexts[use])]
+
+    def _hand_summed(self) -> list[cst.BaseExpression]:
+        """``loss = ((model(x) - y) ** 2).sum()`` or ``F.mse_loss(out, y) * x.size(0)`` then
+        ``loss.backward()`` in a training loop: a sum over the batch without a keyword."""
+        found = []
+        for loop in self.facts.training_loops:
+            assigned = {
+                dotted(target.target): node.value
+                for node in walk(loop.body)
+                if isinstance(node, cst.Assign)
+                for target in node.targets
+                if dotted(target.target)
+            }
+            for call in calls_in(loop.body):
+                func = call.func
+                if isinstance(func, cst.Attribute) and func.attr.value == "backward":
+                    value = assigned.get(dotted(func.value), func.value)
+                    if self._summed_by_hand(value) and value not in found:
+                        found.append(value)
+        return found
+
+    def _summed_by_hand(self, value: cst.BaseExpression) -> bool:
+        """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over an expression
+        that calls the wrapped model, or a mean multiplied by the batch's length."""
+        if isinstance(value, cst.UnaryOperation):
+            return self._summed_by_hand(value.expression)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+            return _this_batch(value.left) or _this_batch(value.right)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+            return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
+        if not isinstance(value, cst.Call):
+            return False
+        if "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1:
+            summed = value.args[0].value
+        elif isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
+            summed = value.func.value
+        else:
+            return False
+        return any(dotted(inner.func) in self.facts.model_names for inner in calls_in(summed))
+
+    def _a_metric(self, call: cst.Call) -> bool:
+        """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
+        comprehension over another loader: not a summed training loss."""
+        parent = self.context.parent(call)
+        if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "detach", "tolist"):
+            return True
+        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right):
+            return True  # `F.mse_loss(..., reduction="sum") / len(data)`: the batch's mean
+        while parent is not None and not isinstance(parent, cst.BaseStatement):
+            if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
+                return True
+            parent = self.context.parent(parent)
+        return False
+
+    def _evaluates(self, context) -> bool:
+        if context.function is not None and context.function.name.value in ("forward", "__call__"):
+            return False  # a loss module's own loop (YOLOv4's `for output in xin:`)
+        if context.function is not None and re.search(r"test|eval|valid|infer", context.function.name.value):
+            return True
+        return bool(context.loops) and not any(loop in self.facts.training_loops for loop in context.loops)
+
+    # -- the rewrite -------------------------------------------------------------------------
+
+    def _scale(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        if original not in self._scaled:
+            return updated
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(
+            original,
+            "DDP116",
+            f"`{self._scaled[original]}` sums the loss over the batch: each process sums its share and DDP averages "
+            "the gradients, so it is scaled by the world size: every step equals DataParallel's",
+        )
+        left = updated
+        if isinstance(updated, cst.BinaryOperation) and not isinstance(updated.operator, (cst.Multiply, cst.Divide)) and not updated.lpar:
+            left = updated.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        scaled = cst.BinaryOperation(left=left, operator=cst.Multiply(), right=cst.parse_expression(self.context.world_size))
+        if not isinstance(self.context.parent(original), LOOSE_PARENTS + (cst.BinaryOperation,)) or (
+            isinstance(self.context.parent(original), cst.BinaryOperation)
+            and isinstance(self.context.parent(original).operator, cst.Power)
+        ):
+            scaled = scaled.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return scaled
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self._scale(original_node, updated_node)
+
+    def leave_BinaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
+        return self._scale(original_node, updated_node)
+
+    def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
+        return self._scale(original_node, updated_node)
+
+
+def _this_batch(divisor: cst.BaseExpression) -> bool:
+    """``len(data)``, ``data.size(0)``, ``data.shape[0]``, ``data.size()[0] * 2``: the length of
+    the batch in hand, not of a dataset (``len(loader.dataset)`` or ``args.batch_size``)."""
+    if isinstance(divisor, cst.Call) and dotted(divisor.func) == "len":
+        return len(divisor.args) == 1 and isinstance(divisor.args[0].value, (cst.Name, cst.Subscript))
+    if isinstance(divisor, cst.BinaryOperation) and isinstance(divisor.operator, cst.Multiply):
+        numbers = (cst.Integer, cst.Float)
+        return (_this_batch(divisor.left) and isinstance(divisor.right, numbers)) or (
+            isinstance(divisor.left, numbers) and _this_batch(divisor.right)
+        )
+    if isinstance(divisor, cst.Subscript) and isinstance(divisor.value, cst.Call):
+        func = divisor.value.func  # `imgn.size()[0]`
+        return isinstance(func, cst.Attribute) and func.attr.value == "size" and not divisor.value.args
+    return batch_length(divisor)
+
+
+def _sums_over_batch(call: cst.Call, code) -> bool:
+    """``nn.MSELoss(reduction="sum")``, ``F.l1_loss(x, y, reduction='sum')``,
+    ``nn.BCELoss(size_average=False)``: a loss summed over the batch."""
+    for arg in call.args:
+        if arg.keyword is None:
+            continue
+        value = code(arg.value).strip()
+        if arg.keyword.value == "reduction" and value in ('"sum"', "'sum'"):
+            return True
+        if arg.keyword.value == "size_average" and value == "False":
+            return True
+    return False
