@@ -109,11 +109,17 @@ class ExistingDdpTransform(Transform):
 
     def _choose_launch(self) -> None:
         path = self.context.path
-        switches = self._switches()
-        for switch in switches:
-            self._report_flag(switch)
-        if self.local_rank is not None or switches:
-            self.context.launch_command = " ".join(["torchrun --standalone --nproc-per-node=gpu", path, *switches])
+        self.constant_switches = self._constant_switches()
+        if self.constant_switches:
+            names = ", ".join(sorted({self.context.code(target) for target, _ in self.constant_switches}))
+            self.context.report(
+                self.facts.distributed_uses[0],
+                "DDP007",
+                f"the script has its own DDP path, selected by `{names}`, a constant in the script: it now reads the "
+                'world size that torchrun sets (int(os.environ.get("WORLD_SIZE", "1")) > 1), so under torchrun the '
+                "DDP branch runs and the DataParallel branch is unreachable",
+            )
+            self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path}"
             self._warn_fixed_gpu()
             return
         if self._argument("--multiprocessing-distributed") and self._argument("--dist-url"):
@@ -122,6 +128,35 @@ class ExistingDdpTransform(Transform):
                 "--multiprocessing-distributed --world-size 1 --rank 0"
             )
             self._report_flag("--multiprocessing-distributed (pytorch/examples: one process per GPU, spawned by the script)")
+            return
+        if self._spawns():
+            switches = self._switches()
+            self.context.launch_command = " ".join(["python", path, *switches])
+            self.context.report(
+                self.facts.distributed_uses[0],
+                "DDP007",
+                "the script starts its own processes (torch.multiprocessing.spawn)"
+                + (f", selected by {', '.join(switches)}" if switches else "")
+                + ": nothing rewritten; launch it with python, never under torchrun (that would start its processes "
+                "once per torchrun process)",
+            )
+            return
+        switches = self._switches()
+        if self.local_rank is not None or switches:
+            for switch in switches:
+                self._report_flag(switch)
+            self.context.launch_command = " ".join(["torchrun --standalone --nproc-per-node=gpu", path, *switches])
+            self._warn_fixed_gpu()
+            return
+        unsettable = self._unsettable_switch()
+        if unsettable is not None:
+            self.context.report(
+                self.facts.distributed_uses[0],
+                "DDP005",
+                f"the script's own DDP path is selected by `{unsettable}`, which no launch line can set: set it in "
+                "the configuration, then launch with torchrun (or remove the DDP path and convert the DataParallel one)",
+                Severity.ERROR,
+            )
             return
         if self._reads_launcher_environment():
             self.context.launch_command = f"torchrun --standalone --nproc-per-node=gpu {path}"
@@ -167,6 +202,46 @@ class ExistingDdpTransform(Transform):
                             names.append(part)
                 child, node = node, self.context.parent(node)
         return names
+
+    def _constant_switches(self) -> list[tuple[cst.Name, cst.Assign]]:
+        """``distributed = False`` (a variable only ever set to a literal) tested around the DDP
+        code: no launch line selects it (bubbliiiing's yolov4-pytorch)."""
+        found = []
+        for name in self._names_testing_ddp_code():
+            assigns = [
+                node for node in walk(self.context.module)
+                if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)
+            ]
+            if assigns and all(isinstance(a.value, cst.Name) and a.value.value in ("True", "False") for a in assigns):
+                found += [(next(t.target for t in a.targets if isinstance(t.target, cst.Name)), a) for a in assigns]
+        return found
+
+    def _unsettable_switch(self) -> str | None:
+        """A configuration entry tested around the DDP code (``if cfg["distributed"]:``,
+        ``config.get("distributed")``): nothing on a launch line sets it."""
+        for use in self.facts.distributed_uses:
+            child, node = use, self.context.parent(use)
+            while node is not None:
+                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
+                    test = node.test
+                    if isinstance(test, cst.Subscript) or (
+                        isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "get"
+                    ):
+                        return self.context.code(test)
+                child, node = node, self.context.parent(node)
+        return None
+
+    def _spawns(self) -> bool:
+        return any(
+            isinstance(node, cst.Call) and self.context.qualified(node.func) & {"torch.multiprocessing.spawn", "torch.multiprocessing.start_processes"}
+            for node in walk(self.context.module)
+        )
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if not any(assign is original_node for _, assign in getattr(self, "constant_switches", [])):
+            return updated_node
+        self.context.add_import("os")
+        return updated_node.with_changes(value=cst.parse_expression('int(os.environ.get("WORLD_SIZE", "1")) > 1'))
 
     def _reads_launcher_environment(self) -> bool:
         source = self.context.module.code
