@@ -38,6 +38,10 @@ class DataSite:
     expr: cst.BaseExpression  # a node of the tree: Name or Attribute
     loaders: tuple[cst.Call, ...]  # DataLoader calls of this file it may be bound to
     function: cst.FunctionDef | None  # where the loop is
+    # each item it yields is cut into the step's batches (FastSpeech2's collate_fn returns a
+    # list of sub-batches, `for batchs in loader: for batch in batchs:`): the loader's
+    # batch is not the step's batch
+    regrouped: bool = False
 
     @property
     def traced(self) -> bool:
@@ -56,6 +60,13 @@ def data_sites(facts: Facts) -> list[DataSite]:
         found = _data_expressions(loop.iter, analyzer) if isinstance(loop, cst.For) else []
         for call in _draws_in(loop, facts):
             found += _iterator_sources(call, analyzer)
+        regrouped = False
+        if len(found) == 1 and isinstance(found[0], cst.Name):
+            outer = _enclosing_loop_binding(loop, found[0].value, analyzer.scopes.parent)
+            if outer is not None:  # `for batchs in loader: for batch in batchs:`
+                loop, regrouped = outer, True
+                context = facts.contexts[outer]
+                found = _data_expressions(outer.iter, analyzer)
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer.loaders.through_progress_variable(expr)
@@ -68,8 +79,18 @@ def data_sites(facts: Facts) -> list[DataSite]:
                 loaders = []
             else:
                 loaders = analyzer.loaders.loaders_for(expr, context, depth=0)
-            sites.append(DataSite(loop, expr, tuple(loaders), context.function))
+            sites.append(DataSite(loop, expr, tuple(loaders), context.function, regrouped))
     return sites
+
+
+def _enclosing_loop_binding(loop: cst.CSTNode, name: str, parent_of) -> cst.For | None:
+    """The loop around ``loop`` (in the same function) whose target binds ``name``."""
+    node = parent_of(loop)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.For) and name in bound_names(node.target):
+            return node
+        node = parent_of(node)
+    return None
 
 
 def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:

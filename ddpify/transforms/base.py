@@ -57,6 +57,8 @@ class ConversionContext:
     launch_command: str | None = None  # set by a transform that knows the script's own launch line
     imports_to_add: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     sharded_loaders: set[cst.Call] = field(default_factory=set)
+    # loaders whose every batch is cut into the steps' batches: their batch stays per process
+    regrouped_loaders: set[cst.Call] = field(default_factory=set)
     # (function or None, code) of what training loops draw from through ddp_shard(...)
     run_time_shards: set[tuple[cst.FunctionDef | None, str]] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
@@ -135,9 +137,9 @@ class ConversionContext:
         if (module, name, alias) not in self.imports_to_add:
             self.imports_to_add.append((module, name, alias))
 
-    def shard_call(self, loader: str) -> str:
+    def shard_call(self, loader: str, per_process: bool = False) -> str:
         """``ddp_shard(loader)``: the training loader sharded at run time (emitted code)."""
-        batch = ", global_batch=False" if self.options.per_process_batch else ""
+        batch = ", global_batch=False" if self.options.per_process_batch or per_process else ""
         return f"ddp_shard({loader}{batch})"
 
     def use_helper(self, name: str) -> None:

@@ -22,6 +22,11 @@ each process (one per GPU) loads that share::
 
 DDP404  likewise ``num_workers=workers * n_gpu`` -> ``num_workers=workers`` per process.
 
+DDP406  (warning) each item the training loader yields is cut into the steps' batches
+(FastSpeech2's collate_fn returns a list of sub-batches: ``for batchs in loader: for batch in
+batchs:``): the loader's batch is not the step's batch, so it is not divided; each process
+keeps it, and every step's global batch is the world size times the step's batch.
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -49,6 +54,8 @@ class BatchSizeTransform(Transform):
         if arg is None and len(positional) > 1:
             arg = positional[1]
         shown = self.context.code(arg.value) if arg else "1"
+        if original_node in self.context.regrouped_loaders:
+            return updated_node  # the step's batch is cut from it later (DDP406)
         if self.context.options.per_process_batch:
             self.context.report(
                 original_node,

@@ -176,6 +176,8 @@ class SamplerTransform(Transform):
     def _plan_run_time_shards(self, runtime: dict[cst.Call, str]) -> None:
         """Training data not sharded where it is built is wrapped where the loop draws it."""
         for site in data_sites(self.facts):
+            if site.regrouped:
+                self._report_regrouped(site)
             if site.loaders and all(call in self.context.sharded_loaders for call in site.loaders):
                 continue
             if not site.loaders and self._fed_where_built(site):
@@ -198,6 +200,20 @@ class SamplerTransform(Transform):
             (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
         )
 
+    def _report_regrouped(self, site: DataSite) -> None:
+        """The loader's batch is cut into the steps' batches after it is loaded: dividing it
+        by the world size would not divide the step's batch (and with more ranks than sub-batches
+        no rank would step), so each process keeps the loader's batch."""
+        self.context.regrouped_loaders.update(site.loaders)
+        self.context.report(
+            site.expr,
+            "DDP406",
+            f"each item of `{self.context.code(site.expr)}` is cut into the training steps' batches (the loop inside "
+            "iterates it): the loader's batch is not the step's batch, so each process keeps the loader's batch size; "
+            "every step's global batch is world size x the step's batch (adjust the learning rate if needed)",
+            Severity.WARNING,
+        )
+
     def _fed_where_built(self, site: DataSite) -> bool:
         """Project mode: a loader parameter or a constructor's loader that the modules which
         build it shard there (loader_parameters)."""
@@ -216,7 +232,7 @@ class SamplerTransform(Transform):
             f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
             f"{batch}, reshuffled every pass",
         )
-        shard = cst.parse_expression(self.context.shard_call("_"))
+        shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
         condition = training_condition(site.loop, self.facts)
         if condition is None:
