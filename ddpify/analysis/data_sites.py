@@ -63,10 +63,10 @@ def data_sites(facts: Facts) -> list[DataSite]:
         regrouped = False
         if len(found) == 1 and isinstance(found[0], cst.Name):
             outer = _enclosing_loop_binding(loop, found[0].value, analyzer.scopes.parent)
-            if outer is not None:  # `for batchs in loader: for batch in batchs:`
-                loop, regrouped = outer, True
+            outer_found = _data_expressions(outer.iter, analyzer) if outer is not None else []
+            if outer_found:  # `for batchs in loader: for batch in batchs:` (not `for loader in (a, b):`)
+                loop, regrouped, found = outer, True, outer_found
                 context = facts.contexts[outer]
-                found = _data_expressions(outer.iter, analyzer)
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer.loaders.through_progress_variable(expr)
