@@ -60,6 +60,22 @@ class Entry(Room):
             return statement
         return None
 
+    def setup_function(self, module: cst.Module) -> cst.FunctionDef | None:
+        """The top-level function of this file that the `__main__` block runs first, after
+        nothing but configuration (argument parsing, seeds, logging): ``main()``."""
+        guard = self.facts.main_guard
+        if guard is None or self.facts.setup_anchor is not guard or not isinstance(guard.body, cst.IndentedBlock):
+            return None
+        configuration: set[str] = set()
+        for statement in guard.body.body:
+            call = _sole_call(statement)
+            function = self.scopes.module_functions.get(call.func.value) if call is not None and isinstance(call.func, cst.Name) else None
+            if function is not None:
+                return function
+            if not (self._declares_only(statement) or self._is_configuration(statement, configuration)):
+                return None
+        return None
+
     def _is_configuration(self, statement: cst.CSTNode, configuration: set[str]) -> bool:
         if not isinstance(statement, cst.SimpleStatementLine):
             return False
@@ -102,3 +118,12 @@ class Entry(Room):
                 continue
             return False
         return True
+
+
+def _sole_call(statement: cst.CSTNode) -> cst.Call | None:
+    """``main()`` / ``main(args)`` / ``x = main(...)``: the call a statement line is."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    return value if isinstance(value, cst.Call) else None

@@ -97,6 +97,9 @@ class Facts:
     unsafe_method_names: set[str] = field(default_factory=set)
     main_guard: cst.If | None = None
     setup_anchor: cst.CSTNode | None = None  # first top-level statement that does work
+    # the function the `__main__` block runs (`if __name__ == "__main__": main()`): set-up goes
+    # at its top, so that another script calling it (edge-connect's train.py: main(mode=1)) gets it
+    setup_function: cst.FunctionDef | None = None
     problems: list[Problem] = field(default_factory=list)  # refuse the file
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)

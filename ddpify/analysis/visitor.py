@@ -157,6 +157,7 @@ class Analyzer(cst.CSTVisitor):
     def leave_Module(self, original_node: cst.Module) -> None:
         self.wraps.finish()
         self.facts.setup_anchor = self.entry.setup_anchor(original_node)
+        self.facts.setup_function = self.entry.setup_function(original_node)
 
     def resolve(self, facts: Facts) -> None:
         """Decide on ``facts`` (a copy of the walk's, with what the project says): training

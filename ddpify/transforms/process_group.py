@@ -291,7 +291,10 @@ class ProcessGroupTransform(Transform):
         if self.context.is_library:
             return self._library_helpers(block) if isinstance(owner, cst.Module) else block
         anchor = self.facts.setup_anchor
-        if owner is anchor and anchor is self.facts.main_guard:  # everything in it runs inside try
+        if self.facts.setup_function is not None:
+            if owner is self.facts.setup_function:  # `main()`, which the `__main__` block runs
+                return self._wrap(block, _after_docstring(block))
+        elif owner is anchor and anchor is self.facts.main_guard:  # everything in it runs inside try
             return self._wrap(block, 0)
         if not isinstance(owner, cst.Module):
             return block
@@ -389,3 +392,12 @@ def _last_name(func: cst.BaseExpression) -> str:
     if isinstance(func, cst.Attribute):
         return func.attr.value
     return func.value if isinstance(func, cst.Name) else ""
+
+
+def _after_docstring(block: Block) -> int:
+    """Index of the first statement of a function body that is not its docstring."""
+    first = block[0][1] if block else None
+    if isinstance(first, cst.SimpleStatementLine) and isinstance(first.body[0], cst.Expr):
+        if isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
+            return 1 if len(block) > 1 else 0
+    return 0
