@@ -137,6 +137,17 @@ class ConversionContext:
         if (module, name, alias) not in self.imports_to_add:
             self.imports_to_add.append((module, name, alias))
 
+    def unwrapped(self, name: str, at: cst.CSTNode) -> str:
+        """``getattr(model, "module", model)``: the module inside a wrap, or the model itself;
+        quoted so that it also fits inside an f-string at ``at`` (Python before 3.12)."""
+        quote = '"'
+        node = self.parent(at)
+        while node is not None and not isinstance(node, cst.BaseStatement):
+            if isinstance(node, cst.FormattedString) and '"' in node.start:
+                quote = "'"
+            node = self.parent(node)
+        return f"getattr({name}, {quote}module{quote}, {name})"
+
     def shard_call(self, loader: str, per_process: bool = False) -> str:
         """``ddp_shard(loader)``: the training loader sharded at run time (emitted code)."""
         batch = ", global_batch=False" if self.options.per_process_batch or per_process else ""

@@ -63,6 +63,12 @@ without a gradient::
 
     model = nn.DataParallel(model)   ->   model = ddp_wrap(model, every_parameter=True)
 
+DDP126  a field the script sets on the wrapped model (``model.drop_path_prob = p`` each epoch,
+darts): the model reads it from itself, but DDP keeps it on the wrapper, so it is set and
+read on the module inside, whether or not the model was wrapped::
+
+    model.drop_path_prob = p   ->   getattr(model, "module", model).drop_path_prob = p
+
 DDP110  the wrapped name is also assigned a checkpoint's entry (``net = checkpoint["net"]``,
 mixup-style resume): the checkpoint may hold a pickled DataParallel, so its ``module`` is
 wrapped (``getattr(net, "module", net)``), never a wrapper inside a wrapper.
@@ -167,6 +173,22 @@ class WrapModelTransform(Transform):
             return False
         return call not in self.sites
 
+    def _model_fields(self) -> set[str]:
+        """Fields the script sets on a wrapped model (``model.drop_path_prob = p``, darts): the
+        model reads them from itself, so they are set (and read) on the module inside; DDP
+        keeps them on the wrapper."""
+        fields = set()
+        for node in walk(self.context.module):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target] if isinstance(node, cst.AugAssign) else []
+            for target in targets:
+                if not isinstance(target, cst.Attribute) or dotted(target.value) not in self.facts.model_names:
+                    continue
+                name = target.attr.value
+                replaces_layer = isinstance(node.value, cst.Call) if isinstance(node, cst.Assign) else False
+                if name not in MODULE_METHODS and name not in ("module", "training") and not name.startswith("_") and not replaces_layer:
+                    fields.add(name)
+        return fields
+
     def _maybe_loaded_wrapper(self, module: cst.BaseExpression | None) -> bool:
         """Is the wrapped name ever assigned a checkpoint's entry (``checkpoint["net"]``) or a
         ``torch.load`` result?"""
@@ -187,6 +209,7 @@ class WrapModelTransform(Transform):
     def check(self) -> None:
         # requires_grad changed after the wrap: DDP registers every parameter (see trainable.py)
         self.trainable_changes = trainable_set_changes(self.context.module, self.facts, self.context.position)
+        self.model_fields = self._model_fields()
         for site in self.facts.wraps:
             self._check_submodule(site)
         for node in self.facts.contexts:
@@ -390,7 +413,7 @@ class WrapModelTransform(Transform):
                 f"`{name}.{original_node.func.attr.value}()` is the model's own method, which DDP does not forward: "
                 "called on the module inside",
             )
-            inner = cst.parse_expression(f'getattr({name}, "module", {name})')
+            inner = cst.parse_expression(self.context.unwrapped(name, original_node))
             return updated_node.with_changes(func=updated_node.func.with_changes(value=inner))
         site = self.sites.get(original_node)
         if site is None:
@@ -498,6 +521,15 @@ class WrapModelTransform(Transform):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if original_node.attr.value in self.model_fields and dotted(original_node.value) in self.facts.model_names:
+            name = dotted(original_node.value)
+            self.context.report(
+                original_node,
+                "DDP126",
+                f"`{name}.{original_node.attr.value}` is a field of the model, which DDP does not forward: set and "
+                "read on the module inside",
+            )
+            return updated_node.with_changes(value=cst.parse_expression(self.context.unwrapped(name, original_node)))
         return self._reference(original_node, updated_node)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
