@@ -220,6 +220,8 @@ def verify(
     equivalence: bool = typer.Option(False, "--equivalence", help="Also run the original as one process and compare final weights."),
     cwd: Optional[Path] = typer.Option(None, "--cwd", help="Run the script here (default: a fresh temporary folder)."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every rank's output as it runs, tagged with the run and rank."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the report: no line as each run starts and ends."),
 ) -> None:
     """Run a converted script under torch.distributed and check what it did. Exit 1 if a check fails."""
     from ddpify.verify.report import render_text
@@ -229,14 +231,17 @@ def verify(
     options = VerifyOptions(
         nproc=nproc, backend=backend, nnodes_sim=nnodes_sim, launcher=launcher, timeout=timeout,
         max_steps=max_steps, equivalence=equivalence, cwd=cwd, script_args=tuple(script_args or ()),
+        verbose=verbose,
     )
-    report = run_verify(original, converted, options)
+    # Each run's start and end as it happens (stdout is the JSON document's with --json).
+    progress = None if quiet and not verbose else (lambda line: typer.echo(line, err=json_output))
+    report = run_verify(original, converted, options, progress=progress)
     if json_output:
         typer.echo(report.to_json())
     elif report.error:
         typer.echo(f"error: {report.error}", err=True)
     else:
-        typer.echo(render_text(report), nl=False)
+        typer.echo(render_text(report, header=progress is None), nl=False)
     raise typer.Exit(report.exit_code)
 
 
