@@ -53,7 +53,7 @@ def test_output_option_leaves_input_alone(tmp_path):
     result = runner.invoke(app, ["convert", str(path), "-o", str(out)])
     assert result.exit_code == 0
     assert path.read_text() == SCRIPT and "ddp_setup()" in out.read_text()
-    assert f"--nproc-per-node=gpu {out}" in result.output
+    assert f"--nproc-per-node=gpu {out}" in result.output  # on a machine with GPUs, or beside the CPU line
 
 
 def test_diff_writes_nothing_and_exits_one(tmp_path):
@@ -72,7 +72,7 @@ def test_diff_of_nothing_to_convert_exits_zero(tmp_path):
 def test_module_that_only_names_the_class_gets_no_launch_line(tmp_path):
     path = write(tmp_path, "helpers.py", (FIXTURES / "wrap" / "reference_only.py").read_text())
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 0 and "DDP104" in result.output and "launch:" not in result.output
+    assert result.exit_code == 0 and "DDP104" in result.output and "launch" not in result.output
     assert "ddp_setup" not in path.read_text()
 
 
@@ -99,7 +99,7 @@ def test_unconvertible_file_is_untouched_and_reported(tmp_path):
     text = (FIXTURES / "wrap" / "subclass_scatter.py").read_text()
     path = write(tmp_path, "sub.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "not converted" in result.output and "DDP004" in result.output
+    assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output
     assert path.read_text() == text
 
 
@@ -150,10 +150,10 @@ def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
     text = (FIXTURES / "loaders" / "existing_sampler.py").read_text()
     path = write(tmp_path, "train.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "DDP302" in result.output and "launch:" not in result.output
+    assert result.exit_code == 3 and "DDP302" in result.output and "launch" not in result.output
     assert path.read_text() == text
     result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
-    assert result.exit_code == 0 and "DDP302" in result.output and "launch:" in result.output
+    assert result.exit_code == 0 and "DDP302" in result.output and "launch" in result.output
     assert "DistributedDataParallel(" in path.read_text()
 
 
@@ -168,7 +168,7 @@ def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):
 def test_a_refused_file_writes_no_output(tmp_path):
     source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "existing_sampler.py").read_text())
     result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
-    assert result.exit_code == 1 and not (tmp_path / "out.py").exists()
+    assert result.exit_code == 3 and not (tmp_path / "out.py").exists()
 
 
 def test_parse_error_points_at_pythons_position_and_names_async(tmp_path):
@@ -202,5 +202,5 @@ def test_training_step_in_a_project_module_refuses(tmp_path):
     )
     path = write(tmp_path, "main.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "DDP304" in result.output and "train_fns" in result.output
+    assert result.exit_code == 3 and "DDP304" in result.output and "train_fns" in result.output
     assert path.read_text() == text
