@@ -133,7 +133,15 @@ def _diagnostic_lines(result: FileResult, view: View) -> list[str]:
 
 
 def _launch_lines(result: FileResult, target: str) -> list[str]:
-    return [f"  launch: {result.launch_command.replace(result.path, target)}"]
+    """The launch line as it runs on this machine (ddpify.launching), and the script's own
+    GPU-count options with what they now mean."""
+    from ddpify.launching import gpu_options, launch_lines
+
+    canonical = result.launch_command.replace(result.path, target)
+    lines = [f"  {line.label}: {line.command}" for line in launch_lines(canonical)]
+    for option in gpu_options(result.source, result.output if result.changed else None):
+        lines.append(f"  note: {option.meaning()}")
+    return lines
 
 
 def _say_docs(results: list[FileResult], diff: bool) -> None:

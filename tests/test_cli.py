@@ -34,7 +34,7 @@ def test_convert_in_place_reports_changes_and_launch_line(tmp_path):
     assert result.exit_code == 0, result.output
     assert "DistributedDataParallel(" in path.read_text()
     assert "DDP101" in result.output and "DDP201" in result.output
-    assert f"launch: torchrun --standalone --nproc-per-node=gpu {path}" in result.output
+    assert f"--standalone --nproc-per-node=gpu {path}" in result.output  # the line for GPUs (tests/test_launch.py)
 
 
 def test_convert_keeps_mode_newlines_and_encoding(tmp_path):
