@@ -204,3 +204,19 @@ def test_training_step_in_a_project_module_refuses(tmp_path):
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 3 and "DDP304" in result.output and "train_fns" in result.output
     assert path.read_text() == text
+
+
+def test_the_verify_extra_keeps_the_users_torch_and_dev_pins_it():
+    """`pip install 'ddpify[verify]'` into a training environment must not replace its torch."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((FIXTURES.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    torch_verify = [req for req in extras["verify"] if re.match(r"torch\b", req)]
+    assert torch_verify and all("==" not in req and ">=" in req for req in torch_verify), torch_verify
+    assert any(req.startswith("numpy") for req in extras["verify"]), "the probe hashes weights through numpy"
+    assert "torch==2.13.0" in extras["dev"]
