@@ -77,6 +77,7 @@ def test_weights_are_compared_after_the_last_step_not_at_exit():
     failed = failures(report)
     assert set(failed) == {
         "process group and DDP model on every rank",
+        "ranks agree during training",
         "weights identical across ranks",
         "every trained parameter is inside a DDP module",
     }, reasons(report)
@@ -258,7 +259,7 @@ def test_max_steps_ends_training_but_runs_the_rest(tmp_path):
 def test_cli_json_report_and_exit_code(tmp_path):
     result = cli.invoke(app, ["verify", str(FIXTURES / "verify" / "broken_ddp.py"), "--json", "--max-steps", "4"])
     assert result.exit_code == 1
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)  # the progress lines are on stderr
     assert data["exit_code"] == 1 and {c["verdict"] for c in data["checks"]} >= {"PASS", "FAIL"}
 
 
@@ -509,10 +510,10 @@ def test_a_rank_that_changes_its_own_lr_fails_at_the_next_check(tmp_path):
     assert reason.startswith(
         "after step 4 of optimizer 0 the ranks hold different learning rates and weights (rank(s) 1 differ from rank 0)"
     ), reason
-    assert "learning rates from 0.05 to 0.1" in reason and "verify stopped the run there" in reason
-    finish = next(c for c in report.checks if c.name == "every rank finishes")
-    assert "stopped every rank after optimizer step 4" in finish.reason
-    assert [row["steps"] for row in report.ranks] == [4, 4]
+    assert "learning rates from 0.05 to 0.1" in reason
+    # the run went on: every other verdict sees all of it
+    assert [row["steps"] for row in report.ranks] == [8, 8]
+    assert failures(report)["optimizer hyper-parameters agree across ranks"] == "optimizer 0 group 0 lr: 0.1 on rank 0, 0.05 on rank 1"
 
 
 def test_a_module_trained_outside_ddp_fails_at_the_first_step(tmp_path):
@@ -524,7 +525,6 @@ def test_a_module_trained_outside_ddp_fails_at_the_first_step(tmp_path):
     report = verify(script)
     reason = failures(report)["ranks agree during training"]
     assert reason.startswith("after step 1 of optimizer 0 the ranks hold different weights"), reasons(report)
-    assert [row["steps"] for row in report.ranks] == [1, 1]
 
 
 def test_a_converted_script_without_its_own_check_is_checked_by_verify(tmp_path):

@@ -27,10 +27,10 @@ trained apart.
 The cross-rank check the converted script used to carry (``ddp_after_step``) is the
 probe's own: under a process group of more than one rank, after each optimizer's steps 1,
 2, 4, 8, ... every rank all-reduces the number of its trained parameters, their sums and
-sums of squares and its learning rates; if any rank differs, the probe records the step
-and what differed, and stops the run on every rank at once (they all see the same
-all-reduced values). A script that still carries its own check is checked twice, in the
-same order on every rank.
+sums of squares and its learning rates; the first check at which any rank differs is
+recorded (the step, what differed, each rank's own values). The run goes on, so that every
+other verdict sees the whole run. A script that still carries its own check is checked
+twice, in the same order on every rank (its own check then stops it).
 
 Settings, all optional, by environment variable:
 ``DDPIFY_PROBE_MAX_STEPS`` stops the script cleanly after that many optimizer steps;
@@ -88,10 +88,6 @@ HARD_STOP_MARGIN = 64
 class StopTraining(BaseException):
     """Raised when training goes on well past ``--max-steps`` without a DataLoader to end
     (a BaseException so that a script's own ``except Exception`` cannot swallow it)."""
-
-
-class RanksDiverged(BaseException):
-    """Raised on every rank at once when the cross-rank check finds the ranks apart."""
 
 
 class Recorder:
@@ -329,8 +325,8 @@ def _collective_device():
 
 def check_ranks_agree(recorder: "Recorder", optimizer, steps: int) -> None:
     """After an optimizer's steps 1, 2, 4, 8, ... under a group of more than one rank: the
-    largest and smallest of each rank's fingerprint, all-reduced; apart, the run stops on
-    every rank (each sees the same reduced values, so none is left waiting in a collective)."""
+    largest and smallest of each rank's fingerprint, all-reduced; the first time they are
+    apart is recorded (every rank sees the same reduced values and records it)."""
     if steps & (steps - 1) or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
     local = torch.tensor(_fingerprint(optimizer), dtype=torch.float64, device=_collective_device())
@@ -339,7 +335,7 @@ def check_ranks_agree(recorder: "Recorder", optimizer, steps: int) -> None:
     recorder.data["sync_checks"] += 1
     largest, smallest = both[:4].cpu(), (-both[4:]).cpu()
     close = torch.isclose(largest, smallest, rtol=1e-6, atol=1e-7, equal_nan=True)
-    if bool(close.all()):
+    if bool(close.all()) or recorder.data["diverged"] is not None:
         return
     recorder.data["diverged"] = {
         "step": steps,
@@ -349,7 +345,6 @@ def check_ranks_agree(recorder: "Recorder", optimizer, steps: int) -> None:
         "smallest": smallest.tolist(),
         "mine": local.cpu().tolist(),
     }
-    raise RanksDiverged
 
 
 def _hyper_parameters(optimizer) -> list[dict]:
@@ -676,8 +671,6 @@ def main() -> None:
         runpy.run_path(script, run_name="__main__")
     except StopTraining:
         recorder.data["stopped_at_max_steps"] = True
-    except RanksDiverged:
-        pass  # recorded; every rank stops here, at the same step
     except SystemExit as stop:
         status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         error = None if status == 0 else str(stop.code)

@@ -130,12 +130,12 @@ def verify(
     try:
         _validate(options)
         script, notes = _converted_script(original, converted, work)
-        session.say(f"verify {shown}: {_describe(options, '')}")
+        session.say(f"verify {shown}: {options.nproc} ranks, {_launcher(options)}")  # the backend: when chosen
         for note in notes:
             session.say(f"note: {note}")
         env = _base_env(original, options)
         setup = _describe(options, _backend(options, env))
-        main = Run(script, work / "probe-ddp", _cwd(options, work / "run-ddp"), purpose=setup.split(", ", 1)[1])
+        main = Run(script, work / "probe-ddp", _cwd(options, work / "run-ddp"), purpose=setup.split(", ", 1)[1])  # "gloo, torchrun"
         outcome, reports = launch(main, options, env, session)
         checks = run_checks(outcome, reports)
         if options.equivalence:
@@ -240,13 +240,14 @@ def _cwd(options: VerifyOptions, default: Path) -> Path:
     return default
 
 
-def _describe(options: VerifyOptions, backend: str | None = None) -> str:
-    launcher = "slurm-sim" if options.launcher == "slurm-sim" else (
+def _launcher(options: VerifyOptions) -> str:
+    return "slurm-sim" if options.launcher == "slurm-sim" else (
         f"{options.nnodes_sim} torchrun launchers (simulated nodes)" if options.nnodes_sim > 1 else "torchrun"
     )
-    if backend == "":  # not chosen yet
-        return f"{options.nproc} ranks, {launcher}"
-    return f"{options.nproc} ranks, {backend or options.backend}, {launcher}"
+
+
+def _describe(options: VerifyOptions, backend: str | None = None) -> str:
+    return f"{options.nproc} ranks, {backend or options.backend}, {_launcher(options)}"
 
 
 # -- launching --------------------------------------------------------------------------------
