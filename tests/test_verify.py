@@ -527,14 +527,31 @@ def test_a_module_trained_outside_ddp_fails_at_the_first_step(tmp_path):
     assert reason.startswith("after step 1 of optimizer 0 the ranks hold different weights"), reasons(report)
 
 
-def test_a_converted_script_without_its_own_check_is_checked_by_verify(tmp_path):
-    """What the converted script looks like once the in-script hook is gone (issue 22)."""
-    from ddpify.api import convert_file
+def _self_check_options():
+    """Options that keep the in-script check in the output (``self_check`` once issue 22 makes
+    it opt-in; the default before)."""
+    from dataclasses import fields
 
-    output = convert_file(FIXTURES / "e2e" / "trainer_main.py").output
-    assert "register_optimizer_step_post_hook(ddp_after_step)" in output
+    from ddpify.diagnostics import ConvertOptions
+
+    return ConvertOptions(self_check=True) if "self_check" in {f.name for f in fields(ConvertOptions)} else ConvertOptions()
+
+
+@pytest.mark.parametrize("in_script_check", [False, True], ids=["without", "with"])
+def test_a_converted_script_is_checked_by_verify_with_or_without_its_own_check(tmp_path, in_script_check):
+    """Without: what the converted script looks like once the in-script hook is gone (issue
+    22), verify's own check still runs. With: the script's check and verify's run side by side."""
+    from ddpify.api import convert_file
+    from ddpify.diagnostics import ConvertOptions
+
+    options = _self_check_options() if in_script_check else ConvertOptions()
+    output = convert_file(FIXTURES / "e2e" / "trainer_main.py", options).output
+    if in_script_check:
+        assert "register_optimizer_step_post_hook(ddp_after_step)" in output
+    else:
+        output = output.replace("register_optimizer_step_post_hook(ddp_after_step)", "pass")
     converted = tmp_path / "train.py"
-    converted.write_text(output.replace("register_optimizer_step_post_hook(ddp_after_step)", "pass"))
+    converted.write_text(output)
     report = verify(FIXTURES / "e2e" / "trainer_main.py", converted, VerifyOptions(max_steps=4))
     assert report.exit_code == 0, reasons(report)
     agree = next(c for c in report.checks if c.name == "ranks agree during training")
