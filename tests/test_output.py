@@ -20,8 +20,8 @@ from ddpify.rules import DOCS_URL, RULES, code_url
 
 runner = CliRunner()
 SCRIPT = (FIXTURES / "process_group" / "main_function.py").read_text()
-PRINTS = (FIXTURES / "e2e" / "side_effects.py").read_text()  # three prints, two saves, two loads
-REFUSED = (FIXTURES / "loaders" / "existing_sampler.py").read_text()  # DDP302: refused
+GUARDS = (FIXTURES / "wrap" / "guards.py").read_text()  # seven wraps, six reported alike
+REFUSED = (FIXTURES / "wrap" / "subclass_scatter.py").read_text()  # DDP004: refused
 BROKEN = "import torch\nmodel = torch.nn.DataParallel(\n"
 
 
@@ -101,21 +101,36 @@ def test_exit_codes_are_documented():
 
 
 def test_repeated_diagnostics_of_one_kind_are_one_line(tmp_path):
-    path = write(tmp_path, "train.py", PRINTS)
+    path = write(tmp_path, "train.py", GUARDS)
     result = runner.invoke(app, ["convert", "-o", str(tmp_path / "out.py"), str(path)])
-    lines = result.output.splitlines()
-    prints = [line for line in lines if "DDP601 print() runs on rank 0 only" in line]
-    assert prints == [f"  {path}:68:17: DDP601 print() runs on rank 0 only (3 places: lines 68, 71, 78)"]
-    # a different message is another kind
-    assert sum("DDP608 prints the mean of" in line for line in lines) == 2
-    assert sum("DDP615" in line for line in lines) == 1
+    lines = [line for line in result.output.splitlines() if ": DDP" in line]
+    wraps = [line for line in lines if "DDP101 DataParallel -> DistributedDataParallel on this process's device" in line]
+    assert f"  {path}:28:16: DDP101 DataParallel -> DistributedDataParallel on this process's device (6 places: lines 28, 30, 35, 38, 40, 43)" in wraps
+    # a different message is another kind; no kind is said twice
+    assert len(wraps) == 2
+    kinds = [re.sub(r" \(\d+ places: lines [\d, .]+\)", "", line.split(": ", 1)[1]) for line in lines]
+    assert len(kinds) == len(set(kinds)), lines
+
+
+def test_folded_places_are_counted_and_cut():
+    from ddpify.diagnostics import Diagnostic, FileResult
+    from ddpify.cli import View, _diagnostic_lines
+
+    same = [Diagnostic(n, 5, "DDP601", "print() runs on rank 0 only") for n in (12, 40, 41, 55, 60, 71, 90, 97, 120, 130)]
+    result = FileResult("t.py", "", "x", (*same, Diagnostic(13, 1, "DDP601", "print() runs on rank 0 only", cli.Severity.WARNING)))
+    assert _diagnostic_lines(result, View()) == [
+        "  t.py:12:5: DDP601 print() runs on rank 0 only (10 places: lines 12, 40, 41, 55, 60, 71, 90, 97, ...)",
+        "  t.py:13:1: DDP601 print() runs on rank 0 only [warning]",  # another severity: another kind
+    ]
+    assert len(_diagnostic_lines(result, View(verbose=True))) == 11
 
 
 def test_verbose_shows_every_place_and_links_every_code(tmp_path):
-    path = write(tmp_path, "train.py", PRINTS)
+    path = write(tmp_path, "train.py", GUARDS)
     result = runner.invoke(app, ["convert", "-v", "-o", str(tmp_path / "out.py"), str(path)])
-    assert sum("DDP601 print() runs on rank 0 only" in line for line in result.output.splitlines()) == 3
-    assert f"  DDP601  {DOCS_URL}transforms/#ddp601" in result.output
+    plain = "DDP101 DataParallel -> DistributedDataParallel on this process's device"
+    assert sum(line.endswith(plain) for line in result.output.splitlines()) == 6
+    assert f"  DDP101  {DOCS_URL}transforms/#ddp101" in result.output
 
 
 def test_quiet_says_one_line_per_file_and_why_a_file_was_refused(tmp_path):
@@ -124,7 +139,7 @@ def test_quiet_says_one_line_per_file_and_why_a_file_was_refused(tmp_path):
     assert result.exit_code == 3
     lines = result.output.splitlines()
     assert lines[0] == f"{good}: converted" and lines[1] == f"{bad}: not converted (file left untouched)"
-    assert all("DDP302" in line for line in lines[2:]) and lines[2:], result.output
+    assert all("DDP004" in line for line in lines[2:]) and lines[2:], result.output
     assert "launch" not in result.output
     assert runner.invoke(app, ["convert", "-q", "-v", str(good)]).exit_code == 2
 

@@ -312,8 +312,8 @@ def test_cannot_run_exits_2(arguments, message):
 
 
 def test_refused_conversion_exits_3_as_convert_does():
-    result = cli.invoke(app, ["verify", str(FIXTURES / "loaders" / "positional_options.py")])
-    assert result.exit_code == 3 and "not converted" in result.output
+    result = cli.invoke(app, ["verify", str(FIXTURES / "wrap" / "subclass_scatter.py")])
+    assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output
 
 
 def test_unparsable_script_exits_2(tmp_path):
