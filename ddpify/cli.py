@@ -7,6 +7,7 @@ what it needs when it runs.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -24,7 +25,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+# Exit codes, in the manner of ruff and black (docs/commands.md): 0 nothing to do, or done;
+# 1 changes shown (`convert --diff`) or findings (`check`), or a failed `verify` check;
+# 2 usage, configuration, parse or internal error; 3 a file `convert` refused (left as it was).
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR, EXIT_REFUSED = 0, 1, 2, 3
+# Several files: the exit code of the worst (an error over a refusal over a change).
+SEVERITY_ORDER = (EXIT_OK, EXIT_FINDINGS, EXIT_REFUSED, EXIT_ERROR)
+
+
+def _worst(codes) -> int:
+    return max(codes, key=SEVERITY_ORDER.index, default=EXIT_OK)
 
 
 def _version(value: bool) -> None:
@@ -66,6 +76,11 @@ def convert(
         "different weights or learning rates (checked after optimizer steps 1, 2, 4, 8, ...).",
     ),
     jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="One line per file (and why a file was refused); no diagnostics or launch line."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Every diagnostic on its own line (not folded by kind), with its docs link."),
+    exit_non_zero_on_change: bool = typer.Option(
+        False, "--exit-non-zero-on-change", help="Exit 1 when a file was rewritten (as --diff does when one would be)."
+    ),
 ) -> None:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts."""
     from ddpify import api
@@ -87,11 +102,63 @@ def convert(
         relaunch=not no_relaunch,
         self_check=self_check or config.self_check,
     )
+    if quiet and verbose:
+        _fail("--quiet and --verbose do not go together")
     results = _convert_paths(paths, files, options, jobs)
-    status = EXIT_OK
-    for result in results:
-        status = max(status, _report_conversion(result, diff, output))
+    view = View(quiet=quiet, verbose=verbose, links=_is_terminal(err=diff))
+    status = _worst(_report_conversion(result, diff, output, view) for result in results)
+    if status == EXIT_OK and exit_non_zero_on_change and not diff and any(r.changed and not r.error for r in results):
+        status = EXIT_FINDINGS
+    if verbose and not quiet:
+        _say_docs(results, diff)
     raise typer.Exit(status)
+
+
+class View:
+    """How much `convert` prints: --quiet, the default (diagnostics of one kind folded into
+    one line), --verbose (each on its own line)."""
+
+    def __init__(self, quiet: bool = False, verbose: bool = False, links: bool = False) -> None:
+        self.quiet, self.verbose, self.links = quiet, verbose, links
+
+
+def _is_terminal(err: bool = False) -> bool:
+    stream = sys.stderr if err else sys.stdout
+    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def _diagnostic_lines(result: FileResult, view: View) -> list[str]:
+    from ddpify.report import grouped, hyperlink, places
+
+    def line(d, where: str) -> str:
+        marker = "" if d.severity is Severity.CHANGE else f" [{d.severity.value}]"
+        return f"  {result.path}:{d.line}:{d.col}: {hyperlink(d.code, view.links)} {d.message}{where}{marker}"
+
+    if view.verbose:
+        return [line(d, "") for d in result.diagnostics]
+    return [line(first, places(lines, count)) for first, lines, count in grouped(result.diagnostics)]
+
+
+def _launch_lines(result: FileResult, target: str) -> list[str]:
+    """The launch line as it runs on this machine (ddpify.launching), and the script's own
+    GPU-count options with what they now mean."""
+    from ddpify.launching import gpu_options, launch_lines
+
+    canonical = result.launch_command.replace(result.path, target)
+    lines = [f"  {line.label}: {line.command}" for line in launch_lines(canonical)]
+    for option in gpu_options(result.source, result.output if result.changed else None):
+        lines.append(f"  note: {option.meaning()}")
+    return lines
+
+
+def _say_docs(results: list[FileResult], diff: bool) -> None:
+    from ddpify.rules import code_url
+
+    codes = sorted({d.code for r in results for d in r.diagnostics})
+    if codes:
+        typer.echo("Explained by `ddpify rule CODE` and at:", err=diff)
+        for code in codes:
+            typer.echo(f"  {code}  {code_url(code)}", err=diff)
 
 
 def _convert_paths(paths: List[Path], files: list[Path], options: ConvertOptions, jobs: int) -> list[FileResult]:
@@ -110,9 +177,10 @@ def _convert_paths(paths: List[Path], files: list[Path], options: ConvertOptions
     return [by_path[file] for file in files]
 
 
-def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> int:
+def _report_conversion(result: FileResult, diff: bool, output: Path | None, view: View | None = None) -> int:
     from ddpify import api
 
+    view = view or View()
     if result.error and not result.diagnostics:
         typer.echo(f"{result.path}: error: {result.error}", err=True)
         return EXIT_ERROR
@@ -121,10 +189,12 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
     # With --diff, stdout carries only the diff (for `| git apply`); the summary goes to stderr.
     say = (lambda text: typer.echo(text, err=True)) if diff else typer.echo
     if result.error:
+        parse_error = any(d.code == "DDP001" for d in result.diagnostics)
         say(f"{result.path}: not converted (file left untouched)")
-        for diagnostic in result.diagnostics:
-            say(f"  {diagnostic.concise(result.path)}")
-        return EXIT_ERROR if any(d.code == "DDP001" for d in result.diagnostics) else EXIT_FINDINGS
+        for line in _diagnostic_lines(result, view):
+            say(line)  # why: even with --quiet
+        return EXIT_ERROR if parse_error else EXIT_REFUSED
+    target = str(output) if output and not diff else result.path
     if not result.changed:
         if output is not None and not diff:
             # `convert a.py -o b.py && torchrun b.py` works on any input: b.py is a copy.
@@ -138,10 +208,12 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
             say(f"{result.path}: nothing to convert{copied}")
             return EXIT_OK
         say(f"{result.path}: nothing to rewrite{copied}")  # e.g. a DDP path that only needs its switch
-        for diagnostic in result.diagnostics:
-            say(f"  {diagnostic.concise(result.path)}")
-        if result.launch_command:
-            say(f"  launch: {result.launch_command.replace(result.path, str(output) if output and not diff else result.path)}")
+        if not view.quiet:
+            for line in _diagnostic_lines(result, view):
+                say(line)
+            if result.launch_command:
+                for line in _launch_lines(result, target):
+                    say(line)
         return EXIT_OK
     if not diff:
         try:
@@ -151,12 +223,12 @@ def _report_conversion(result: FileResult, diff: bool, output: Path | None) -> i
             return EXIT_ERROR
     written = f" -> {output}" if output and not diff else ""
     say(f"{result.path}: {'would convert' if diff else 'converted'}{written}")
-    for diagnostic in result.diagnostics:
-        marker = "" if diagnostic.severity is Severity.CHANGE else f" [{diagnostic.severity.value}]"
-        say(f"  {diagnostic.concise(result.path)}{marker}")
-    target = str(output) if output and not diff else result.path
-    if result.launch_command:  # None for a module that only names the class
-        say(f"  launch: {result.launch_command.replace(result.path, target)}")
+    if not view.quiet:
+        for line in _diagnostic_lines(result, view):
+            say(line)
+        if result.launch_command:  # None for a module that only names the class
+            for line in _launch_lines(result, target):
+                say(line)
     return EXIT_FINDINGS if diff else EXIT_OK
 
 
@@ -171,6 +243,8 @@ def check(
     force_exclude: bool = typer.Option(False, "--force-exclude", help="Apply excludes to files named here too."),
     stdin_filename: Optional[str] = typer.Option(None, "--stdin-filename", help="Name to report for `-`."),
     jobs: int = typer.Option(0, "-j", "--jobs", help="Worker processes (0: one per CPU)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="The findings only: no summary."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Also say which files were checked."),
 ) -> None:
     """Flag DataParallel use and DDP hazards: file:line:col: CODE message. Exit 1 on findings."""
     from ddpify import api
@@ -200,7 +274,12 @@ def check(
     pairs = [(f, _with_ignores(base, config.ignores_for(f))) for f in files]
     results += api.check_files(pairs, jobs)
     errors = [r for r in results if r.error or any(d.code == "DDP001" for d in r.diagnostics)]
-    report = render(results, output_format, config.root)
+    found = any(r.diagnostics for r in results)
+    failing = bool(errors) or (found and not exit_zero)
+    links = output_file is None and output_format == "full" and _is_terminal()
+    report = render(results, output_format, config.root, failing=failing, links=links, summary=not quiet)
+    if verbose:
+        typer.echo(f"checked {len(results)} file{'s' if len(results) != 1 else ''}: {', '.join(r.path for r in results)}", err=True)
     if output_file is not None:
         output_file.write_text(report, encoding="utf-8")
     else:
@@ -209,7 +288,6 @@ def check(
         typer.echo(f"{result.path}: error: {result.error or 'cannot parse'}", err=True)
     if errors:
         raise typer.Exit(EXIT_ERROR)
-    found = any(r.diagnostics for r in results)
     raise typer.Exit(EXIT_FINDINGS if found and not exit_zero else EXIT_OK)
 
 
@@ -227,6 +305,8 @@ def verify(
     equivalence: bool = typer.Option(False, "--equivalence", help="Also run the original as one process and compare final weights."),
     cwd: Optional[Path] = typer.Option(None, "--cwd", help="Run the script here (default: a fresh temporary folder)."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every rank's output as it runs, tagged with the run and rank."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the report: no line as each run starts and ends."),
 ) -> None:
     """Run a converted script under torch.distributed and check what it did. Exit 1 if a check fails."""
     from ddpify.verify.report import render_text
@@ -236,14 +316,17 @@ def verify(
     options = VerifyOptions(
         nproc=nproc, backend=backend, nnodes_sim=nnodes_sim, launcher=launcher, timeout=timeout,
         max_steps=max_steps, equivalence=equivalence, cwd=cwd, script_args=tuple(script_args or ()),
+        verbose=verbose,
     )
-    report = run_verify(original, converted, options)
+    # Each run's start and end as it happens (stdout is the JSON document's with --json).
+    progress = None if quiet and not verbose else (lambda line: typer.echo(line, err=json_output))
+    report = run_verify(original, converted, options, progress=progress)
     if json_output:
         typer.echo(report.to_json())
     elif report.error:
         typer.echo(f"error: {report.error}", err=True)
     else:
-        typer.echo(render_text(report), nl=False)
+        typer.echo(render_text(report, header=progress is None), nl=False)
     raise typer.Exit(report.exit_code)
 
 
@@ -260,33 +343,95 @@ def _with_ignores(base, extra: tuple[str, ...]):
 @app.command()
 def rule(code: Optional[str] = typer.Argument(None, help="A code, e.g. DDP510; none lists every code.")) -> None:
     """Explain a check or convert code, with a before/after example (no code: list them all)."""
-    from ddpify.convert_codes import convert_codes, summary
+    from ddpify.convert_codes import convert_codes
     from ddpify.rules import RULES
 
     converting = convert_codes()
     if code is None:
         typer.echo("check codes:")
         for known in RULES.values():
-            typer.echo(f"{known.code}  {known.name:<28} {known.summary}{'  [fixable]' if known.fixable else ''}")
+            fixable = "[*]" if known.fixable else ""
+            typer.echo(f"  {known.code}  {known.name:<27} {fixable:<3} {_shorten(known.summary, 90)}")
         typer.echo("\nconvert codes:")
         for known, text in converting.items():
-            typer.echo(f"{known}  {summary(text)[:110]}")
+            typer.echo(f"  {known}  {_shorten(_convert_summary(text))}")
+        typer.echo("\n[*] fixable by `ddpify convert`. `ddpify rule CODE` explains one code.")
         return
-    found = RULES.get(code.upper())
-    if found is None and code.upper() in converting:
-        typer.echo(converting[code.upper()])
-        return
-    if found is None:
-        _fail(f"unknown code {code}; known: {', '.join([*RULES, *converting])}")
-    fix = "\nFix: `ddpify convert` rewrites this.\n" if found.fixable else ""
-    typer.echo(
-        f"{found.code} ({found.name}): {found.summary}\n\n{found.explanation}\n{fix}\n"
-        f"Before:\n{_indent(found.before)}\nAfter:\n{_indent(found.after)}"
+    wanted = code.strip().upper()
+    if wanted in RULES:
+        typer.echo(_check_rule_text(RULES[wanted]), nl=False)
+    elif wanted in converting:
+        typer.echo(_convert_rule_text(wanted, converting[wanted]), nl=False)
+    else:
+        import difflib
+
+        close = difflib.get_close_matches(wanted, [*RULES, *converting], n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}?" if close else "codes look like DDP105; `ddpify rule` lists them"
+        _fail(f"unknown code {code}: {hint}")
+
+
+def _shorten(text: str, width: int = 100) -> str:
+    """One line, cut between words (never inside one, nor at a hyphen), marked with ``...``."""
+    words = _plain(text).split()
+    line = " ".join(words)
+    if len(line) <= width:
+        return line
+    kept: list[str] = []
+    for word in words:
+        if len(" ".join([*kept, word])) > width - 4:
+            break
+        kept.append(word)
+    return " ".join(kept) + " ..."
+
+
+def _plain(text: str) -> str:
+    """reStructuredText-isms of the transforms' docstrings as plain Markdown: ``x`` -> `x`,
+    a closing ``::`` -> ``:``."""
+    import re
+
+    text = re.sub(r"(?<!`)``([^`]+?)``(?!`)", r"`\1`", text)
+    return re.sub(r"::(\s*)$", r":\1", text, flags=re.MULTILINE)
+
+
+def _convert_summary(text: str) -> str:
+    from ddpify.convert_codes import summary
+
+    return summary(text).rstrip(":").rstrip()
+
+
+def _check_rule_text(found) -> str:
+    """`ruff rule`'s layout: a Markdown page, title, fix availability, what, why, example."""
+    from ddpify.rules import code_url
+
+    fix = "Fix is available: `ddpify convert` rewrites it.\n\n" if found.fixable else ""
+    return (
+        f"# {found.name} ({found.code})\n\n"
+        f"Reported by `ddpify check`.\n\n{fix}"
+        f"## What it does\n{found.summary}.\n\n"
+        f"## Why is this bad?\n{found.explanation}\n\n"
+        f"## Example\n```python\n{found.before.rstrip()}\n```\n\n"
+        f"Use instead:\n```python\n{found.after.rstrip()}\n```\n\n"
+        f"Docs: {code_url(found.code)}\n"
     )
 
 
-def _indent(text: str) -> str:
-    return "".join(f"    {line}\n" for line in text.splitlines())
+def _convert_rule_text(code: str, text: str) -> str:
+    import re
+
+    from ddpify.docs_reference import explanation_markdown
+    from ddpify.rules import code_url
+
+    body = _plain(explanation_markdown(text, name_source=False)).strip()
+    severity = re.match(r"\((error|warning|refuses)[^)]*\)\s*", body)
+    reported = "Reported by `ddpify convert`"
+    if severity:
+        word = "error: the file is left as it was" if severity.group(1) in ("error", "refuses") else "warning"
+        reported += f" ({word})"
+        body = body[severity.end():]
+        body = body[:1].upper() + body[1:]
+    elif body:
+        body = body[:1].upper() + body[1:]
+    return f"# {code}\n\n{reported}.\n\n## What it does\n{body}\n\nDocs: {code_url(code)}\n"
 
 
 def _unified_diff(result: FileResult) -> str:
@@ -306,7 +451,18 @@ def _fail(message: str) -> None:
 
 
 def main() -> None:
-    app(prog_name="ddpify")
+    """The console script: an unexpected exception is ddpify's own bug, exit 2 (as ruff
+    exits on an internal error), never Python's 1, which means findings here."""
+    try:
+        app(prog_name="ddpify")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # SystemExit (typer's exits) passes through
+        import traceback
+
+        traceback.print_exc()
+        print("error: internal error in ddpify (a bug; the traceback above helps to report it)", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,5 @@
-"""The docs site's transforms reference, generated from the golden fixtures.
+"""The docs site's code references: the transforms reference, generated from the golden
+fixtures, and the check rules reference, generated from ``ddpify.rules``.
 
 For every convert code, the page gives the code's explanation (``ddpify.convert_codes``,
 read from the transforms' docstrings) and a before/after excerpt from one golden fixture
@@ -7,8 +8,10 @@ that reports it: ``fixtures/<area>/<name>.py`` against ``<name>.ddp.py`` around 
 the page follows the converter.
 
 mkdocs loads this file as a hook (``hooks:`` in mkdocs.yml): ``on_files`` adds
-``transforms.md`` to the site in memory; it is never written to ``docs/``. ``generate()``
-is plain Python (no mkdocs, libcst or torch) and is what the tests call.
+``transforms.md`` and ``rules.md`` to the site in memory; they are never written to
+``docs/``. ``generate()`` and ``generate_rules()`` are plain Python (no mkdocs, libcst or
+torch) and are what the tests call. Every code has an anchor (``#ddp105``) on one of the
+two pages: ``ddpify.rules.code_url`` links it from the CLI's outputs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAGE = "transforms.md"
+RULES_PAGE = "rules.md"
 DIAG_LINE = re.compile(
     r"^(?P<file>[^:\s][^:]*):(?P<line>\d+):(?P<col>\d+): (?P<code>DDP\d{3}) (?P<message>.*) \[(?P<severity>change|warning|error)\]$"
 )
@@ -119,7 +123,7 @@ def generate(fixtures: Path) -> str:
         "the golden tests compare the converter against; it cannot drift from what the converter does.\n",
         "Severities: *change* (rewritten), *warning* (left as it is and reported), *error* (the "
         "whole file is left byte-identical; see [Limitations and refusals](limitations.md)). "
-        "The check codes of `ddpify check` are listed by `ddpify rule`.\n",
+        "The check codes of `ddpify check` are in the [Check rules reference](rules.md).\n",
         "| code | reported as | meaning |",
         "|---|---|---|",
     ]
@@ -223,9 +227,38 @@ def _distance(group: list[tuple], line: int) -> int:
     return min(distances, default=1 << 30)
 
 
-def explanation_markdown(text: str) -> str:
+def generate_rules() -> str:
+    """The check rules reference (Markdown): every code of ``ddpify check``, from ``ddpify.rules``."""
+    from ddpify.rules import RULES
+
+    out = [
+        "# Check rules reference\n",
+        "Every code `ddpify check` reports, with why it matters and a before/after example. This page "
+        "is generated when the site is built from `ddpify/rules.py`, the text `ddpify rule CODE` prints. "
+        "Codes marked *fixable* are rewritten by `ddpify convert`; the codes `convert` reports are in the "
+        "[Transforms reference](transforms.md).\n",
+        "| code | name | summary |",
+        "|---|---|---|",
+    ]
+    for rule in RULES.values():
+        fixable = " (fixable)" if rule.fixable else ""
+        out.append(f"| [{rule.code}](#{rule.code.lower()}) | {rule.name}{fixable} | {_cell(rule.summary)} |")
+    out.append("")
+    for rule in RULES.values():
+        out.append(f"### {rule.code} {rule.name} {{#{rule.code.lower()}}}\n")
+        if rule.fixable:
+            out.append("*Fixable*: `ddpify convert` rewrites this.\n")
+        out.append(f"**What it finds**: {rule.summary}.\n")
+        out.append(f"**Why it matters**: {rule.explanation}\n")
+        out.append(f"Example:\n\n```python\n{rule.before.rstrip()}\n```\n")
+        out.append(f"Use instead:\n\n```python\n{rule.after.rstrip()}\n```\n")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def explanation_markdown(text: str, name_source: bool = True) -> str:
     """A transform docstring paragraph (reStructuredText-ish) as Markdown: the code
-    dropped from its first line, ``::`` examples fenced, the source module named."""
+    dropped from its first line, ``::`` examples fenced, the source module named (unless
+    ``name_source`` is False: ``ddpify rule`` does not show internal paths)."""
     lines = text.splitlines()
     lines[0] = re.sub(r"^DDP\d{3}\s+", "", lines[0])
     source = None
@@ -255,7 +288,7 @@ def explanation_markdown(text: str) -> str:
         out.append(text_line.strip() if out else text_line)
     flush()
     markdown = "\n".join(out).strip() + "\n"
-    if source:
+    if source and name_source:
         markdown += f"\nEmitted by `{source}`; `ddpify rule CODE` prints this explanation.\n"
     return markdown
 
@@ -291,8 +324,9 @@ def on_files(files, config):
     from mkdocs.structure.files import File
 
     root = Path(config.config_file_path).resolve().parent
-    existing = files.get_file_from_path(PAGE)
-    if existing is not None:
-        files.remove(existing)
-    files.append(File.generated(config, PAGE, content=generate(root / "fixtures")))
+    for page, content in ((PAGE, lambda: generate(root / "fixtures")), (RULES_PAGE, generate_rules)):
+        existing = files.get_file_from_path(page)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, page, content=content()))
     return files

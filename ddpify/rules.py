@@ -9,6 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Where the documentation site is published (mkdocs.yml's site_url says the same): every
+# code has an anchor there, on the check rules page or the transforms reference, and the
+# CLI's outputs link it (tests/test_docs.py builds the site and finds each anchor).
+DOCS_URL = "https://ddpify.readthedocs.io/en/latest/"
+RULES_PAGE = "rules"  # docs page (generated, ddpify/docs_reference.py) with the check codes
+TRANSFORMS_PAGE = "transforms"  # the convert codes
+
+
+def code_url(code: str) -> str:
+    """The docs anchor of a code: check codes on the rules page, convert codes on the
+    transforms reference (both pages are generated when the site is built)."""
+    page = RULES_PAGE if code in RULES else TRANSFORMS_PAGE
+    return f"{DOCS_URL}{page}/#{code.lower()}"
+
 
 @dataclass(frozen=True)
 class Rule:

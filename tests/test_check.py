@@ -332,10 +332,10 @@ def test_every_code_has_an_example_and_the_rule_command_shows_it():
     for code, rule in RULES.items():
         assert rule.before and rule.after and rule.summary
         result = runner.invoke(app, ["rule", code.lower()])
-        assert result.exit_code == 0 and "Before:" in result.output and "After:" in result.output
+        assert result.exit_code == 0 and "## Example" in result.output and "Use instead:" in result.output
     assert runner.invoke(app, ["rule", "DDP999"]).exit_code == 2
     listing = runner.invoke(app, ["rule"])
-    check_lines = listing.output.split("\n\nconvert codes:")[0].splitlines()[1:]
+    check_lines = listing.output.split("\n\nconvert codes:")[0].splitlines()[1:]  # "  DDP100  data-parallel ..."
     assert listing.exit_code == 0 and [line.split()[0] for line in check_lines] == list(RULES)
 
 
@@ -400,7 +400,7 @@ def test_github_annotations_escape_properties_and_data(tmp_path):
     weird = tmp_path / "a,b:c.py"
     weird.write_text("import torch\nm = torch.nn.DataParallel(n)\n")
     line = invoke("--output-format", "github", weird).output.splitlines()[0]
-    assert line.startswith("::warning file=") and "a%2Cb%3Ac.py,line=2,col=5,title=DDP100::" in line
+    assert line.startswith("::error file=") and "a%2Cb%3Ac.py,line=2,col=5,title=DDP100::" in line
 
 
 def test_sarif_is_what_github_code_scanning_reads(project, tmp_path):

@@ -34,7 +34,7 @@ def test_convert_in_place_reports_changes_and_launch_line(tmp_path):
     assert result.exit_code == 0, result.output
     assert "DistributedDataParallel(" in path.read_text()
     assert "DDP101" in result.output and "DDP201" in result.output
-    assert f"launch: torchrun --standalone --nproc-per-node=gpu {path}" in result.output
+    assert f"--standalone --nproc-per-node=gpu {path}" in result.output  # the line for GPUs (tests/test_launch.py)
 
 
 def test_convert_keeps_mode_newlines_and_encoding(tmp_path):
@@ -53,7 +53,7 @@ def test_output_option_leaves_input_alone(tmp_path):
     result = runner.invoke(app, ["convert", str(path), "-o", str(out)])
     assert result.exit_code == 0
     assert path.read_text() == SCRIPT and "ddp_setup()" in out.read_text()
-    assert f"--nproc-per-node=gpu {out}" in result.output
+    assert f"--nproc-per-node=gpu {out}" in result.output  # on a machine with GPUs, or beside the CPU line
 
 
 def test_diff_writes_nothing_and_exits_one(tmp_path):
@@ -72,7 +72,7 @@ def test_diff_of_nothing_to_convert_exits_zero(tmp_path):
 def test_module_that_only_names_the_class_gets_no_launch_line(tmp_path):
     path = write(tmp_path, "helpers.py", (FIXTURES / "wrap" / "reference_only.py").read_text())
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 0 and "DDP104" in result.output and "launch:" not in result.output
+    assert result.exit_code == 0 and "DDP104" in result.output and "launch" not in result.output
     assert "ddp_setup" not in path.read_text()
 
 
@@ -99,7 +99,7 @@ def test_unconvertible_file_is_untouched_and_reported(tmp_path):
     text = (FIXTURES / "wrap" / "subclass_scatter.py").read_text()
     path = write(tmp_path, "sub.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "not converted" in result.output and "DDP004" in result.output
+    assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output
     assert path.read_text() == text
 
 
@@ -150,11 +150,11 @@ def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
     text = (FIXTURES / "loaders" / "unfed_loop.py").read_text()
     path = write(tmp_path, "train.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "DDP304" in result.output and "launch:" not in result.output
+    assert result.exit_code == 3 and "DDP304" in result.output and "launch" not in result.output
     assert "--allow-partial" not in result.output, "a refusal never points at the partial conversion"
     assert path.read_text() == text
     result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
-    assert result.exit_code == 0 and "DDP304" in result.output and "launch:" in result.output
+    assert result.exit_code == 0 and "DDP304" in result.output and "launch" in result.output
     assert "DistributedDataParallel(" in path.read_text()
 
 
@@ -169,7 +169,7 @@ def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):
 def test_a_refused_file_writes_no_output(tmp_path):
     source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "unfed_loop.py").read_text())
     result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
-    assert result.exit_code == 1 and not (tmp_path / "out.py").exists()
+    assert result.exit_code == 3 and not (tmp_path / "out.py").exists()
 
 
 def test_parse_error_points_at_pythons_position_and_names_async(tmp_path):
@@ -203,5 +203,21 @@ def test_training_step_in_a_project_module_refuses(tmp_path):
     )
     path = write(tmp_path, "main.py", text)
     result = runner.invoke(app, ["convert", str(path)])
-    assert result.exit_code == 1 and "DDP304" in result.output and "train_fns" in result.output
+    assert result.exit_code == 3 and "DDP304" in result.output and "train_fns" in result.output
     assert path.read_text() == text
+
+
+def test_the_verify_extra_keeps_the_users_torch_and_dev_pins_it():
+    """`pip install 'ddpify[verify]'` into a training environment must not replace its torch."""
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((FIXTURES.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    torch_verify = [req for req in extras["verify"] if re.match(r"torch\b", req)]
+    assert torch_verify and all("==" not in req and ">=" in req for req in torch_verify), torch_verify
+    assert any(req.startswith("numpy") for req in extras["verify"]), "the probe hashes weights through numpy"
+    assert "torch==2.13.0" in extras["dev"]

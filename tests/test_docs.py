@@ -1,7 +1,8 @@
-"""The documentation site: the generated transforms reference, and `mkdocs build --strict`.
+"""The documentation site: the generated references, and `mkdocs build --strict`.
 
-The reference page (transforms.md) is generated from the golden fixtures at build time by
-the hook in ddpify/docs_reference.py; nothing generated is committed.
+The reference pages are generated at build time by the hook in ddpify/docs_reference.py:
+transforms.md from the golden fixtures, rules.md from ddpify/rules.py; nothing generated is
+committed. Every code the CLI can print has an anchor there, which its outputs link.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import yaml
 
 from conftest import FIXTURES, ROOT
 from ddpify.convert_codes import convert_codes
-from ddpify.docs_reference import collapse_helpers, explanation_markdown, generate
+from ddpify.docs_reference import collapse_helpers, explanation_markdown, generate, generate_rules
+from ddpify.rules import DOCS_URL, RULES, code_url
 
 DOCS = ROOT / "docs"
 CODE = re.compile(r"\b(DDP\d{3})\b")
@@ -55,6 +57,15 @@ def test_reference_has_every_code_with_an_excerpt_from_a_fixture(reference: str)
             assert f":{example.group(2)}:" in diagnostics.read_text(encoding="utf-8")
     for code in convert_codes():
         assert f"| [{code}](#{code.lower()}) |" in reference, "the summary table links every code"
+
+
+def test_rules_reference_has_every_check_code_with_its_example() -> None:
+    page = generate_rules()
+    for code, rule in RULES.items():
+        section = page.split(f"### {code} {rule.name} {{#{code.lower()}}}\n", 1)[1].split("\n### ", 1)[0]
+        assert rule.explanation in section and rule.before.rstrip() in section and rule.after.rstrip() in section
+        assert (("*Fixable*" in section) == rule.fixable), code
+        assert f"| [{code}](#{code.lower()}) |" in page
 
 
 def test_reference_excerpts_are_windows_not_whole_files(reference: str) -> None:
@@ -123,6 +134,19 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         folder = site if name == "index" else site / name
         assert (folder / "index.html").is_file(), name
     assert not (DOCS / "transforms.md").exists(), "the reference is generated at build time, never committed"
+    assert not (DOCS / "rules.md").exists(), "the rules reference is generated at build time, never committed"
+    # Every code the CLI can print (check codes, convert codes) links an anchor the site holds.
+    printable = set(RULES) | set(convert_codes())
+    pages: dict[str, str] = {}
+    for code in sorted(printable):
+        url = code_url(code)
+        assert url.startswith(DOCS_URL), url
+        path, anchor = url[len(DOCS_URL):].split("#")
+        if path not in pages:
+            pages[path] = (site / path / "index.html").read_text(encoding="utf-8")
+        assert f'id="{anchor}"' in pages[path], f"{code}: {url} has no anchor in the built site"
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    assert config["site_url"] == DOCS_URL, "the CLI links the site where mkdocs.yml says it is published"
 
 
 def test_every_page_is_in_the_nav() -> None:
@@ -136,7 +160,7 @@ def test_every_page_is_in_the_nav() -> None:
         return found
 
     nav = pages(config["nav"])
-    assert sorted(nav) == sorted({p.name for p in DOCS.glob("*.md")} | {"transforms.md"})
+    assert sorted(nav) == sorted({p.name for p in DOCS.glob("*.md")} | {"transforms.md", "rules.md"})
     assert config["hooks"] == ["ddpify/docs_reference.py"]
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import re
 import runpy
 import subprocess
 import sys
@@ -75,6 +77,7 @@ def test_weights_are_compared_after_the_last_step_not_at_exit():
     failed = failures(report)
     assert set(failed) == {
         "process group and DDP model on every rank",
+        "ranks agree during training",
         "weights identical across ranks",
         "every trained parameter is inside a DDP module",
     }, reasons(report)
@@ -116,7 +119,10 @@ def test_one_split_shared_by_the_ranks_checks_base_indices():
 def test_parameters_added_after_the_wrap_are_outside_ddp():
     report = verify(FIXTURES / "verify" / "head_after_wrap.py")
     failed = failures(report)
-    assert set(failed) == {"weights identical across ranks", "every trained parameter is inside a DDP module"}, reasons(report)
+    assert set(failed) == {
+        "ranks agree during training", "weights identical across ranks", "every trained parameter is inside a DDP module",
+    }, reasons(report)
+    assert failed["ranks agree during training"].startswith("after step 1 of optimizer 0 the ranks hold different weights")
     assert "2 of 4 trained parameter tensor(s) on rank 0" in failed["every trained parameter is inside a DDP module"]
 
 
@@ -253,7 +259,7 @@ def test_max_steps_ends_training_but_runs_the_rest(tmp_path):
 def test_cli_json_report_and_exit_code(tmp_path):
     result = cli.invoke(app, ["verify", str(FIXTURES / "verify" / "broken_ddp.py"), "--json", "--max-steps", "4"])
     assert result.exit_code == 1
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)  # the progress lines are on stderr
     assert data["exit_code"] == 1 and {c["verdict"] for c in data["checks"]} >= {"PASS", "FAIL"}
 
 
@@ -305,12 +311,248 @@ def test_cannot_run_exits_2(arguments, message):
     assert result.exit_code == 2 and message in result.output, result.output
 
 
-def test_refused_conversion_exits_2():
-    result = cli.invoke(app, ["verify", str(FIXTURES / "loaders" / "positional_options.py")])
-    assert result.exit_code == 2 and "not converted" in result.output
+def test_refused_conversion_exits_3_as_convert_does():
+    result = cli.invoke(app, ["verify", str(FIXTURES / "wrap" / "subclass_scatter.py")])
+    assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output
+
+
+def test_unparsable_script_exits_2(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nmodel = torch.nn.DataParallel(\n")
+    result = cli.invoke(app, ["verify", str(script)])
+    assert result.exit_code == 2 and "DDP001" in result.output
 
 
 def _has_gpus() -> bool:
     import torch
 
     return torch.cuda.device_count() >= 2
+
+
+# -- reporting as it goes ---------------------------------------------------------------------
+
+
+def test_each_run_is_reported_as_it_starts_and_ends_and_the_summary_times_them_all():
+    script = FIXTURES / "e2e" / "trainer_main.py"
+    result = cli.invoke(app, ["verify", str(script), "--equivalence", "--max-steps", "4"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"verify {script} (converted in memory): 2 ranks, torchrun"
+    starts = [i for i, line in enumerate(lines) if ": starting " in line]
+    ends = [i for i, line in enumerate(lines) if re.match(r"^\w+: (2 ranks )?exited 0 in [\d.]+ s$", line)]
+    assert lines[starts[0]] == "converted: starting 2 ranks (gloo, torchrun)"
+    assert lines[starts[1]].startswith("original: starting 1 process (plain python, seed 0, shuffling off")
+    first_check = next(i for i, line in enumerate(lines) if line.startswith("PASS"))
+    assert starts[0] < ends[0] < starts[1] < ends[1] < first_check, result.output
+    assert "[converted rank" not in result.output, "rank output only with -v"
+    summary = lines[-1]
+    assert summary.startswith("all checks passed; runs: converted 2 ranks ") and ", original 1 process " in summary
+    assert summary.endswith(" s in all")
+
+
+def test_verbose_streams_each_ranks_output_as_it_comes(tmp_path):
+    """The script waits until the test has seen its first line: verify must pass the line on
+    (and the run's start) while the run is still going, not when it ends."""
+    script = tmp_path / "waits.py"
+    sentinel = tmp_path / "go"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        if os.environ.get("RANK") == "1":
+            print("rank one says hello", flush=True)
+        deadline = time.time() + 120
+        while not os.path.exists({str(sentinel)!r}) and time.time() < deadline:
+            time.sleep(0.1)
+        print("done waiting", flush=True)
+    """))
+    command = [sys.executable, "-m", "ddpify", "verify", str(script), "-v", "--timeout", "200"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line.rstrip("\n"))
+            if line.startswith("[converted rank 1] rank one says hello"):
+                assert any(s.startswith("converted: starting 2 ranks") for s in seen)
+                assert not any(" exited " in s for s in seen), "the run is still waiting"
+                sentinel.touch()
+        process.wait(timeout=300)
+    finally:
+        process.kill()
+    assert sentinel.exists(), "\n".join(seen)
+    assert "[converted rank 0] done waiting" in seen and "[converted rank 1] done waiting" in seen
+    assert any(s.startswith("converted: 2 ranks exited 0 in ") for s in seen), "\n".join(seen)
+
+
+def test_json_keeps_stdout_for_the_document_and_quiet_keeps_the_report():
+    script = str(FIXTURES / "e2e" / "trainer_main.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "ddpify", "verify", script, "--json", "--max-steps", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    data = json.loads(result.stdout)
+    assert [run["label"] for run in data["runs"]] == ["converted"] and data["runs"][0]["processes"] == 2
+    assert "converted: starting 2 ranks" in result.stderr
+    quiet = cli.invoke(app, ["verify", script, "-q", "--max-steps", "2"])
+    assert ": starting " not in quiet.output and quiet.output.startswith("verify ") and "runs: converted" in quiet.output
+
+
+# -- Dropout and --equivalence ----------------------------------------------------------------
+
+DROPOUT = textwrap.dedent("""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 8))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.head(F.dropout(self.body(x), p=0.2, training=self.training))
+
+
+    def main():
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
+        loader = DataLoader(data, batch_size=16, shuffle=True)
+        model = nn.DataParallel(Net())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        for epoch in range(3):
+            model.train()
+            for x, y in loader:
+                optimizer.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+            print(f"epoch {epoch} loss {loss.item():.4f}")
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_equivalence_with_dropout_compares_with_dropout_off_and_says_so(tmp_path):
+    script = tmp_path / "dropout.py"
+    script.write_text(DROPOUT)
+    report = verify(script, options=VerifyOptions(equivalence=True))
+    assert report.exit_code == 0, reasons(report)
+    check = next(c for c in report.checks if c.name == "same weights as the original run")
+    # the nn.Dropout layer and the functional call in forward
+    assert "2 Dropout layer(s) or call(s) off in both runs" in check.reason, check.reason
+    assert [run["label"] for run in report.runs] == ["converted", "original", "equivalence"]
+
+
+def test_dropout_off_is_the_identity_and_on_is_not(tmp_path):
+    """The probe's switch, in a process of its own (it patches torch)."""
+    script = tmp_path / "masks.py"
+    script.write_text(textwrap.dedent("""
+        import json, torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+        x = torch.ones(1000)
+        layer = nn.Dropout(0.5).train()
+        kept = [bool((layer(x) == x).all()), bool((F.dropout(x, 0.5, True) == x).all()),
+                bool((F.dropout2d(x.view(10, 10, 10), 0.5, True) == x.view(10, 10, 10)).all())]
+        print(json.dumps(kept))
+    """))
+    for off, expected in (("1", [True, True, True]), ("", [False, False, False])):
+        env = {**os.environ, "DDPIFY_PROBE_NO_DROPOUT": off}
+        command = [sys.executable, "-m", "ddpify.verify.probe", str(script)]
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert json.loads(result.stdout.splitlines()[-1]) == expected, result.stdout + result.stderr
+
+
+# -- the cross-rank check the converted script no longer carries ------------------------------
+
+HAND_DDP = textwrap.dedent('''
+    """Hand-written DDP with no in-script check: {what}."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    sampler = DistributedSampler(data, shuffle=False)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    head = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(list(model.parameters()) + {head_params}, lr=0.1)
+    step = 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss({forward}, y).backward()
+            optimizer.step()
+            step += 1
+            if step == 2 and dist.get_rank() == 1:
+                {at_step_two}
+    dist.destroy_process_group()
+''')
+
+
+def test_a_rank_that_changes_its_own_lr_fails_at_the_next_check(tmp_path):
+    script = tmp_path / "lr_one_rank.py"
+    script.write_text(HAND_DDP.format(
+        what="rank 1 halves its learning rate after step 2", head_params="[]", forward="model(x)",
+        at_step_two="optimizer.param_groups[0]['lr'] *= 0.5",
+    ))
+    report = verify(script)
+    assert report.exit_code == 1
+    reason = failures(report)["ranks agree during training"]
+    assert reason.startswith(
+        "after step 4 of optimizer 0 the ranks hold different learning rates and weights (rank(s) 1 differ from rank 0)"
+    ), reason
+    assert "learning rates from 0.05 to 0.1" in reason
+    # the run went on: every other verdict sees all of it
+    assert [row["steps"] for row in report.ranks] == [8, 8]
+    assert failures(report)["optimizer hyper-parameters agree across ranks"] == "optimizer 0 group 0 lr: 0.1 on rank 0, 0.05 on rank 1"
+
+
+def test_a_module_trained_outside_ddp_fails_at_the_first_step(tmp_path):
+    script = tmp_path / "head_outside.py"
+    script.write_text(HAND_DDP.format(
+        what="a head the optimizer trains outside the wrap", head_params="list(head.parameters())",
+        forward="head(model(x))", at_step_two="pass",
+    ))
+    report = verify(script)
+    reason = failures(report)["ranks agree during training"]
+    assert reason.startswith("after step 1 of optimizer 0 the ranks hold different weights"), reasons(report)
+
+
+def _self_check_options():
+    """Options that keep the in-script check in the output (``self_check`` once issue 22 makes
+    it opt-in; the default before)."""
+    from dataclasses import fields
+
+    from ddpify.diagnostics import ConvertOptions
+
+    return ConvertOptions(self_check=True) if "self_check" in {f.name for f in fields(ConvertOptions)} else ConvertOptions()
+
+
+@pytest.mark.parametrize("in_script_check", [False, True], ids=["without", "with"])
+def test_a_converted_script_is_checked_by_verify_with_or_without_its_own_check(tmp_path, in_script_check):
+    """Without: what the converted script looks like once the in-script hook is gone (issue
+    22), verify's own check still runs. With: the script's check and verify's run side by side."""
+    from ddpify.api import convert_file
+    from ddpify.diagnostics import ConvertOptions
+
+    options = _self_check_options() if in_script_check else ConvertOptions()
+    output = convert_file(FIXTURES / "e2e" / "trainer_main.py", options).output
+    if in_script_check:
+        assert "register_optimizer_step_post_hook(ddp_after_step)" in output
+    else:
+        output = output.replace("register_optimizer_step_post_hook(ddp_after_step)", "pass")
+    converted = tmp_path / "train.py"
+    converted.write_text(output)
+    report = verify(FIXTURES / "e2e" / "trainer_main.py", converted, VerifyOptions(max_steps=4))
+    assert report.exit_code == 0, reasons(report)
+    agree = next(c for c in report.checks if c.name == "ranks agree during training")
+    assert agree.passed and agree.reason.startswith("3 check(s) after optimizer steps 1, 2, 4"), agree.reason

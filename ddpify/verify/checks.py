@@ -40,6 +40,7 @@ def run_checks(outcome: LaunchOutcome, reports: dict[int, dict]) -> list[Check]:
     return [
         ranks_finish(outcome, reports),
         process_group_and_ddp(outcome, reports),
+        ranks_agree_while_training(reports),
         weights_in_sync(reports),
         trained_parameters_in_ddp(reports),
         hyper_parameters_agree(reports),
@@ -66,6 +67,56 @@ def ranks_finish(outcome: LaunchOutcome, reports: dict[int, dict]) -> Check:
     if outcome.returncode not in (0, None):
         return Check(name, False, f"the launcher exited {outcome.returncode}")
     return Check(name, True, f"{outcome.world_size} ranks exited 0 in {outcome.seconds:.1f} s")
+
+
+def _divergence(reports: dict[int, dict]) -> dict | None:
+    return next((r["diverged"] for _, r in sorted(reports.items()) if r.get("diverged")), None)
+
+
+def ranks_agree_while_training(reports: dict[int, dict]) -> Check:
+    """The probe's cross-rank check (what the converted script's own ``ddp_after_step`` did):
+    after each optimizer's steps 1, 2, 4, 8, ... every rank's trained tensors, weights (sums
+    and sums of squares) and learning rates, all-reduced; the first step they were apart."""
+    name = "ranks agree during training"
+    diverged = _divergence(reports)
+    if diverged:
+        apart = diverged["apart"]
+        what = [label for label, keys in (
+            ("numbers of trained parameter tensors", ("trained parameter tensors",)),
+            ("learning rates", ("learning rates",)),
+            ("weights", ("weights (sums)", "weights (sums of squares)")),
+        ) if any(key in apart for key in keys)]
+        odd = _ranks_apart(reports)
+        who = f" (rank(s) {_list(odd)} differ from rank 0)" if odd else ""
+        rates = ""
+        if "learning rates" in apart:
+            rates = f"; learning rates from {diverged['smallest'][1]:g} to {diverged['largest'][1]:g}"
+        return Check(
+            name, False,
+            f"after step {diverged['step']} of optimizer {diverged['optimizer']} the ranks hold different "
+            f"{' and '.join(what)}{who}{rates}: part of the model is trained outside DistributedDataParallel "
+            "(a wrap that did not run on every rank, a module the optimizer trains outside the wrap), or one rank "
+            "decided alone (a learning rate set from its own loss)",
+        )
+    made = max((r.get("sync_checks", 0) for r in reports.values()), default=0)
+    if not made:
+        return Check(name, None, "no optimizer stepped under a process group of more than one rank")
+    return Check(
+        name, True,
+        f"{made} check(s) after optimizer steps 1, 2, 4, ...: the same weights and learning rates on every rank",
+    )
+
+
+def _ranks_apart(reports: dict[int, dict]) -> list[int]:
+    """Ranks whose own fingerprint at the failing check differs from rank 0's."""
+    mine = {rank: (r.get("diverged") or {}).get("mine") for rank, r in sorted(reports.items())}
+    first = mine.get(0)
+    if first is None:
+        return []
+    return [
+        rank for rank, values in mine.items()
+        if values is not None and any(not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) for a, b in zip(first, values))
+    ]
 
 
 def process_group_and_ddp(outcome: LaunchOutcome, reports: dict[int, dict]) -> Check:

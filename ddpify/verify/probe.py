@@ -13,7 +13,8 @@ into ``$DDPIFY_PROBE_DIR``:
   paths, files opened for writing, optimizer steps, each optimizer's hyper-parameters and
   how many of its trained parameters no DDP module holds, a hash of the parameters right
   after the last optimizer step and at exit, BatchNorm layers that used batch statistics,
-  exit status and wall time;
+  Dropout layers and functional dropout calls that were active in training, the first
+  optimizer step after which the ranks disagreed (below), exit status and wall time;
 - ``rank<R>.pt``: the parameters after the last optimizer step (for the equivalence
   comparison).
 
@@ -23,11 +24,22 @@ optimizer's latest step (one copy, on their device), because a script may overwr
 before it exits (loading rank 0's checkpoint on every rank), which would hide ranks that
 trained apart.
 
+The cross-rank check the converted script used to carry (``ddp_after_step``) is the
+probe's own: under a process group of more than one rank, after each optimizer's steps 1,
+2, 4, 8, ... every rank all-reduces the number of its trained parameters, their sums and
+sums of squares and its learning rates; the first check at which any rank differs is
+recorded (the step, what differed, each rank's own values). The run goes on, so that every
+other verdict sees the whole run. A script that still carries its own check is checked
+twice, in the same order on every rank (its own check then stops it).
+
 Settings, all optional, by environment variable:
 ``DDPIFY_PROBE_MAX_STEPS`` stops the script cleanly after that many optimizer steps;
 ``DDPIFY_PROBE_NO_SHUFFLE`` forces shuffling off in every DataLoader and DistributedSampler;
+``DDPIFY_PROBE_BN_EVAL`` makes BatchNorm normalise with its running statistics;
+``DDPIFY_PROBE_NO_DROPOUT`` turns dropout off (nn.Dropout* layers and F.dropout* calls);
 ``DDPIFY_PROBE_SEED`` seeds torch and ``random`` before the script starts;
-``DDPIFY_PROBE_PATH`` is prepended to ``sys.path`` (the original script's folder).
+``DDPIFY_PROBE_PATH`` is prepended to ``sys.path`` (the original script's folder);
+``DDPIFY_PROBE_TAG`` starts every line the script prints with ``[TAG rank R] ``.
 
 This module imports torch; only launched processes import it, never the CLI.
 """
@@ -92,6 +104,9 @@ class Recorder:
         self.ddp_param_ids: set[int] = set()
         # BatchNorm layers (ids) that normalised with the batch's own statistics.
         self.batch_stat_layers: set[int] = set()
+        # Dropout layers (ids) and functional dropout call sites that dropped in training.
+        self.dropout_layers: set[int] = set()
+        self.dropout_sites: set[str] = set()
         self.data = {
             "script": os.path.abspath(script),
             "process_group": None,
@@ -106,6 +121,9 @@ class Recorder:
             "error": None,
             "stopped_at_max_steps": False,
             "set_epoch_calls": [],
+            # The first cross-rank check that found the ranks apart (None: they agreed).
+            "diverged": None,
+            "sync_checks": 0,  # cross-rank checks made (steps 1, 2, 4, ... of each optimizer)
         }
         self._sampler_ids = itertools.count()
         self.max_steps: int | None = None
@@ -225,6 +243,7 @@ class Recorder:
             "at_exit": _weights_summary(self.final_parameters()),
         }
         self.data["batchnorm_batch_stats"] = len(self.batch_stat_layers)
+        self.data["dropout_in_training"] = len(self.dropout_layers) + len(self.dropout_sites)
         self.data.setdefault("rank", _env_int("RANK", _env_int("SLURM_PROCID", 0)))
         directory = os.environ.get("DDPIFY_PROBE_DIR")
         if not directory:
@@ -275,6 +294,57 @@ def _weights_summary(tensors: list) -> dict | None:
         if values.is_floating_point() or values.is_complex():
             nonfinite += int((~torch.isfinite(values)).sum())
     return {"hash": digest.hexdigest(), "count": sum(t.numel() for t in tensors), "nonfinite": nonfinite}
+
+
+# -- the cross-rank check -------------------------------------------------------------------
+
+FINGERPRINT = ("trained parameter tensors", "learning rates", "weights (sums)", "weights (sums of squares)")
+
+
+def _fingerprint(optimizer) -> list[float]:
+    """What ranks compare after a step: the trained tensors' count, the param groups'
+    learning rates and the weights' sums and sums of squares (each weighted by its position,
+    so that two swapped tensors differ; squares: a drift that keeps every sum, a softmax
+    head trained apart, shows there)."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    rates = sum((i + 1) * float(group.get("lr", 0.0)) for i, group in enumerate(optimizer.param_groups))
+    values = [float(len(params)), rates, 0.0, 0.0]
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            values[2] += (i + 1) * float(p.double().sum())
+            values[3] += (i + 1) * float(p.double().square().sum())
+    return values
+
+
+def _collective_device():
+    """NCCL reduces on the GPU only; gloo on the CPU."""
+    if "nccl" in str(dist.get_backend()) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_ranks_agree(recorder: "Recorder", optimizer, steps: int) -> None:
+    """After an optimizer's steps 1, 2, 4, 8, ... under a group of more than one rank: the
+    largest and smallest of each rank's fingerprint, all-reduced; the first time they are
+    apart is recorded (every rank sees the same reduced values and records it)."""
+    if steps & (steps - 1) or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    local = torch.tensor(_fingerprint(optimizer), dtype=torch.float64, device=_collective_device())
+    both = torch.cat([local, -local])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    recorder.data["sync_checks"] += 1
+    largest, smallest = both[:4].cpu(), (-both[4:]).cpu()
+    close = torch.isclose(largest, smallest, rtol=1e-6, atol=1e-7, equal_nan=True)
+    if bool(close.all()) or recorder.data["diverged"] is not None:
+        return
+    recorder.data["diverged"] = {
+        "step": steps,
+        "optimizer": recorder.optimizer_index(optimizer),
+        "apart": [name for name, same in zip(FINGERPRINT, close.tolist()) if not same],
+        "largest": largest.tolist(),
+        "smallest": smallest.tolist(),
+        "mine": local.cpu().tolist(),
+    }
 
 
 def _hyper_parameters(optimizer) -> list[dict]:
@@ -348,9 +418,11 @@ def patch_optimizers(recorder: Recorder) -> None:
 
     def after_step(optimizer, args, kwargs):
         # Registered before the script runs, so it runs before the converted set-up's own
-        # hooks (ddp_after_step); it makes no collective call, so ranks cannot block on it.
+        # hooks (ddp_after_step). Its one collective (the cross-rank check, at an
+        # optimizer's steps 1, 2, 4, ...) comes at the same step on every rank.
         recorder.data["steps"] += 1
         recorder.optimizer_stepped(optimizer)
+        check_ranks_agree(recorder, optimizer, recorder.data["optimizers"][recorder.optimizer_index(optimizer)]["steps"])
         # The loop being trained is the latest pass still open (an earlier open one is a
         # loop that was left with `break`).
         record = next((r for r in reversed(recorder.data["samplers"]) if not r["complete"]), None)
@@ -484,18 +556,86 @@ def patch_batchnorm(recorder: Recorder) -> None:
     _BatchNorm.forward = forward
 
 
+DROPOUT_FUNCTIONS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout")
+
+
+def patch_dropout(recorder: Recorder) -> None:
+    """Note Dropout that drops while training (a layer, or a functional call outside one);
+    with ``DDPIFY_PROBE_NO_DROPOUT`` (``verify --equivalence``) make it the identity: one
+    process draws the whole batch's masks from one stream, each rank its share's from its
+    own, and no seed makes them alike."""
+    import torch.nn.functional as F
+    from torch.nn.modules import dropout as layers
+
+    off = os.environ.get("DDPIFY_PROBE_NO_DROPOUT") == "1"
+    inside_layer = [0]
+
+    def layer_forward(original):
+        def forward(self, *args, **kwargs):
+            if self.training and getattr(self, "p", 0):
+                recorder.dropout_layers.add(id(self))
+                if off:
+                    self.training = False
+                    try:
+                        return original(self, *args, **kwargs)
+                    finally:
+                        self.training = True
+            inside_layer[0] += 1
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                inside_layer[0] -= 1
+
+        return forward
+
+    def functional(original):
+        def dropout(input, p=0.5, training=True, inplace=False):
+            if training and p and not inside_layer[0]:
+                recorder.dropout_sites.add(recorder.user_site(depth=2) or original.__name__)
+            if training and p and off:
+                training = False
+            return original(input, p, training, inplace)
+
+        return dropout
+
+    for cls in vars(layers).values():
+        if isinstance(cls, type) and issubclass(cls, layers._DropoutNd) and "forward" in vars(cls):
+            cls.forward = layer_forward(cls.forward)
+    for name in DROPOUT_FUNCTIONS:
+        if hasattr(F, name):
+            setattr(F, name, functional(getattr(F, name)))
+
+
 class RecordingStream:
     """Wraps sys.stdout / sys.stderr: passes everything through, notes the user line behind it."""
 
-    def __init__(self, stream, name: str, recorder: Recorder) -> None:
+    def __init__(self, stream, name: str, recorder: Recorder, tag: str = "") -> None:
         self._stream, self._name, self._recorder = stream, name, recorder
+        self._tag, self._line_start = tag, True
 
     def write(self, text):
         self._recorder.output(self._name, text)
-        return self._stream.write(text)
+        if not self._tag or not text:
+            return self._stream.write(text)
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            if self._line_start:
+                pieces.append(self._tag)
+            pieces.append(piece)
+            self._line_start = piece.endswith("\n")
+        self._stream.write("".join(pieces))
+        return len(text)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _line_tag(label: str) -> str:
+    """``[converted rank 1] `` under a launcher, ``[original] `` for one plain process."""
+    if not label:
+        return ""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    return f"[{label} rank {rank}] " if rank is not None else f"[{label}] "
 
 
 def seed(value: str | None) -> None:
@@ -521,9 +661,11 @@ def main() -> None:
     patch_distributed(recorder)
     patch_files(recorder)
     patch_batchnorm(recorder)
+    patch_dropout(recorder)
     seed(os.environ.get("DDPIFY_PROBE_SEED"))
-    sys.stdout = RecordingStream(sys.stdout, "stdout", recorder)
-    sys.stderr = RecordingStream(sys.stderr, "stderr", recorder)
+    tag = _line_tag(os.environ.get("DDPIFY_PROBE_TAG", ""))
+    sys.stdout = RecordingStream(sys.stdout, "stdout", recorder, tag)
+    sys.stderr = RecordingStream(sys.stderr, "stderr", recorder, tag)
     status, error = 0, None
     try:
         runpy.run_path(script, run_name="__main__")

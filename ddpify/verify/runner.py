@@ -4,8 +4,11 @@ The CLI process never imports torch: it launches ``python -m torch.distributed.r
 plain processes with Slurm's variables) over ``ddpify.verify.probe``, reads the JSON each
 rank leaves behind, and runs the checks in ``ddpify.verify.checks``.
 
-    report = verify(Path("train.py"), VerifyOptions(nproc=2, equivalence=True))
-    report.exit_code, report.checks, report.ranks
+    report = verify(Path("train.py"), VerifyOptions(nproc=2, equivalence=True), progress=print)
+    report.exit_code, report.checks, report.ranks, report.runs
+
+``progress`` gets one line as each launched run starts and one as it ends (and, with
+``VerifyOptions.verbose``, every line the ranks print, tagged with the run and the rank).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable, Optional
 
 from ddpify.verify.checks import Check, LaunchOutcome, run_checks
 
@@ -30,10 +35,16 @@ LAUNCHERS = ("torchrun", "slurm-sim")
 MISSING_TORCH = "torch is not installed here: pip install 'ddpify[verify]'"
 # Variables a surrounding launcher may have set; each run starts from none of them.
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Where verify says what it is doing: one line at a time, as it happens.
+Progress = Optional[Callable[[str], None]]
 
 
 class CannotVerify(Exception):
-    """Verification could not run (exit 2): bad arguments, torch missing, conversion refused."""
+    """Verification could not run (exit 2): bad arguments, torch missing."""
+
+
+class ConversionRefused(CannotVerify):
+    """ddpify refused to convert the script (exit 3, as `ddpify convert` exits)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class VerifyOptions:
     rtol: float = 1e-5
     atol: float = 1e-6
     seed: int = 0
+    verbose: bool = False  # stream every line the ranks print to ``progress``
 
 
 @dataclass(frozen=True)
@@ -62,11 +74,14 @@ class VerifyReport:
     notes: tuple[str, ...] = ()
     error: str | None = None
     output_tail: str = ""
+    # Every launched run, in order: label, processes, seconds, exit status, timed out.
+    runs: tuple[dict, ...] = ()
+    refused: bool = False  # the conversion was refused (exit 3, as `ddpify convert`)
 
     @property
     def exit_code(self) -> int:
         if self.error:
-            return 2
+            return 3 if self.refused else 2
         return 1 if any(check.passed is False for check in self.checks) else 0
 
     def to_json(self) -> str:
@@ -84,29 +99,56 @@ class Run:
     probe_dir: Path
     cwd: Path
     extra_env: dict = field(default_factory=dict)
+    label: str = "converted"  # how progress lines and tagged output name it
+    purpose: str = ""  # said when it starts: "shuffling off, Dropout off"
 
 
-def verify(original: Path, converted: Path | None = None, options: VerifyOptions = VerifyOptions()) -> VerifyReport:
+class Session:
+    """The runs of one verify: reports each as it starts and ends, and keeps their times."""
+
+    def __init__(self, progress: Progress, verbose: bool) -> None:
+        self.progress, self.verbose = progress, verbose
+        self.runs: list[dict] = []
+
+    def say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    def echo(self) -> Progress:
+        """Where the ranks' own output goes as it arrives (only with verbose)."""
+        return self.progress if self.verbose else None
+
+
+def verify(
+    original: Path, converted: Path | None = None, options: VerifyOptions = VerifyOptions(), progress: Progress = None
+) -> VerifyReport:
     """Convert (unless given the converted script), run, check. Never raises for user errors."""
     work = Path(tempfile.mkdtemp(prefix="ddpify-verify-"))
     setup = _describe(options)
+    session = Session(progress, options.verbose)
+    shown = str(converted or f"{original} (converted in memory)")
     try:
         _validate(options)
         script, notes = _converted_script(original, converted, work)
+        session.say(f"verify {shown}: {options.nproc} ranks, {_launcher(options)}")  # the backend: when chosen
+        for note in notes:
+            session.say(f"note: {note}")
         env = _base_env(original, options)
         setup = _describe(options, _backend(options, env))
-        main = Run(script, work / "probe-ddp", _cwd(options, work / "run-ddp"))
-        outcome, reports = launch(main, options, env)
+        main = Run(script, work / "probe-ddp", _cwd(options, work / "run-ddp"), purpose=setup.split(", ", 1)[1])  # "gloo, torchrun"
+        outcome, reports = launch(main, options, env, session)
         checks = run_checks(outcome, reports)
         if options.equivalence:
-            checks.append(_equivalence(original, main, reports, options, env, work))
+            checks.append(_equivalence(original, main, reports, options, env, work, session))
         return VerifyReport(
-            str(original), str(converted or f"{original} (converted in memory)"), setup,
+            str(original), shown, setup,
             tuple(checks), tuple(_rank_row(r, reports[r]) for r in sorted(reports)), tuple(notes),
             output_tail=outcome.output_tail if any(c.passed is False for c in checks) else "",
+            runs=tuple(session.runs),
         )
     except CannotVerify as error:
-        return VerifyReport(str(original), str(converted or ""), setup, error=str(error))
+        refused = isinstance(error, ConversionRefused)
+        return VerifyReport(str(original), str(converted or ""), setup, error=str(error), runs=tuple(session.runs), refused=refused)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -144,7 +186,9 @@ def _converted_script(original: Path, converted: Path | None, work: Path) -> tup
     # The same options `ddpify convert` would take from [tool.ddpify].
     result = convert_file(original, ConvertOptions(per_process_batch=config.per_process_batch))
     if result.error:
-        raise CannotVerify(f"{original}: {result.error}")
+        if any(d.code == "DDP001" for d in result.diagnostics):
+            raise CannotVerify(f"{original}: {result.error}")
+        raise ConversionRefused(f"{original}: {result.error}")
     target = work / "converted" / original.name
     target.parent.mkdir()
     target.write_text(result.output, encoding="utf-8")
@@ -196,11 +240,14 @@ def _cwd(options: VerifyOptions, default: Path) -> Path:
     return default
 
 
-def _describe(options: VerifyOptions, backend: str | None = None) -> str:
-    launcher = "slurm-sim" if options.launcher == "slurm-sim" else (
+def _launcher(options: VerifyOptions) -> str:
+    return "slurm-sim" if options.launcher == "slurm-sim" else (
         f"{options.nnodes_sim} torchrun launchers (simulated nodes)" if options.nnodes_sim > 1 else "torchrun"
     )
-    return f"{options.nproc} ranks, {backend or options.backend}, {launcher}"
+
+
+def _describe(options: VerifyOptions, backend: str | None = None) -> str:
+    return f"{options.nproc} ranks, {backend or options.backend}, {_launcher(options)}"
 
 
 # -- launching --------------------------------------------------------------------------------
@@ -212,31 +259,79 @@ def _describe(options: VerifyOptions, backend: str | None = None) -> str:
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
-def launch(run: Run, options: VerifyOptions, env: dict) -> tuple[LaunchOutcome, dict[int, dict]]:
-    for _ in range(3):
-        outcome, reports = _launch_once(run, options, env)
+def launch(run: Run, options: VerifyOptions, env: dict, session: Session | None = None) -> tuple[LaunchOutcome, dict[int, dict]]:
+    session = session or Session(None, False)
+    for attempt in range(3):
+        if attempt:
+            session.say(f"{run.label}: torch's gloo backend aborted at interpreter exit; running it again ({attempt + 1} of 3)")
+        outcome, reports = _launch_once(run, options, env, session)
         if outcome.returncode == 0 or outcome.timed_out or GLOO_EXIT_ABORT not in outcome.output_tail:
             break
         for stale in run.probe_dir.glob("rank*"):
             stale.unlink()
+    session.runs.append({
+        "label": run.label, "processes": options.nproc, "seconds": round(outcome.seconds, 2),
+        "returncode": outcome.returncode, "timed_out": outcome.timed_out, "attempts": attempt + 1,
+    })
     return outcome, reports
 
 
-def _launch_once(run: Run, options: VerifyOptions, env: dict) -> tuple[LaunchOutcome, dict[int, dict]]:
+def _processes(count: int) -> str:
+    return f"{count} rank{'s' if count != 1 else ''}" if count > 1 else "1 process"
+
+
+def _launch_once(run: Run, options: VerifyOptions, env: dict, session: Session) -> tuple[LaunchOutcome, dict[int, dict]]:
     run.probe_dir.mkdir(parents=True, exist_ok=True)
-    env = {**env, **run.extra_env, "DDPIFY_PROBE_DIR": str(run.probe_dir)}
+    env = {**env, **run.extra_env, "DDPIFY_PROBE_DIR": str(run.probe_dir), "DDPIFY_PROBE_TAG": run.label}
     log = run.probe_dir / "output.log"
+    session.say(f"{run.label}: starting {_processes(options.nproc)} ({run.purpose})" if run.purpose else f"{run.label}: starting {_processes(options.nproc)}")
     started = time.monotonic()
-    with open(log, "w") as output:
+    with open(log, "wb") as output:
+        lock = threading.Lock()
         processes = [
-            subprocess.Popen(command, cwd=run.cwd, env={**env, **extra}, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            subprocess.Popen(
+                command, cwd=run.cwd, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
             for command, extra in _commands(run, options)
         ]
+        readers = [
+            threading.Thread(target=_pump, args=(process.stdout, output, lock, session.echo(), run.label), daemon=True)
+            for process in processes
+        ]
+        for reader in readers:
+            reader.start()
         returncode, timed_out = _wait(processes, started + options.timeout)
+        for reader in readers:
+            reader.join(timeout=10)  # a straggler holding the pipe open must not hold verify
+        with lock:
+            output.flush()
+            tail = log.read_text(errors="replace")[-3000:]
+            output.close()
     seconds = time.monotonic() - started
-    tail = log.read_text(errors="replace")[-3000:]
     outcome = LaunchOutcome(options.nproc, returncode, timed_out, seconds, tail)
+    session.say(f"{run.label}: {_ending(outcome)}")
     return outcome, _reports(run.probe_dir)
+
+
+def _ending(outcome: LaunchOutcome) -> str:
+    if outcome.timed_out:
+        return f"timed out after {outcome.seconds:.0f} s; every process killed"
+    who = f"{_processes(outcome.world_size)} exited" if outcome.world_size > 1 else "exited"
+    return f"{who} {outcome.returncode} in {outcome.seconds:.1f} s"
+
+
+def _pump(stream, log, lock: threading.Lock, echo: Progress, label: str) -> None:
+    """Copy one launched process's output into the log as it comes, and to ``echo`` (-v);
+    lines the probe did not tag with a rank (the launcher's own) get the run's label."""
+    for raw in iter(stream.readline, b""):
+        with lock:
+            if log.closed:
+                break
+            log.write(raw)
+        if echo is not None:
+            text = raw.decode(errors="replace").rstrip("\r\n")
+            echo(text if text.startswith(f"[{label}") else f"[{label}] {text}")
+    stream.close()
 
 
 def _commands(run: Run, options: VerifyOptions) -> list[tuple[list[str], dict]]:
@@ -328,38 +423,60 @@ class Tolerance:
     rtol: float
     atol: float
     batchnorm_layers: int = 0  # in the converted world, normalising with batch statistics
+    dropout: int = 0  # Dropout layers and functional dropout call sites active in training
     described: str = ""
 
 
-def _equivalence(original: Path, main: Run, reports: dict, options: VerifyOptions, env: dict, work: Path) -> Check:
+def _equivalence(
+    original: Path, main: Run, reports: dict, options: VerifyOptions, env: dict, work: Path, session: Session | None = None
+) -> Check:
     """The original as one process and the converted world, shuffling off, same seed; with
-    BatchNorm on batch statistics, both normalising with running statistics instead."""
+    BatchNorm on batch statistics, both normalising with running statistics instead; with
+    Dropout in training, both with dropout off."""
+    session = session or Session(None, False)
     name = "same weights as the original run"
     if not reports or any(r["status"] != 0 for r in reports.values()):
         return Check(name, None, "the converted run did not finish")
     batchnorm = max(r.get("batchnorm_batch_stats", 0) for r in reports.values())
-    quiet = {"DDPIFY_PROBE_NO_SHUFFLE": "1", **({"DDPIFY_PROBE_BN_EVAL": "1"} if batchnorm else {})}
+    dropout = max(r.get("dropout_in_training", 0) for r in reports.values())
+    quiet = {
+        "DDPIFY_PROBE_NO_SHUFFLE": "1",
+        **({"DDPIFY_PROBE_BN_EVAL": "1"} if batchnorm else {}),
+        **({"DDPIFY_PROBE_NO_DROPOUT": "1"} if dropout else {}),
+    }
+    changes = ", ".join(
+        ["shuffling off"] + (["BatchNorm on running statistics"] if batchnorm else []) + (["Dropout off"] if dropout else [])
+    )
     single = replace(options, nproc=1, nnodes_sim=1, launcher="plain")
-    reference = Run(original.resolve(), work / "probe-original", _cwd(options, work / "run-original"), quiet)
-    outcome, original_reports = launch(reference, single, {**env, "DDPIFY_PROBE_PATH": ""})
+    reference = Run(
+        original.resolve(), work / "probe-original", _cwd(options, work / "run-original"), quiet,
+        label="original", purpose=f"plain python, seed {options.seed}, {changes}",
+    )
+    outcome, original_reports = launch(reference, single, {**env, "DDPIFY_PROBE_PATH": ""}, session)
     if outcome.timed_out or 0 not in original_reports or original_reports[0]["status"] != 0:
         return Check(name, False, f"the original did not finish as one process:\n{outcome.output_tail[-800:]}")
     converted, compared = main, reports
     shuffled = any(r["shuffle"] for report in reports.values() for r in report["samplers"])
-    if shuffled or batchnorm:
-        converted = Run(main.script, work / "probe-ddp-quiet", _cwd(options, work / "run-ddp-quiet"), quiet)
-        outcome, compared = launch(converted, options, env)
+    if shuffled or batchnorm or dropout:
+        converted = Run(
+            main.script, work / "probe-ddp-quiet", _cwd(options, work / "run-ddp-quiet"), quiet,
+            label="equivalence", purpose=f"the converted script again: {changes}",
+        )
+        outcome, compared = launch(converted, options, env, session)
         if outcome.timed_out or len(compared) != options.nproc:
-            return Check(name, False, "the converted run with shuffling off did not finish")
-    tolerance = _tolerance(options, batchnorm)
+            return Check(name, False, f"the converted run with {changes} did not finish")
+    tolerance = _tolerance(options, batchnorm, dropout)
     result = _compare(reference.probe_dir / "rank0.pt", converted.probe_dir / "rank0.pt", tolerance, env)
     return _equivalence_verdict(name, result, tolerance)
 
 
-def _tolerance(options: VerifyOptions, batchnorm_layers: int) -> Tolerance:
+def _tolerance(options: VerifyOptions, batchnorm_layers: int, dropout: int = 0) -> Tolerance:
     """BatchNorm in training normalises each process's part of the batch, as DataParallel's
     replicas did on their GPUs; one process on the whole batch cannot match that, so both
-    runs normalised with the running statistics, and the report says so."""
+    runs normalised with the running statistics, and the report says so. Dropout draws a
+    random mask per sample: one process draws the whole batch's masks from one stream, each
+    rank its share's from its own, so no seed makes them alike; both runs ran with dropout
+    off, and the report says so."""
     described = f"rtol {options.rtol:g}, atol {options.atol:g}"
     if batchnorm_layers:
         described += (
@@ -367,7 +484,12 @@ def _tolerance(options: VerifyOptions, batchnorm_layers: int) -> Tolerance:
             "(per-process batch statistics are what DataParallel's replicas used too; one process cannot "
             "reproduce them)"
         )
-    return Tolerance(options.rtol, options.atol, batchnorm_layers, described)
+    if dropout:
+        described += (
+            f"; {dropout} Dropout layer(s) or call(s) off in both runs (each rank draws the masks of its share "
+            "of the batch from its own random stream; one process cannot draw the same masks)"
+        )
+    return Tolerance(options.rtol, options.atol, batchnorm_layers, dropout, described)
 
 
 def _equivalence_verdict(name: str, result: dict, tolerance: Tolerance) -> Check:

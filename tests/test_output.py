@@ -1,0 +1,238 @@
+"""What the command line prints and how it exits, in the manner of ruff and black: one exit
+code per outcome, one line per finding, repeated diagnostics folded, --quiet / --verbose,
+GitHub annotations at the level the command fails at, `ddpify rule` pages, docs links."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import FIXTURES
+from ddpify import cli
+from ddpify.cli import app
+from ddpify.convert_codes import convert_codes
+from ddpify.rules import DOCS_URL, RULES, code_url
+
+runner = CliRunner()
+SCRIPT = (FIXTURES / "process_group" / "main_function.py").read_text()
+GUARDS = (FIXTURES / "wrap" / "guards.py").read_text()  # seven wraps, six reported alike
+REFUSED = (FIXTURES / "wrap" / "subclass_scatter.py").read_text()  # DDP004: refused
+BROKEN = "import torch\nmodel = torch.nn.DataParallel(\n"
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+# -- exit codes -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "files, arguments, expected",
+    [
+        ({"a.py": SCRIPT}, [], 0),  # converted (written)
+        ({"a.py": "print('hello')\n"}, [], 0),  # nothing to convert
+        ({"a.py": "print('hello')\n"}, ["--diff"], 0),  # nothing to show
+        ({"a.py": SCRIPT}, ["--diff"], 1),  # changes shown
+        ({"a.py": SCRIPT}, ["--exit-non-zero-on-change"], 1),  # changes written, asked to say so
+        ({"a.py": "print('hello')\n"}, ["--exit-non-zero-on-change"], 0),
+        ({"a.py": REFUSED}, [], 3),  # refused: left as it was
+        ({"a.py": REFUSED}, ["--diff"], 3),
+        ({"a.py": BROKEN}, [], 2),  # does not parse
+        ({"a.py": SCRIPT, "b.py": REFUSED}, ["--diff"], 3),  # the worst file decides
+        ({"a.py": REFUSED, "b.py": BROKEN}, [], 2),
+        ({"a.py": SCRIPT, "b.py": SCRIPT}, ["-o", "out.py"], 2),  # usage
+    ],
+    ids=[
+        "converted", "nothing", "nothing-diff", "diff", "written-non-zero", "nothing-non-zero", "refused",
+        "refused-diff", "parse-error", "refused-beats-diff", "error-beats-refused", "usage",
+    ],
+)
+def test_convert_exit_codes(tmp_path, files, arguments, expected):
+    paths = [write(tmp_path, name, text) for name, text in files.items()]
+    arguments = [str(tmp_path / a) if a == "out.py" else a for a in arguments]
+    result = runner.invoke(app, ["convert", *arguments, *map(str, paths)])
+    assert result.exit_code == expected, result.output
+
+
+def test_a_usage_error_of_the_parser_itself_exits_2():
+    assert runner.invoke(app, ["convert", "--no-such-option", "x.py"]).exit_code == 2
+    assert runner.invoke(app, ["check", "--output-format", "xml", "x.py"]).exit_code == 2
+
+
+def test_check_exit_codes(tmp_path):
+    clean, found, broken = write(tmp_path, "c.py", "print(1)\n"), write(tmp_path, "f.py", SCRIPT), write(tmp_path, "b.py", BROKEN)
+    assert runner.invoke(app, ["check", str(clean)]).exit_code == 0
+    assert runner.invoke(app, ["check", str(found)]).exit_code == 1
+    assert runner.invoke(app, ["check", "--exit-zero", str(found)]).exit_code == 0
+    assert runner.invoke(app, ["check", str(broken)]).exit_code == 2
+
+
+def test_an_internal_error_exits_2_with_the_traceback(tmp_path, monkeypatch, capsys):
+    from ddpify import api
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api, "convert_files", boom)
+    monkeypatch.setattr(sys, "argv", ["ddpify", "convert", str(write(tmp_path, "a.py", SCRIPT))])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "RuntimeError: a bug" in err and "error: internal error in ddpify" in err
+
+
+def test_exit_codes_are_documented():
+    page = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
+    convert = page[page.index("## convert"):page.index("## check")]
+    for code, words in ((0, "converted"), (1, "--diff"), (2, "parse"), (3, "refused")):
+        assert re.search(rf"^\| {code} \| .*{re.escape(words)}", convert, flags=re.MULTILINE), code
+
+
+# -- convert's output ---------------------------------------------------------------------------
+
+
+def test_repeated_diagnostics_of_one_kind_are_one_line(tmp_path):
+    path = write(tmp_path, "train.py", GUARDS)
+    result = runner.invoke(app, ["convert", "-o", str(tmp_path / "out.py"), str(path)])
+    lines = [line for line in result.output.splitlines() if ": DDP" in line]
+    wraps = [line for line in lines if "DDP101 DataParallel -> DistributedDataParallel on this process's device" in line]
+    assert f"  {path}:28:16: DDP101 DataParallel -> DistributedDataParallel on this process's device (6 places: lines 28, 30, 35, 38, 40, 43)" in wraps
+    # a different message is another kind; no kind is said twice
+    assert len(wraps) == 2
+    kinds = [re.sub(r" \(\d+ places: lines [\d, .]+\)", "", line.split(": ", 1)[1]) for line in lines]
+    assert len(kinds) == len(set(kinds)), lines
+
+
+def test_folded_places_are_counted_and_cut():
+    from ddpify.diagnostics import Diagnostic, FileResult
+    from ddpify.cli import View, _diagnostic_lines
+
+    same = [Diagnostic(n, 5, "DDP601", "print() runs on rank 0 only") for n in (12, 40, 41, 55, 60, 71, 90, 97, 120, 130)]
+    result = FileResult("t.py", "", "x", (*same, Diagnostic(13, 1, "DDP601", "print() runs on rank 0 only", cli.Severity.WARNING)))
+    assert _diagnostic_lines(result, View()) == [
+        "  t.py:12:5: DDP601 print() runs on rank 0 only (10 places: lines 12, 40, 41, 55, 60, 71, 90, 97, ...)",
+        "  t.py:13:1: DDP601 print() runs on rank 0 only [warning]",  # another severity: another kind
+    ]
+    assert len(_diagnostic_lines(result, View(verbose=True))) == 11
+
+
+def test_verbose_shows_every_place_and_links_every_code(tmp_path):
+    path = write(tmp_path, "train.py", GUARDS)
+    result = runner.invoke(app, ["convert", "-v", "-o", str(tmp_path / "out.py"), str(path)])
+    plain = "DDP101 DataParallel -> DistributedDataParallel on this process's device"
+    assert sum(line.endswith(plain) for line in result.output.splitlines()) == 6
+    assert f"  DDP101  {DOCS_URL}transforms/#ddp101" in result.output
+
+
+def test_quiet_says_one_line_per_file_and_why_a_file_was_refused(tmp_path):
+    good, bad = write(tmp_path, "good.py", SCRIPT), write(tmp_path, "bad.py", REFUSED)
+    result = runner.invoke(app, ["convert", "-q", str(good), str(bad)])
+    assert result.exit_code == 3
+    lines = result.output.splitlines()
+    assert lines[0] == f"{good}: converted" and lines[1] == f"{bad}: not converted (file left untouched)"
+    assert all("DDP004" in line for line in lines[2:]) and lines[2:], result.output
+    assert "launch" not in result.output
+    assert runner.invoke(app, ["convert", "-q", "-v", str(good)]).exit_code == 2
+
+
+# -- check's output -----------------------------------------------------------------------------
+
+
+def test_check_prints_one_line_per_finding_then_a_summary_with_links(tmp_path):
+    path = write(tmp_path, "train.py", "import torch\nm = torch.nn.DataParallel(n)\nk = torch.nn.DataParallel(n)\n")
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.output.splitlines() == [
+        f"{path}:2:5: DDP100 [*] nn.DataParallel is used; `ddpify convert` rewrites it to DistributedDataParallel",
+        f"{path}:3:5: DDP100 [*] nn.DataParallel is used; `ddpify convert` rewrites it to DistributedDataParallel",
+        "Found 2 findings.",
+        "[*] 2 fixable with `ddpify convert`.",
+        "Explained by `ddpify rule CODE` and at:",
+        f"  DDP100  {DOCS_URL}rules/#ddp100",
+    ]
+    assert result.output.count("fixable") == 1
+    quiet = runner.invoke(app, ["check", "-q", str(path)])
+    assert quiet.exit_code == 1 and len(quiet.output.splitlines()) == 2
+
+
+def test_github_annotations_are_errors_when_the_command_fails(tmp_path):
+    path = write(tmp_path, "t.py", "import torch\nm = torch.nn.DataParallel(n)\n")
+    failing = runner.invoke(app, ["check", "--output-format", "github", str(path)])
+    assert failing.exit_code == 1 and failing.output.startswith("::error file=")
+    assert f"({code_url('DDP100')})" in failing.output.replace("%3A", ":")
+    passing = runner.invoke(app, ["check", "--output-format", "github", "--exit-zero", str(path)])
+    assert passing.exit_code == 0 and passing.output.startswith("::warning file=")
+
+
+def test_json_and_sarif_link_the_docs(tmp_path):
+    path = write(tmp_path, "t.py", "import torch\nm = torch.nn.DataParallel(n)\n")
+    rows = json.loads(runner.invoke(app, ["check", "--output-format", "json", str(path)]).output)
+    assert rows[0]["url"] == f"{DOCS_URL}rules/#ddp100"
+    sarif = json.loads(runner.invoke(app, ["check", "--output-format", "sarif", str(path)]).output)
+    rules = sarif["runs"][0]["tool"]["driver"]["rules"]
+    assert all(rule["helpUri"] == code_url(rule["id"]) for rule in rules)
+
+
+# -- ddpify rule --------------------------------------------------------------------------------
+
+
+def test_rule_for_a_check_code_reads_like_ruff_rule():
+    result = runner.invoke(app, ["rule", "DDP612"])
+    assert result.exit_code == 0
+    text = result.output
+    assert text.startswith("# progress-bar-on-every-rank (DDP612)\n\n")
+    assert "Fix is available: `ddpify convert` rewrites it." in text
+    for heading in ("## What it does\n", "## Why is this bad?\n", "## Example\n```python\n", "Use instead:\n```python\n"):
+        assert heading in text
+    assert text.rstrip().endswith(f"Docs: {DOCS_URL}rules/#ddp612")
+
+
+@pytest.mark.parametrize("code", sorted(convert_codes()))
+def test_rule_for_every_convert_code_is_clean(code):
+    text = runner.invoke(app, ["rule", code]).output
+    assert text.startswith(f"# {code}\n\nReported by `ddpify convert`")
+    assert "::" not in text, "reStructuredText's example marker"
+    assert "ddpify/transforms" not in text and "(ddpify/" not in text, "an internal module path"
+    assert not re.search(r"(?<!`)``(?!`)", text), "reStructuredText's double backticks"
+    assert text.count("```") % 2 == 0
+    assert text.rstrip().endswith(f"Docs: {code_url(code)}")
+
+
+def test_rule_list_cuts_no_word():
+    result = runner.invoke(app, ["rule"])
+    assert result.exit_code == 0 and "check codes" in result.output and "convert codes" in result.output
+    full_texts = {code: rule.summary for code, rule in RULES.items()}
+    for line in result.output.splitlines():
+        match = re.match(r"^  (DDP\d{3})  ", line)
+        if not match:
+            continue
+        assert "::" not in line and "``" not in line
+        if line.endswith(" ..."):
+            shown = line[:-4].split()[-1]
+            # the last word shown is whole: the full text has it followed by a space
+            source = full_texts.get(match.group(1)) or " ".join(convert_codes()[match.group(1)].split())
+            assert re.search(rf"{re.escape(shown)}\s", source.replace("``", "`")), line
+
+
+@pytest.mark.parametrize("code, expected", [("DDP51", "did you mean DDP510"), ("ddp6111", "did you mean DDP611"), ("XYZ", "codes look like DDP105")])
+def test_unknown_code_is_one_line_with_close_matches(code, expected):
+    result = runner.invoke(app, ["rule", code])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and expected in result.output, result.output
+
+
+def test_every_code_has_a_docs_anchor_on_a_generated_page():
+    """Check codes on rules/, convert codes on transforms/ (the built site is checked in
+    tests/test_docs.py)."""
+    for code in RULES:
+        assert code_url(code) == f"{DOCS_URL}rules/#{code.lower()}"
+    for code in set(convert_codes()) - set(RULES):
+        assert code_url(code) == f"{DOCS_URL}transforms/#{code.lower()}"
