@@ -252,6 +252,8 @@ warnings.warn(f"warning from rank {rank}")
 for _ in tqdm(range(3), desc=f"bar of rank {rank}"):
     pass
 tqdm.write(f"tqdm.write from rank {rank}")
+logging.getLogger("run").addHandler(logging.FileHandler(f"run{rank}.log"))
+logging.getLogger("run").warning("to the file")
 sys.stderr.write(f"stderr from rank {rank}\\n")
 """
 
@@ -265,6 +267,7 @@ def test_only_rank_zero_shows_output_but_errors_show_everywhere(tmp_path):
     for what in ("print", "info", "warning", "bar", "tqdm.write"):
         assert f"{what} from rank 1" not in shown and f"{what} of rank 1" not in shown, what
     assert "error from rank 1" in shown and "stderr from rank 1" in shown
+    assert (tmp_path / "run0.log").exists() and not (tmp_path / "run1.log").exists(), "a log file opens for an error only"
 
 
 def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):

@@ -62,6 +62,7 @@ def ddp_quiet():
 
     sys.stdout = open(os.devnull, "w")
     logging.disable(logging.WARNING)
+    logging.FileHandler.__init__ = functools.partialmethod(logging.FileHandler.__init__, delay=True)  # opened only for an error
     warnings.simplefilter("ignore")
     os.environ["TQDM_DISABLE"] = "1"  # tqdm imported from now on
     tqdm = sys.modules.get("tqdm.std")
@@ -161,15 +162,15 @@ def ddp_rebuilt(loader, global_batch):
         )
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
-    batches, make, key = loader.batch_sampler, type(loader), id(loader.dataset)  # passes counted per dataset
+    batches, make, dataset = loader.batch_sampler, type(loader), loader.dataset
     if type(batches) is BatchSampler:
-        shard = DdpShard(batches.sampler, key, per_batch=False)
+        shard = DdpShard(batches.sampler, dataset, per_batch=False)
         local = ddp_local_batch_size(batches.batch_size) if global_batch else batches.batch_size
-        rebuilt = make(loader.dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
+        rebuilt = make(dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
-        rebuilt = make(loader.dataset, None, sampler=DdpShard(loader.sampler, key, per_batch=False), **options)
+        rebuilt = make(dataset, None, sampler=DdpShard(loader.sampler, dataset, per_batch=False), **options)
     else:  # the user's batch sampler: each of its batches split across the ranks, as DataParallel did
-        rebuilt = make(loader.dataset, batch_sampler=DdpShard(batches, key, per_batch=global_batch), **options)
+        rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
 
@@ -192,19 +193,19 @@ class DdpShard(torch.utils.data.Sampler):
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
     as many steps), or of a batch sampler every world-size-th sample of each batch."""
 
-    def __init__(self, sampler, key, per_batch):
-        self.sampler, self.key, self.per_batch, self.epoch = sampler, key, per_batch, None
+    def __init__(self, sampler, dataset, per_batch):
+        self.sampler, self.dataset, self.per_batch, self.epoch, self.chosen = sampler, dataset, per_batch, 0, None
 
     def set_epoch(self, epoch):
-        self.epoch = epoch
+        self.chosen = epoch
 
     def __iter__(self):
         passes = ddp_shard.__dict__.setdefault("passes", {})  # a loader built anew each epoch counts on
-        epoch = passes.get(self.key, 0) if self.epoch is None else self.epoch
-        passes[self.key], self.epoch = epoch + 1, None
+        self.epoch = passes.get(id(self.dataset), 0) if self.chosen is None else self.chosen
+        passes[id(self.dataset)], self.chosen = self.epoch + 1, None
         if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-        drawn = ddp_same_draw(self.sampler, epoch)
+            self.sampler.set_epoch(self.epoch)
+        drawn = ddp_same_draw(self.sampler, self.epoch)
         world, rank = dist.get_world_size(), dist.get_rank()
         if self.per_batch:
             return iter([(batch * world)[rank : max(len(batch), world) : world] for batch in map(list, drawn)])

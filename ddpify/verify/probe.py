@@ -126,6 +126,7 @@ class Recorder:
             "sync_checks": 0,  # cross-rank checks made (steps 1, 2, 4, ... of each optimizer)
         }
         self._sampler_ids = itertools.count()
+        self.drawing_shard = 0  # inside a DdpShard drawing the pass of the sampler it splits
         self.max_steps: int | None = None
         # Loops (by site) in which an optimizer stepped: these are the ones --max-steps ends.
         self.training_sites: set[str] = set()
@@ -181,7 +182,8 @@ class Recorder:
     def sampler_pass(self, sampler) -> dict:
         if not hasattr(sampler, "_ddpify_id"):
             sampler._ddpify_id = next(self._sampler_ids)
-        distributed = isinstance(sampler, DistributedSampler)
+        shard = type(sampler).__name__ == SHARD_SAMPLER
+        distributed = isinstance(sampler, DistributedSampler) or shard
         if not hasattr(sampler, "_ddpify_subsets"):  # once per sampler: summaries walk the dataset
             sampler._ddpify_subsets = _subset_chain(_dataset_of(sampler))
             sampler._ddpify_subset_summary = _subset_summary(sampler._ddpify_subsets, _size(sampler))
@@ -199,6 +201,7 @@ class Recorder:
             "shuffle": bool(getattr(sampler, "shuffle", False)) if distributed else type(sampler).__name__ == "RandomSampler",
             "drop_last": bool(getattr(sampler, "drop_last", False)) if distributed else False,
             "epoch": getattr(sampler, "epoch", None) if distributed else None,
+            **(_shard_summary(sampler) if shard else {}),
             "indices": [],
             "complete": False,
             "steps_at_start": self.data["steps"],
@@ -472,8 +475,68 @@ def _sampler_classes() -> list:
     return [c for c in classes + [DistributedSampler] if "__iter__" in vars(c) and c.__name__ != "BatchSampler"]
 
 
+# ddpify's run-time shard of a training loader (the emitted ddp_shard): every rank draws the
+# same pass of the user's sampler, then takes its share of it.
+SHARD_SAMPLER = "DdpShard"
+
+
+def _shard_summary(shard) -> dict:
+    """What a DdpShard pass is: distributed over the world; each sample once per epoch only
+    where it splits a sampler that draws every sample once (sequential, or shuffled without
+    replacement), not where it splits a user's batches or weighted draws."""
+    inner = shard.sampler
+    plain = type(inner).__name__ == "SequentialSampler" or (
+        type(inner).__name__ == "RandomSampler" and not inner.replacement and inner._num_samples is None
+    )
+    return {
+        "num_replicas": dist.get_world_size() if dist.is_initialized() else 1,
+        "shuffle": type(inner).__name__ == "RandomSampler",
+        "dataset_size": len(shard.dataset) if plain and not shard.per_batch else None,
+    }
+
+
+def patch_shard_samplers(recorder: Recorder) -> None:
+    """DdpShard is defined by the converted script itself: its class is patched as it is made.
+    The user's sampler it draws from is not a training pass of its own."""
+    own = Sampler.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls, **kwargs):
+        if own is not None:
+            own.__func__(cls, **kwargs)
+        else:
+            super(Sampler, cls).__init_subclass__(**kwargs)
+        if cls.__name__ == SHARD_SAMPLER and "__iter__" in vars(cls):
+            cls.__iter__ = _shard_iter(recorder, cls.__iter__)
+
+    Sampler.__init_subclass__ = classmethod(init_subclass)
+
+
+def _shard_iter(recorder: Recorder, original):
+    def __iter__(self):
+        recorder.drawing_shard += 1
+        try:
+            drawn = list(original(self))  # the user's sampler is drawn in here: not recorded
+        finally:
+            recorder.drawing_shard -= 1
+        record = recorder.sampler_pass(self)
+        for item in drawn:
+            if recorder.training_is_over(record):
+                record["truncated"] = True
+                return
+            for index in item if isinstance(item, (list, tuple)) else [item]:
+                record["indices"].append(_base_index(self._ddpify_subsets, int(index)))
+            yield item
+        record["complete"] = True
+        record["steps_at_end"] = recorder.data["steps"]
+
+    return __iter__
+
+
 def _recording_iter(recorder: Recorder, original):
     def __iter__(self):
+        if recorder.drawing_shard:
+            yield from original(self)
+            return
         record = recorder.sampler_pass(self)
         for index in original(self):
             if recorder.training_is_over(record):
@@ -658,6 +721,7 @@ def main() -> None:
     recorder.max_steps = int(max_steps) if max_steps else None
     patch_optimizers(recorder)
     patch_samplers(recorder, bool(os.environ.get("DDPIFY_PROBE_NO_SHUFFLE")))
+    patch_shard_samplers(recorder)
     patch_distributed(recorder)
     patch_files(recorder)
     patch_batchnorm(recorder)
