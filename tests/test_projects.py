@@ -240,7 +240,7 @@ def test_a_step_function_of_another_module_makes_the_loop_around_its_call_a_trai
     results = convert_tree(tmp_path)
     assert not any(r.error for r in results.values()), [r.diagnostics for r in results.values()]
     assert "sampler=DistributedSampler(" in results["train.py"].output
-    assert "ddp_sampler(loader).set_epoch(epoch)" in results["train.py"].output
+    assert "loader.sampler.set_epoch(epoch)" in results["train.py"].output
 
 
 REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects

@@ -91,6 +91,6 @@ def test_environment_variable_set_to_zero_leaves_it_on(tmp_path):
 def test_convert_option_leaves_it_out(tmp_path):
     path = converted(tmp_path, relaunch=False)
     assert "ddp_relaunch" not in path.read_text()
-    assert "DDPIFY_NO_RELAUNCH" not in path.read_text() and "one process per visible GPU" not in path.read_text()
+    assert "DDPIFY_NO_RELAUNCH" not in path.read_text() and "uses every GPU" not in path.read_text()
     lines = run([sys.executable, str(path)], tmp_path, DDPIFY_NPROC="2")
     assert [line.split(" weights ")[0] for line in lines] == ["rank 0 of 1"]

@@ -7,7 +7,7 @@ parameters after the wrap (TSM's partial BatchNorm in the model's own ``train()`
 a flag) stops DDP at the first step ("Expected to have finished reduction"); one that
 unfreezes parameters frozen at the wrap would train them apart on every rank, silently. The
 wrap then registers every parameter and lets DDP skip those without a gradient
-(``ddp_wrap(model, every_parameter=True)``: find_unused_parameters=True).
+(``ddp_wrap_every_parameter(model)``: find_unused_parameters=True).
 
 Freezing inside a module's ``__init__``, or before the wrap in the function that wraps, is
 part of the model the wrap sees: nothing to follow.

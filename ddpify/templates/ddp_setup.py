@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -20,54 +21,43 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
 # ddpify:begin
-# Distributed set-up added by ddpify. Launch with torchrun --standalone --nproc-per-node=N
-# or srun; plain `python` starts one process per visible GPU (DDPIFY_NO_RELAUNCH=1: just one).
+# Distributed set-up added by ddpify: launch with torchrun or srun; plain `python` uses every GPU.
 
 
 def ddp_setup():
-    """Join the process group that torchrun or Slurm describes, or form a world of one."""
+    """Join the process group of torchrun or srun, or form a world of one."""
+    import functools, subprocess, sys, warnings  # noqa: E401 (here: the script may bind these names)
+
+    env = os.environ
     if dist.is_initialized():
         return
-    import multiprocessing
-
-    if multiprocessing.parent_process() is not None:  # a DataLoader worker importing the script again
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        return
-    env = os.environ
-    if "RANK" not in env and "SLURM_PROCID" in env:
+    if torch.multiprocessing.parent_process() is not None:  # a DataLoader worker importing the script
+        return dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if "RANK" not in env and "SLURM_PROCID" in env:  # srun
         env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"], LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
         env.setdefault("MASTER_ADDR", ddp_first_slurm_host(env["SLURM_NODELIST"]))
         env.setdefault("MASTER_PORT", "29500")
-    ddp_relaunch()  # ddpify:ddp_relaunch
+    # plain `python` with several GPUs: run again under torchrun (DDPIFY_NO_RELAUNCH=1: a world of one)  # ddpify:ddp_relaunch
+    count = int(env.get("DDPIFY_NPROC", "0")) or torch.cuda.device_count()  # ddpify:ddp_relaunch
+    if "RANK" not in env and count > 1 and env.get("DDPIFY_NO_RELAUNCH", "0") in ("", "0"):  # ddpify:ddp_relaunch
+        run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}"]  # ddpify:ddp_relaunch
+        raise SystemExit(subprocess.call([*run, *sys.argv]))  # ddpify:ddp_relaunch
     if torch.cuda.is_available():  # before any other CUDA work; Slurm may bind one GPU per task
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if "RANK" in env:
-        dist.init_process_group(backend)
-    else:  # no launcher: a world of one, with no port
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    atexit.register(ddp_cleanup)  # also after an uncaught exception
-    if dist.get_rank() != 0:
-        ddp_quiet()
+    one = {} if "RANK" in env else dict(store=dist.HashStore(), rank=0, world_size=1)  # no launcher: a world of one
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", **one)
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # also after an error
+    if dist.get_rank() != 0:  # output from rank 0 only (prints, tqdm, logging, warnings); errors still show
+        sys.stdout = open(os.devnull, "w")
+        env["TQDM_DISABLE"] = "1"  # tqdm imported from now on
+        logging.disable(logging.WARNING)
+        logging.FileHandler.__init__ = functools.partialmethod(logging.FileHandler.__init__, delay=True)
+        warnings.simplefilter("ignore")
+        if "tqdm.std" in sys.modules:  # imported already: its bars are made disabled
+            bar = sys.modules["tqdm.std"].tqdm
+            bar.__init__ = functools.partialmethod(bar.__init__, disable=True)
     ddp_share_random_state()  # ddpify:ddp_share_random_state
     ddp_self_check()  # ddpify:ddp_self_check
-
-
-def ddp_quiet():
-    """Output from rank 0 only: the other ranks' prints, progress bars, logging and warnings
-    go quiet (errors and tracebacks still show on every rank)."""
-    import functools
-    import sys
-    import warnings  # here: the script may bind the name to something else
-
-    sys.stdout = open(os.devnull, "w")
-    logging.disable(logging.WARNING)
-    logging.FileHandler.__init__ = functools.partialmethod(logging.FileHandler.__init__, delay=True)  # opened only for an error
-    warnings.simplefilter("ignore")
-    os.environ["TQDM_DISABLE"] = "1"  # tqdm imported from now on
-    tqdm = sys.modules.get("tqdm.std")
-    if tqdm is not None:  # imported already
-        tqdm.tqdm.__init__ = functools.partialmethod(tqdm.tqdm.__init__, disable=True)
 
 
 def ddp_share_random_state():
@@ -237,87 +227,61 @@ def ddp_same_draw(sampler, epoch):
                 numpy.random.set_state(state[1])
 
 
-def ddp_relaunch():
-    """Plain `python` with several GPUs: run again under torchrun, one process per GPU."""
-    count = int(os.environ.get("DDPIFY_NPROC", "0")) or torch.cuda.device_count()
-    if "RANK" in os.environ or count < 2 or os.environ.get("DDPIFY_NO_RELAUNCH", "0") not in ("", "0"):
-        return
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={count}"]
-    raise SystemExit(subprocess.call([*command, *sys.argv]))
-
-
 def ddp_first_slurm_host(nodelist):
     """The first host of a Slurm node list: "gpu[03-05,09],cpu1" -> "gpu03"."""
-    head, bracket, rest = nodelist.partition("[")
-    if "," in head or not bracket:
-        return head.split(",")[0]
-    inside, _, after = rest.partition("]")
-    return head + inside.split(",")[0].split("-")[0] + after.split(",")[0]
-
-
-def ddp_cleanup():
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    return re.sub(r"\[(\d+)[^\]]*\]", r"\1", nodelist).split(",")[0]
 
 
 def ddp_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def ddp_device_ids():
-    return [torch.cuda.current_device()] if torch.cuda.is_available() else None
-
-
-def ddp_wrap(module, every_parameter=False, **options):
+def ddp_wrap(module, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
-    module in a process with no group, is only moved there. every_parameter: parameters are
-    frozen or unfrozen after the wrap, so DDP registers them all and skips those without a
-    gradient."""
+    module in a process with no group, is only moved there."""
     module = module.to(ddp_device())
-    frozen = [p for p in module.parameters() if not p.requires_grad] if every_parameter else []
-    if not dist.is_initialized() or not any(p.requires_grad for p in module.parameters()) and not frozen:
-        return module
+    if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
+        ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+        module = DistributedDataParallel(module, device_ids=ids, **options)
+    return module
+
+
+def ddp_wrap_every_parameter(module):
+    """ddp_wrap for a model whose parameters are frozen or unfrozen after the wrap: DDP
+    registers every parameter and skips those without a gradient."""
+    frozen = [p for p in module.parameters() if not p.requires_grad]
     for parameter in frozen:
         parameter.requires_grad_(True)
-    if every_parameter:
-        options["find_unused_parameters"] = True
     try:
-        return DistributedDataParallel(module, device_ids=ddp_device_ids(), **options)
+        return ddp_wrap(module, find_unused_parameters=True)
     finally:
         for parameter in frozen:
             parameter.requires_grad_(False)
 
 
-def ddp_local_batch_size(global_batch_size):
+def ddp_local_batch_size(batch_size):
     """DataParallel's batch size was global: each process loads its share."""
-    world_size = dist.get_world_size()
-    if global_batch_size % world_size:
-        raise SystemExit(f"batch size {global_batch_size} does not divide evenly among {world_size} processes")
-    return global_batch_size // world_size
+    if batch_size % dist.get_world_size():
+        raise SystemExit(f"batch size {batch_size} does not divide evenly among {dist.get_world_size()} processes")
+    return batch_size // dist.get_world_size()
 
 
 def ddp_mean(value):
-    """The mean over all processes of a number or tensor (every process calls it)."""
+    """The mean over the processes of a number or tensor (every process calls it)."""
     return ddp_sum(value, mean=True)
 
 
 def ddp_sum(value, mean=False):
-    """The sum over all processes of a number or tensor (every process calls it); anything
-    else (a meter) is this rank's own. Reduced on this process's device: NCCL has no CPU path."""
-    if torch.is_tensor(value):
-        total = value.detach().to(ddp_device(), copy=True)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        total = torch.tensor(float(value), dtype=torch.float64, device=ddp_device())
-    else:
+    """The sum over the processes of a number or tensor (every process calls it); anything else
+    (a meter) is this rank's own. Reduced on this process's device: NCCL has no CPU path."""
+    if not torch.is_tensor(value) and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         return value
+    total = (value.detach() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)).to(ddp_device(), copy=True)
     dist.all_reduce(total)
     total = total / dist.get_world_size() if mean else total
     if torch.is_tensor(value):
         return total.to(value.device)
-    return int(total.item()) if isinstance(value, int) and not mean else total.item()
+    return total.item() if mean or isinstance(value, float) else int(total.item())
 
 
 def ddp_no_sync(model, accumulating):

@@ -2,7 +2,7 @@
 
 The set-up helpers (``ddpify/templates/ddp_setup.py``, tested on its own) are inlined after
 the script's imports. ``ddp_setup()`` is called where the script starts doing work and
-registers ``ddp_cleanup`` with ``atexit`` (which also runs after an uncaught exception), so
+registers the process group's destruction with ``atexit`` (which also runs after an uncaught exception), so
 no line of the user's code is re-indented:
 
 - ``if __name__ == "__main__": main()`` or code inside the ``__main__`` block::
@@ -45,13 +45,13 @@ TEMPLATE_IMPORTS = (
     ("atexit", None, None),
     ("logging", None, None),
     ("os", None, None),
+    ("re", None, None),
     ("torch", None, None),
     ("torch.distributed", None, "dist"),
 )
 # ddp_wrap's import is scheduled by the wrap transform (DDP_IMPORT), with the helper.
 TEMPLATE_NAMES = (
     "ddp_setup",
-    "ddp_quiet",
     "ddp_share_random_state",
     "ddp_self_check",
     "ddp_after_step",
@@ -62,12 +62,10 @@ TEMPLATE_NAMES = (
     "ddp_rebuildable",
     "DdpShard",
     "ddp_same_draw",
-    "ddp_relaunch",
     "ddp_first_slurm_host",
-    "ddp_cleanup",
     "ddp_device",
-    "ddp_device_ids",
     "ddp_wrap",
+    "ddp_wrap_every_parameter",
     "ddp_local_batch_size",
     "ddp_mean",
     "ddp_sum",
@@ -93,6 +91,7 @@ RESERVED = {
     "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "os": "os",
+    "re": "re",
     "logging": "logging",
     "atexit": "atexit",
     "torch": "torch",
@@ -155,8 +154,8 @@ def template_text(code: str, asked: frozenset[str] = frozenset(), newline: str =
 
 
 # The header's words on plain `python`, with and without the self-relaunch.
-RELAUNCH_HEADER = "# or srun; plain `python` starts one process per visible GPU (DDPIFY_NO_RELAUNCH=1: just one)."
-NO_RELAUNCH_HEADER = "# or srun; plain `python` runs as a world of one."
+RELAUNCH_HEADER = "plain `python` uses every GPU."
+NO_RELAUNCH_HEADER = "plain `python` runs as one process."
 
 
 def helpers_placeholder(text: str, context) -> cst.BaseStatement:

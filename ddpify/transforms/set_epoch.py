@@ -11,13 +11,11 @@ DDP501  set_epoch added::
         train(train_loader, model)
     # becomes
     for epoch in range(epochs):
-        ddp_sampler(train_loader).set_epoch(epoch)
+        train_loader.sampler.set_epoch(epoch)
         train(train_loader, model)
 
-``ddp_sampler`` (an emitted helper) returns the loader's DistributedSampler, and is the
-run-time backstop for the data: if the loader does not shard after all (a shape the static
-analysis misread), training stops at the first epoch with a clear error instead of every
-rank training on all the data.
+(In an imported module of a project, ``ddp_sampler(train_loader).set_epoch(epoch)``: it also
+serves a script of the project that was left as it was, whose loader has a plain sampler.)
 
 Where the loader is only used under a condition (``if not opt.no_train: train_epoch(i,
 train_loader, ...)``, 3D-ResNets) or is built again inside the epoch loop, set_epoch goes
@@ -100,11 +98,9 @@ class SetEpochTransform(Transform):
         epoch = _epoch_variable(owner)
         statements: Block = []
         for loader in self._loaders(hook):
-            code = self.context.code(loader)
-            self.context.report(owner, "DDP501", f"ddp_sampler({code}).set_epoch() at the top of the epoch loop")
-            # ddp_sampler stops with a clear error if the loader does not shard after all.
-            statements.append((None, cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch or COUNTER})")))
-            self.context.use_helper("ddp_sampler")
+            sampler = self._sampler_of(loader)
+            self.context.report(owner, "DDP501", f"{sampler}.set_epoch() at the top of the epoch loop")
+            statements.append((None, cst.parse_statement(f"{sampler}.set_epoch({epoch or COUNTER})")))
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
@@ -115,13 +111,22 @@ class SetEpochTransform(Transform):
             for loader, epoch, calls in self._before_use.get(original, []) if original is not None else []:
                 if not any(call in self.context.sharded_loaders for call in calls):
                     continue
-                code = self.context.code(loader)
-                self.context.report(original, "DDP501", f"ddp_sampler({code}).set_epoch() right before the statement that uses it")
-                self.context.use_helper("ddp_sampler")
-                statement, updated = _above(cst.parse_statement(f"ddp_sampler({code}).set_epoch({epoch})"), updated)
+                sampler = self._sampler_of(loader)
+                self.context.report(original, "DDP501", f"{sampler}.set_epoch() right before the statement that uses it")
+                statement, updated = _above(cst.parse_statement(f"{sampler}.set_epoch({epoch})"), updated)
                 result.append((None, statement))
             result.append((original, updated))
         return result
+
+    def _sampler_of(self, loader: cst.BaseExpression) -> str:
+        """``train_loader.sampler``, the DistributedSampler this file gave it; in an imported
+        module ``ddp_sampler(train_loader)``, which allows the plain sampler of a project
+        script that was left as it was (a world of one)."""
+        code = self.context.code(loader)
+        if self.context.is_library:
+            self.context.use_helper("ddp_sampler")
+            return f"ddp_sampler({code})"
+        return f"{code}.sampler"
 
     def _before_passes(self, block: Block) -> Block:
         result: Block = []

@@ -61,7 +61,7 @@ waits for a gradient of each at every backward, so it stops at the first step, o
 synchronises a parameter unfrozen later. The wrap registers every parameter and skips those
 without a gradient::
 
-    model = nn.DataParallel(model)   ->   model = ddp_wrap(model, every_parameter=True)
+    model = nn.DataParallel(model)   ->   model = ddp_wrap_every_parameter(model)
 
 DDP126  a field the script sets on the wrapped model (``model.drop_path_prob = p`` each epoch,
 darts): the model reads it from itself, but DDP keeps it on the wrapper, so it is set and
@@ -457,7 +457,8 @@ class WrapModelTransform(Transform):
             placed = placed if site.move is not None else cst.parse_expression("_.to(ddp_device())").with_changes(
                 func=cst.Attribute(value=_atom(module), attr=cst.Name("to"))
             )
-            args = [cst.Arg(placed), keyword("device_ids", cst.parse_expression("ddp_device_ids()"))]
+            ids = cst.parse_expression("[torch.cuda.current_device()] if torch.cuda.is_available() else None")
+            args = [cst.Arg(placed), keyword("device_ids", ids)]
             return cst.Call(func=cst.Name(subclass), args=args)
         self.context.use_helper("ddp_wrap")
         args = [cst.Arg(placed)]
@@ -469,10 +470,10 @@ class WrapModelTransform(Transform):
                 site.call,
                 "DDP125",
                 f"parameters are frozen or unfrozen after the wrap (line {line}: `{shown}`): DDP registers every "
-                "parameter and skips those without a gradient (every_parameter=True: find_unused_parameters)",
+                "parameter and skips those without a gradient (find_unused_parameters)",
             )
-            args.append(keyword("every_parameter", cst.Name("True")))
-        elif site.target in self.switched_models:
+            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=args)
+        if site.target in self.switched_models:
             self.context.report(
                 site.call,
                 "DDP109",

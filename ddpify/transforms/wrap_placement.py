@@ -138,7 +138,7 @@ class WrapPlacementTransform(Transform):
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
                 assigned = dotted(node.target) or ""
                 if assigned.endswith(".requires_grad"):
-                    continue  # followed by the wrap (every_parameter), not a change it must precede
+                    continue  # followed by the wrap (ddp_wrap_every_parameter), not a change it must precede
                 # `model.fc = nn.Linear(...)` replaces a layer; `model.ss_prob = p` sets a number.
                 if assigned.startswith(f"{target}.") and calls_in(self.context.parent(node) or node):
                     return True
