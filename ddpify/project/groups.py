@@ -12,6 +12,7 @@ what they need from it (another loader its builder must shard).
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 from dataclasses import dataclass, field, replace

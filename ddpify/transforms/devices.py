@@ -200,7 +200,9 @@ class DevicesTransform(Transform):
             how = f"set CUDA_VISIBLE_DEVICES to {gpus} on the launch line: CUDA_VISIBLE_DEVICES=... torchrun ..."
         self.context.report(statement, "DDP703", f"removed in-script CUDA_VISIBLE_DEVICES={value}; {how}")
         code = self.context.code(statement.with_changes(leading_lines=[])).strip()
-        return [cst.EmptyLine(comment=cst.Comment(f"# ddpify: removed {code}")), cst.EmptyLine(comment=cst.Comment(f"# {how}"))]
+        # a statement over several lines is commented out line by line
+        removed = [f"# ddpify: removed {line}" if index == 0 else f"#   {line}" for index, line in enumerate(code.splitlines())]
+        return [*(cst.EmptyLine(comment=cst.Comment(line.rstrip())) for line in removed), cst.EmptyLine(comment=cst.Comment(f"# {how}"))]
 
 
 def _literal(node: cst.BaseExpression) -> str | None:

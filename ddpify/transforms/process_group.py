@@ -39,7 +39,7 @@ from libcst.metadata import FunctionScope, Scope, ScopeProvider
 
 from ddpify.analysis import walk
 from ddpify.diagnostics import ENTRY, Severity
-from ddpify.transforms.base import HELPERS_PLACEHOLDER, Block, Pair, Transform, is_header
+from ddpify.transforms.base import HELPERS_PLACEHOLDER, Block, Pair, Transform, is_header, is_import
 
 TEMPLATE_IMPORTS = (
     ("atexit", None, None),
@@ -314,9 +314,7 @@ class ProcessGroupTransform(Transform):
             bound = alias or name or module
             if re.search(rf"\b{re.escape(bound)}\.", text):
                 self.context.add_import(module, name, alias)
-        at = 0
-        while at < len(block) and is_header(block[at][1]):
-            at += 1
+        at = _after_imports(block)
         rest = block[at:]
         if rest and helpers:
             original, statement = rest[0]
@@ -350,9 +348,7 @@ class ProcessGroupTransform(Transform):
         return [*block[:start], (None, setup), moved, *block[start + 1 :]]
 
     def _insert_helpers(self, block: Block) -> Block:
-        at = 0
-        while at < len(block) and is_header(block[at][1]):
-            at += 1
+        at = _after_imports(block)
         if self.context.options.relaunch:
             self.context.use_helper("ddp_relaunch")
         if self.context.options.self_check:
@@ -400,3 +396,14 @@ def _after_docstring(block: Block) -> int:
         if isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString)):
             return 1 if len(block) > 1 else 0
     return 0
+
+
+def _after_imports(block: Block) -> int:
+    """Where the helper block goes: after the module's header and after its last top-level
+    import (a script that puts a folder on sys.path imports torch after it: the helpers'
+    class bases need torch bound)."""
+    at = 0
+    while at < len(block) and is_header(block[at][1]):
+        at += 1
+    imports = [index for index, (_, statement) in enumerate(block) if is_import(statement)]
+    return max(at, imports[-1] + 1) if imports else at
