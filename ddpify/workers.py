@@ -40,10 +40,13 @@ class LocalFiles:
             self._files[path] = FileConversion(path, self.sources[path])
         return self._files[path]
 
-    def load(self, items: Sequence[Load]) -> None:
+    def load(self, items: Sequence[Load]) -> list:
+        """Parse and walk each file; what it learns under its links (engine.Learned)."""
+        learned = []
         for path, source, links in items:
             self.sources.setdefault(path, source)
-            self._file(path).learn(links)  # the walk, and the resolution the first question needs
+            learned.append(self._file(path).learn(links))  # the walk, and the resolution the first question needs
+        return learned
 
     def learn(self, path: str, source: str, links: ProjectLinks):
         self.sources.setdefault(path, source)
@@ -110,15 +113,19 @@ class WorkerFiles:
         self._load[worker] += len(source) + 1
         return worker
 
-    def load(self, items: Sequence[Load]) -> None:
-        batches: dict[int, list[Load]] = {}
-        for item in sorted(items, key=lambda item: -len(item[1])):  # largest first: even shares
-            if item[0] not in self._owner:
-                batches.setdefault(self._place(item[0], item[1]), []).append(item)
-        for worker, batch in batches.items():
-            self._connections[worker].send(("load", (batch,)))
-        for worker in batches:
-            self._answer(worker)
+    def load(self, items: Sequence[Load]) -> list:
+        batches: dict[int, list[int]] = {}
+        for index in sorted(range(len(items)), key=lambda index: -len(items[index][1])):  # largest first: even shares
+            path, source, _ = items[index]
+            worker = self._owner[path] if path in self._owner else self._place(path, source)
+            batches.setdefault(worker, []).append(index)
+        for worker, indices in batches.items():
+            self._connections[worker].send(("load", ([items[index] for index in indices],)))
+        learned: list = [None] * len(items)
+        for worker, indices in batches.items():
+            for index, answer in zip(indices, self._answer(worker)):
+                learned[index] = answer
+        return learned
 
     def learn(self, path: str, source: str, links: ProjectLinks):
         if path not in self._owner:  # not loaded ahead: it goes to a worker with its source

@@ -22,16 +22,39 @@ from ddpify.project.graph import BACKWARD, CALL_NAME, SIDE_EFFECT_WORDS, ModuleI
 from ddpify.workers import open_files
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
-    """A file routed but not rewritten yet: the rewrite runs once its group is routed (with
-    the group's other files, in the workers), then ``patches`` (refusals and warnings the
-    routing found) apply to its result, in order."""
+    """A file routed but not rewritten yet: the rewrite runs once the groups are routed (with
+    the other files, in the workers), then ``patches`` (refusals and warnings the routing
+    found) apply to its result, in order."""
 
     path: Path
     role: str
     links: ProjectLinks  # what the rewrite depends on, as it was when the file was planned
     patches: list = field(default_factory=list)
+    result: FileResult | None = None  # the rewrite, patched
+
+
+# In a group's plan: a module an earlier group converted; its result, whatever it is when
+# this group is decided.
+REUSED = "reused"
+
+
+@dataclass
+class GroupPlan:
+    """A group routed: what each member became (Pending, a result, or REUSED), and the
+    roles and links it was planned with. Decided once its files are rewritten."""
+
+    entry: ModuleInfo
+    members: list[ModuleInfo]
+    trains: bool
+    converted: dict
+    roles: dict[Path, str]
+    links: dict[Path, ProjectLinks]
+    claimed: set[Path]  # files this group converts that no earlier group did
+
+    def pending(self) -> list[Pending]:
+        return [item for item in self.converted.values() if isinstance(item, Pending)]
 
 
 def _patch(item: FileResult | Pending, change) -> FileResult | Pending:
@@ -56,16 +79,17 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     files = open_files([info.path for info, _ in likely], jobs)
     try:
         run.files = files
-        files.load([(str(info.path), info.source, links) for info, links in likely])
-        groups = [group for entry in candidates if entry.runs and (group := run.convert_group(entry))]
+        run.load(likely)
+        groups = run.convert_groups([entry for entry in candidates if entry.runs])
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
         for info in candidates:  # a DataParallel module no script of the project imports
             if info.path not in results and info.wraps:
-                alone = {info.path: run.plan(info, SCRIPT, ProjectLinks())}
-                run.rewrite(alone)
-                _leave_unused_subclasses([info], None, alone)  # a vendored subclass nothing imports
-                results[info.path] = alone[info.path]
+                alone = run.plan(info, SCRIPT, ProjectLinks())
+                run.rewrite([alone])
+                converted = {info.path: alone.result}
+                _leave_unused_subclasses([info], None, converted)  # a vendored subclass nothing imports
+                results[info.path] = converted[info.path]
     finally:
         files.close()
     if not options.allow_partial:
@@ -96,7 +120,9 @@ class ProjectConversion:
         self.project, self.options, self.results = project, options, results
         self.files = None  # ddpify.workers: set by convert_project
         self.planned: dict[Path, tuple[str, ProjectLinks]] = {}
+        self.claimed: set[Path] = set(results)  # files converted (or left) before the group being planned
         self._evaluation: dict[Path, bool] = {}
+        self._learned: dict[tuple, object] = {}  # (path, links it learnt under) -> engine.Learned
 
     def links(self, member: ModuleInfo, members: list[ModuleInfo]) -> ProjectLinks:
         return ProjectLinks(
@@ -137,13 +163,23 @@ class ProjectConversion:
                 found[info.path] = (info, ProjectLinks())
         return list(found.values())
 
+    def load(self, likely: list[tuple[ModuleInfo, ProjectLinks]]) -> None:
+        """Parse and walk ahead (in parallel in the workers); what each file learns under its
+        first links is kept, so that its first plan asks nothing more of the worker."""
+        learned = self.files.load([(str(info.path), info.source, links) for info, links in likely])
+        for (info, links), answer in zip(likely, learned):
+            self._learned[(info.path, _learning_key(links))] = answer
+
     def plan(self, info: ModuleInfo, role: str, links: ProjectLinks) -> Pending:
         """Analyse one file of a group under ``links``; what it learns lands in them (cleared
         first: a file may be planned again with more knowledge). Rewritten later, once."""
         links.foreign_loaders.clear()
         links.loader_parameters.clear()
         links.sharded_parameter_calls.clear()
-        self.files.learn(str(info.path), info.source, links).into(links)
+        key = (info.path, _learning_key(links))
+        if key not in self._learned:
+            self._learned[key] = self.files.learn(str(info.path), info.source, links)
+        self._learned[key].into(links)
         inputs = replace(
             links,
             reexports=dict(links.reexports),
@@ -155,37 +191,75 @@ class ProjectConversion:
         )
         return Pending(info.path, role, inputs)
 
-    def rewrite(self, converted: dict[Path, FileResult | Pending]) -> None:
-        """Rewrite every pending file of ``converted`` (together, in the workers), then apply
-        its patches."""
-        pending = [item for item in converted.values() if isinstance(item, Pending)]
+    def rewrite(self, pending: list[Pending]) -> None:
+        """Rewrite these files (together, in the workers), each into its ``result`` with its
+        patches applied."""
         rewritten = self.files.rewrite([(str(item.path), self.options, item.role, item.links) for item in pending])
         for item, result in zip(pending, rewritten):
             for change in item.patches:
                 result = change(result)
-            converted[item.path] = result
+            item.result = result
 
-    def convert_group(self, entry: ModuleInfo) -> list[Path]:
-        """The entry script and the project modules it imports: converted together (or none:
-        see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
+    def convert_groups(self, entries: list[ModuleInfo]) -> list[list[Path]]:
+        """Every entry script's group: all routed first, then every file rewritten at once,
+        then each group decided in order. Routing a group only needs to know which files the
+        groups before it converted; only a group that turns out to name DataParallel without
+        wrapping (its files then free for later groups) makes that unknowable in advance:
+        the groups are then converted one after the other (the files' analyses and rewrites
+        kept: nothing is parsed again)."""
+        results, planned = dict(self.results), dict(self.planned)
+        plans = [plan for entry in entries if (plan := self.plan_group(entry)) is not None]
+        self.rewrite([item for plan in plans for item in plan.pending()])
+        groups = []
+        for plan in plans:
+            group = self.decide_group(plan)
+            if group is None:
+                self.results.clear()
+                self.results.update(results)
+                self.planned, self.claimed = planned, set(results)
+                return self._one_after_the_other(entries)
+            groups.append(group)
+        return groups
+
+    def _one_after_the_other(self, entries: list[ModuleInfo]) -> list[list[Path]]:
+        groups = []
+        for entry in entries:
+            plan = self.plan_group(entry)
+            if plan is None:
+                continue
+            self.rewrite(plan.pending())
+            group = self.decide_group(plan)
+            if group is None:  # not a DataParallel group: its files stay free
+                self.claimed -= plan.claimed
+                for path in plan.claimed:
+                    self.planned.pop(path, None)
+                continue
+            groups.append(group)
+        return groups
+
+    def plan_group(self, entry: ModuleInfo) -> GroupPlan | None:
+        """The entry script and the project modules it imports, routed: each gets a role and
+        is analysed, loaders are routed to the modules that build or pass them. None: the
+        group has nothing to convert."""
         project, options, results = self.project, self.options, self.results
         members = self._members(entry)
         if members is None:
-            return []
+            return None
         if not members:
             # Evaluates or exports with the project's models: nothing to shard or synchronise.
             # It stays as it is (modules converted for a training script allow a process that
             # set up no group). A script on its own converts as it would alone.
             results.setdefault(entry.path, _left_for_evaluation(entry))
-            return []
+            self.claimed.add(entry.path)
+            return None
         trains = any(BACKWARD.search(member.source) for member in members)
-        converted: dict[Path, FileResult | Pending] = {}
+        converted: dict[Path, FileResult | Pending | str] = {}
         roles: dict[Path, str] = {}
         links: dict[Path, ProjectLinks] = {}
         shared: dict[Path, ProjectLinks] = {}  # modules an earlier group planned: what they learnt
         for member in members:
-            if member.path in results:
-                converted[member.path] = results[member.path]
+            if member.path in self.claimed:
+                converted[member.path] = REUSED
                 if member.path in self.planned:
                     shared[member.path] = self.planned[member.path][1]
                 continue
@@ -226,12 +300,25 @@ class ProjectConversion:
                     )
                     roles[path] = role
                     converted[path] = self.plan(modules[path], role, links[path])
-        self.rewrite(converted)
-        _leave_unused_subclasses(members, entry, converted)
+        claimed = {path for path in converted if path not in self.claimed}
+        self.claimed |= claimed
+        self.planned.update((path, (roles[path], links[path])) for path in links if path in roles and path in converted)
+        return GroupPlan(entry, members, trains, converted, roles, links, claimed)
+
+    def decide_group(self, plan: GroupPlan) -> list[Path] | None:
+        """The group as a whole, once its files are rewritten: a DataParallel group (None if
+        it only names the class), with a sharded training loader and a set-up in its entry
+        script (else refused). Its results go into ``results``; returns its files."""
+        options, entry = self.options, plan.entry
+        converted = {
+            path: self.results[path] if item is REUSED else item.result if isinstance(item, Pending) else item
+            for path, item in plan.converted.items()
+        }
+        _leave_unused_subclasses(plan.members, entry, converted)
         if not any(_wraps(result) for result in converted.values()):
-            return []  # DataParallel only named (isinstance checks): not a DataParallel project
+            return None  # DataParallel only named (isinstance checks): not a DataParallel project
         entry_result = converted[entry.path]
-        if trains and not any(result.error for result in converted.values()) and not any(
+        if plan.trains and not any(result.error for result in converted.values()) and not any(
             "DistributedSampler" in result.output for result in converted.values()
         ):
             reason = (
@@ -249,9 +336,16 @@ class ProjectConversion:
             # collective: refuse the entry, and so the group.
             reason = "this script runs project modules that use DistributedDataParallel, but it could not be given the set-up"
             converted[entry.path] = _refusal(entry_result, "DDP210", reason)
-        results.update(converted)
-        self.planned.update((path, (roles[path], links[path])) for path in links if path in roles and path in converted)
+        self.results.update(converted)
         return list(converted)
+
+
+def _learning_key(links: ProjectLinks) -> tuple:
+    """What a file learns depends on (everything its rewrite does but trains_elsewhere)."""
+    from ddpify.engine import rewrite_key
+
+    names, reexports, training_calls, _, loader_functions, parameter_loaders = rewrite_key(links)
+    return names, reexports, training_calls, loader_functions, parameter_loaders
 
 
 def _class_words(source: str) -> set[str]:
