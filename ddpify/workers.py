@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ddpify.diagnostics import ConvertOptions, FileResult, ProjectLinks
 
-# Worker processes pay for themselves from this many files to parse (auto mode; an explicit
-# --jobs N uses them from two files).
+# Worker processes are started for projects of this many files (auto mode; an explicit
+# --jobs N starts them from two files).
 AUTO_WORKER_FILES = 8
 
 Load = tuple[str, str, ProjectLinks]  # path, source, the links its first question will come with
@@ -62,6 +62,8 @@ class LocalFiles:
 def _serve(connection) -> None:
     """A worker: holds its files and answers (operation, payload) messages until told to stop
     (a forked worker holds copies of the other pipes' ends: end of file may never come)."""
+    import ddpify.engine  # noqa: F401  (libcst and the transforms, before the first file comes)
+
     files = LocalFiles()
     while True:
         try:
@@ -158,7 +160,8 @@ class WorkerFiles:
 
 
 def open_files(paths: Sequence[Path], jobs: int) -> LocalFiles | WorkerFiles:
-    """Workers where they pay for themselves: several CPUs and enough files to parse."""
+    """Workers where they may pay for themselves: several CPUs and enough files (``paths``:
+    the project's Python files; only those on the conversion path are parsed)."""
     cpus = jobs or os.cpu_count() or 1
     enough = len(paths) >= (2 if jobs > 1 else AUTO_WORKER_FILES)
     if jobs == 1 or cpus < 2 or not enough:

@@ -73,13 +73,14 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     results: dict[Path, FileResult] = {
         path: FileResult(str(path), source, source) for path, source in sources.items() if ALREADY_CONVERTED.search(source)
     }
-    candidates = project.candidates()
-    run = ProjectConversion(project, options, results)
-    likely = run.likely_conversions(candidates)
-    files = open_files([info.path for info, _ in likely], jobs)
+    # Worker processes (if the project is large enough) start now: they import libcst while
+    # this process reads the import graph.
+    files = open_files(list(sources), jobs)
     try:
+        candidates = project.candidates()
+        run = ProjectConversion(project, options, results)
         run.files = files
-        run.load(likely)
+        run.load(run.likely_conversions(candidates))
         groups = run.convert_groups([entry for entry in candidates if entry.runs])
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
@@ -168,7 +169,7 @@ class ProjectConversion:
         first links is kept, so that its first plan asks nothing more of the worker."""
         learned = self.files.load([(str(info.path), info.source, links) for info, links in likely])
         for (info, links), answer in zip(likely, learned):
-            self._learned[(info.path, _learning_key(links))] = answer
+            self._learned[(info.path, links.learning_key())] = answer
 
     def plan(self, info: ModuleInfo, role: str, links: ProjectLinks) -> Pending:
         """Analyse one file of a group under ``links``; what it learns lands in them (cleared
@@ -176,7 +177,7 @@ class ProjectConversion:
         links.foreign_loaders.clear()
         links.loader_parameters.clear()
         links.sharded_parameter_calls.clear()
-        key = (info.path, _learning_key(links))
+        key = (info.path, links.learning_key())
         if key not in self._learned:
             self._learned[key] = self.files.learn(str(info.path), info.source, links)
         self._learned[key].into(links)
@@ -338,14 +339,6 @@ class ProjectConversion:
             converted[entry.path] = _refusal(entry_result, "DDP210", reason)
         self.results.update(converted)
         return list(converted)
-
-
-def _learning_key(links: ProjectLinks) -> tuple:
-    """What a file learns depends on (everything its rewrite does but trains_elsewhere)."""
-    from ddpify.engine import rewrite_key
-
-    names, reexports, training_calls, _, loader_functions, parameter_loaders = rewrite_key(links)
-    return names, reexports, training_calls, loader_functions, parameter_loaders
 
 
 def _class_words(source: str) -> set[str]:
