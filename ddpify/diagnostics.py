@@ -113,3 +113,28 @@ class ProjectLinks:
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     # learnt: which parameter_loaders calls passed a loader that is sharded here
     sharded_parameter_calls: set[str] = field(default_factory=set)
+
+    def rewrite_key(self) -> tuple:
+        """Everything here that a file's rewrite depends on (not what it learns)."""
+        return (*self.learning_key(), self.trains_elsewhere)
+
+    def learning_key(self) -> tuple:
+        """Everything here that what a file learns depends on."""
+        return (
+            self.names,
+            _frozen(self.reexports),
+            self.training_calls,
+            _frozen(self.loader_functions),
+            _frozen(self.parameter_loaders),
+        )
+
+
+def _frozen(value):
+    """A hashable, order-free stand-in for a dict of sets or lists (or None)."""
+    if isinstance(value, dict):
+        return frozenset((key, _frozen(item)) for key, item in value.items())
+    if isinstance(value, (set, frozenset)):
+        return frozenset(value)
+    if isinstance(value, list):
+        return tuple(_frozen(item) for item in value)
+    return value

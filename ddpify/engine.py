@@ -96,13 +96,14 @@ class FileConversion:
     def facts(self, links: ProjectLinks | None) -> Facts:
         """The facts under these links: walked on first use, resolved when they change."""
         project = links or ProjectLinks()
-        training_calls = project.training_calls | self.step_calls
-        walk = (project.names, _frozen(project.reexports), training_calls)
+        names, reexports, training_calls, loader_functions, parameter_loaders_key = project.learning_key()
+        training_calls = training_calls | self.step_calls
+        walk = (names, reexports, training_calls)
         if walk != self._walked_for:
             self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls)
             self._walked_for, self._resolved_for = walk, None
         parameter_loaders = project.parameter_loaders if links is not None else None
-        resolution = (_frozen(project.loader_functions), _frozen(parameter_loaders))
+        resolution = (loader_functions, parameter_loaders_key, links is None)
         if resolution != self._resolved_for:
             self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders)
             self._resolved_for = resolution
@@ -125,7 +126,7 @@ class FileConversion:
         question twice gets the same answer without a second rewrite."""
         if self.failed is not None:
             return self.failed
-        key = (options, role, links is not None and rewrite_key(links))
+        key = (options, role, links is not None and links.rewrite_key())
         if key not in self._rewrites:
             self._rewrites[key] = self._rewrite(options, role, links)
         return self._rewrites[key]
@@ -166,29 +167,6 @@ class FileConversion:
             tuple(sorted(set(context.diagnostics))),
             context.launch_command or (launch_command(path, context) if launches else None),
         )
-
-
-def rewrite_key(links: ProjectLinks) -> tuple:
-    """Everything in ``links`` that a rewrite depends on (not what it learns)."""
-    return (
-        links.names,
-        _frozen(links.reexports),
-        links.training_calls,
-        links.trains_elsewhere,
-        _frozen(links.loader_functions),
-        _frozen(links.parameter_loaders),
-    )
-
-
-def _frozen(value):
-    """A hashable, order-free stand-in for a dict of sets or lists (or None)."""
-    if isinstance(value, dict):
-        return frozenset((key, _frozen(item)) for key, item in value.items())
-    if isinstance(value, (set, frozenset)):
-        return frozenset(value)
-    if isinstance(value, list):
-        return tuple(_frozen(item) for item in value)
-    return value
 
 
 def _transforms_for(context: ConversionContext) -> tuple:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from ddpify.diagnostics import ConvertOptions, FileResult, ProjectLinks
 
-# Worker processes pay for themselves from this many files to parse (auto mode; an explicit
-# --jobs N uses them from two files).
+# Worker processes are started for projects of this many files (auto mode; an explicit
+# --jobs N starts them from two files).
 AUTO_WORKER_FILES = 8
 
 Load = tuple[str, str, ProjectLinks]  # path, source, the links its first question will come with
@@ -40,10 +40,13 @@ class LocalFiles:
             self._files[path] = FileConversion(path, self.sources[path])
         return self._files[path]
 
-    def load(self, items: Sequence[Load]) -> None:
+    def load(self, items: Sequence[Load]) -> list:
+        """Parse and walk each file; what it learns under its links (engine.Learned)."""
+        learned = []
         for path, source, links in items:
             self.sources.setdefault(path, source)
-            self._file(path).learn(links)  # the walk, and the resolution the first question needs
+            learned.append(self._file(path).learn(links))  # the walk, and the resolution the first question needs
+        return learned
 
     def learn(self, path: str, source: str, links: ProjectLinks):
         self.sources.setdefault(path, source)
@@ -59,6 +62,8 @@ class LocalFiles:
 def _serve(connection) -> None:
     """A worker: holds its files and answers (operation, payload) messages until told to stop
     (a forked worker holds copies of the other pipes' ends: end of file may never come)."""
+    import ddpify.engine  # noqa: F401  (libcst and the transforms, before the first file comes)
+
     files = LocalFiles()
     while True:
         try:
@@ -110,15 +115,19 @@ class WorkerFiles:
         self._load[worker] += len(source) + 1
         return worker
 
-    def load(self, items: Sequence[Load]) -> None:
-        batches: dict[int, list[Load]] = {}
-        for item in sorted(items, key=lambda item: -len(item[1])):  # largest first: even shares
-            if item[0] not in self._owner:
-                batches.setdefault(self._place(item[0], item[1]), []).append(item)
-        for worker, batch in batches.items():
-            self._connections[worker].send(("load", (batch,)))
-        for worker in batches:
-            self._answer(worker)
+    def load(self, items: Sequence[Load]) -> list:
+        batches: dict[int, list[int]] = {}
+        for index in sorted(range(len(items)), key=lambda index: -len(items[index][1])):  # largest first: even shares
+            path, source, _ = items[index]
+            worker = self._owner[path] if path in self._owner else self._place(path, source)
+            batches.setdefault(worker, []).append(index)
+        for worker, indices in batches.items():
+            self._connections[worker].send(("load", ([items[index] for index in indices],)))
+        learned: list = [None] * len(items)
+        for worker, indices in batches.items():
+            for index, answer in zip(indices, self._answer(worker)):
+                learned[index] = answer
+        return learned
 
     def learn(self, path: str, source: str, links: ProjectLinks):
         if path not in self._owner:  # not loaded ahead: it goes to a worker with its source
@@ -151,7 +160,8 @@ class WorkerFiles:
 
 
 def open_files(paths: Sequence[Path], jobs: int) -> LocalFiles | WorkerFiles:
-    """Workers where they pay for themselves: several CPUs and enough files to parse."""
+    """Workers where they may pay for themselves: several CPUs and enough files (``paths``:
+    the project's Python files; only those on the conversion path are parsed)."""
     cpus = jobs or os.cpu_count() or 1
     enough = len(paths) >= (2 if jobs > 1 else AUTO_WORKER_FILES)
     if jobs == 1 or cpus < 2 or not enough:

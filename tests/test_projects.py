@@ -416,6 +416,18 @@ def test_each_file_of_a_project_is_parsed_analysed_and_rewritten_once(monkeypatc
     assert set(counts["rewritten"].values()) == {1} and converted <= set(counts["rewritten"])
 
 
+@pytest.mark.parametrize("project", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_groups_routed_together_convert_as_groups_converted_one_after_the_other(project: Path, monkeypatch) -> None:
+    """Every group is routed before any is rewritten (the rewrites then run together); group
+    by group, as the fallback does, gives the same project."""
+    from ddpify.project import groups
+
+    files = sorted(project.rglob("*.py"))
+    together = convert_project(project, files, jobs=1)
+    monkeypatch.setattr(groups.ProjectConversion, "convert_groups", groups.ProjectConversion._one_after_the_other)
+    assert convert_project(project, files, jobs=1) == together
+
+
 def test_worker_processes_convert_a_project_as_one_process_does() -> None:
     project = FIXTURES / "projects" / "shared_library"
     files = sorted(project.rglob("*.py"))

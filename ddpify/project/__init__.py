@@ -29,8 +29,9 @@ class found by importlib). ``--allow-partial`` converts the rest.
 The import graph comes from :mod:`ast` (fast, no libcst), parsed lazily: scripts and
 DataParallel modules first, then what they import (``graph.py``). Conversion comes from the
 engine, one ``FileConversion`` per file, so that a module several entry scripts import is
-parsed, analysed and rewritten once (``groups.py``); files are spread over worker processes
-where that pays (``ddpify/workers.py``).
+parsed, analysed and rewritten once (``groups.py``); what is refused or left as it is, and
+why, is ``verdicts.py``'s. Files are spread over worker processes where that pays
+(``ddpify/workers.py``).
 """
 from ddpify.project.graph import ModuleInfo, Project, module_name, read_module
 from ddpify.project.groups import convert_project

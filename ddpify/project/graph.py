@@ -87,16 +87,38 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     # A flat script (no `__main__` block) runs its loops at the top level.
     info.runs = info.runs or _loops_at_top_level(tree.body)
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    segment = _segments(source)
     info.functions = {node.name for node in defined}
-    info.function_sources = {node.name: ast.get_source_segment(source, node) or "" for node in defined}
-    info.class_sources = {
-        node.name: ast.get_source_segment(source, node) or "" for node in tree.body if isinstance(node, ast.ClassDef)
-    }
+    info.function_sources = {node.name: segment(node) for node in defined}
+    info.class_sources = {node.name: segment(node) for node in tree.body if isinstance(node, ast.ClassDef)}
     functions_anywhere = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    info.training_defs = {node.name for node in functions_anywhere if _trains(ast.get_source_segment(source, node) or "")}
+    info.training_defs = {node.name for node in functions_anywhere if _trains(segment(node))}
     info.def_words = {node.name: _words(node) for node in functions_anywhere}
     info.words = _words(tree)
     return info
+
+
+LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n|$)")
+
+
+def _segments(source: str):
+    """``ast.get_source_segment(source, node) or ""`` for the nodes of one file, with the
+    file split into lines once (the standard library splits it again on every call)."""
+    lines = LINE.findall(source)
+    if lines and not lines[-1]:
+        lines.pop()
+
+    def segment(node: ast.AST) -> str:
+        if node.end_lineno is None or node.end_col_offset is None or node.end_lineno > len(lines):
+            return ast.get_source_segment(source, node) or ""
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+        head = lines[first].encode()[node.col_offset :].decode()
+        tail = lines[last].encode()[: node.end_col_offset].decode()
+        return "".join([head, *lines[first + 1 : last], tail])
+
+    return segment
 
 
 def _dynamic_import_prefix(call: ast.Call) -> str | None:

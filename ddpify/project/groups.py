@@ -19,20 +19,52 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity
-from ddpify.project.graph import BACKWARD, CALL_NAME, SIDE_EFFECT_WORDS, ModuleInfo, Project, _trains, _words
+from ddpify.project.graph import BACKWARD, CALL_NAME, SIDE_EFFECT_WORDS, ModuleInfo, Project
+from ddpify.project.verdicts import (
+    _evaluates_only,
+    _leave_all_if_refused,
+    _leave_unused_subclasses,
+    _left_for_evaluation,
+    _refusal,
+    _refuse_together,
+    _wraps,
+)
 from ddpify.workers import open_files
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
-    """A file routed but not rewritten yet: the rewrite runs once its group is routed (with
-    the group's other files, in the workers), then ``patches`` (refusals and warnings the
-    routing found) apply to its result, in order."""
+    """A file routed but not rewritten yet: the rewrite runs once the groups are routed (with
+    the other files, in the workers), then ``patches`` (refusals and warnings the routing
+    found) apply to its result, in order."""
 
     path: Path
     role: str
     links: ProjectLinks  # what the rewrite depends on, as it was when the file was planned
     patches: list = field(default_factory=list)
+    result: FileResult | None = None  # the rewrite, patched
+
+
+# In a group's plan: a module an earlier group converted; its result, whatever it is when
+# this group is decided.
+REUSED = "reused"
+
+
+@dataclass
+class GroupPlan:
+    """A group routed: what each member became (Pending, a result, or REUSED), and the
+    roles and links it was planned with. Decided once its files are rewritten."""
+
+    entry: ModuleInfo
+    members: list[ModuleInfo]
+    trains: bool
+    converted: dict
+    roles: dict[Path, str]
+    links: dict[Path, ProjectLinks]
+    claimed: set[Path]  # files this group converts that no earlier group did
+
+    def pending(self) -> list[Pending]:
+        return [item for item in self.converted.values() if isinstance(item, Pending)]
 
 
 def _patch(item: FileResult | Pending, change) -> FileResult | Pending:
@@ -51,41 +83,29 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     results: dict[Path, FileResult] = {
         path: FileResult(str(path), source, source) for path, source in sources.items() if ALREADY_CONVERTED.search(source)
     }
-    candidates = project.candidates()
-    run = ProjectConversion(project, options, results)
-    likely = run.likely_conversions(candidates)
-    files = open_files([info.path for info, _ in likely], jobs)
+    # Worker processes (if the project is large enough) start now: they import libcst while
+    # this process reads the import graph.
+    files = open_files(list(sources), jobs)
     try:
+        candidates = project.candidates()
+        run = ProjectConversion(project, options, results)
         run.files = files
-        files.load([(str(info.path), info.source, links) for info, links in likely])
-        groups = [group for entry in candidates if entry.runs and (group := run.convert_group(entry))]
+        run.load(run.likely_conversions(candidates))
+        groups = run.convert_groups([entry for entry in candidates if entry.runs])
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
         for info in candidates:  # a DataParallel module no script of the project imports
             if info.path not in results and info.wraps:
-                alone = {info.path: run.plan(info, SCRIPT, ProjectLinks())}
-                run.rewrite(alone)
-                _leave_unused_subclasses([info], None, alone)  # a vendored subclass nothing imports
-                results[info.path] = alone[info.path]
+                alone = run.plan(info, SCRIPT, ProjectLinks())
+                run.rewrite([alone])
+                converted = {info.path: alone.result}
+                _leave_unused_subclasses([info], None, converted)  # a vendored subclass nothing imports
+                results[info.path] = converted[info.path]
     finally:
         files.close()
     if not options.allow_partial:
         _leave_all_if_refused(results, root)
     return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
-
-
-def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
-    """A project converts whole or not at all. Its modules may meet in ways the analysis
-    cannot see (a model class found by importlib, a loader that unwraps `DataParallel`):
-    with one file left as DataParallel, the rewrites of the others (a process group set
-    up around it, `isinstance(net, DistributedDataParallel)`) would break the program."""
-    refused = sorted(path for path, result in results.items() if result.error)
-    if not refused:
-        return
-    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
-    for path, result in list(results.items()):
-        if not result.error and result.changed:
-            results[path] = _refusal(result, "DDP210", f"{name} was not converted, and a project converts whole or not at all")
 
 
 class ProjectConversion:
@@ -97,7 +117,9 @@ class ProjectConversion:
         self.project, self.options, self.results = project, options, results
         self.files = None  # ddpify.workers: set by convert_project
         self.planned: dict[Path, tuple[str, ProjectLinks]] = {}
+        self.claimed: set[Path] = set(results)  # files converted (or left) before the group being planned
         self._evaluation: dict[Path, bool] = {}
+        self._learned: dict[tuple, object] = {}  # (path, links it learnt under) -> engine.Learned
 
     def links(self, member: ModuleInfo, members: list[ModuleInfo]) -> ProjectLinks:
         return ProjectLinks(
@@ -138,13 +160,23 @@ class ProjectConversion:
                 found[info.path] = (info, ProjectLinks())
         return list(found.values())
 
+    def load(self, likely: list[tuple[ModuleInfo, ProjectLinks]]) -> None:
+        """Parse and walk ahead (in parallel in the workers); what each file learns under its
+        first links is kept, so that its first plan asks nothing more of the worker."""
+        learned = self.files.load([(str(info.path), info.source, links) for info, links in likely])
+        for (info, links), answer in zip(likely, learned):
+            self._learned[(info.path, links.learning_key())] = answer
+
     def plan(self, info: ModuleInfo, role: str, links: ProjectLinks) -> Pending:
         """Analyse one file of a group under ``links``; what it learns lands in them (cleared
         first: a file may be planned again with more knowledge). Rewritten later, once."""
         links.foreign_loaders.clear()
         links.loader_parameters.clear()
         links.sharded_parameter_calls.clear()
-        self.files.learn(str(info.path), info.source, links).into(links)
+        key = (info.path, links.learning_key())
+        if key not in self._learned:
+            self._learned[key] = self.files.learn(str(info.path), info.source, links)
+        self._learned[key].into(links)
         inputs = replace(
             links,
             reexports=dict(links.reexports),
@@ -156,37 +188,75 @@ class ProjectConversion:
         )
         return Pending(info.path, role, inputs)
 
-    def rewrite(self, converted: dict[Path, FileResult | Pending]) -> None:
-        """Rewrite every pending file of ``converted`` (together, in the workers), then apply
-        its patches."""
-        pending = [item for item in converted.values() if isinstance(item, Pending)]
+    def rewrite(self, pending: list[Pending]) -> None:
+        """Rewrite these files (together, in the workers), each into its ``result`` with its
+        patches applied."""
         rewritten = self.files.rewrite([(str(item.path), self.options, item.role, item.links) for item in pending])
         for item, result in zip(pending, rewritten):
             for change in item.patches:
                 result = change(result)
-            converted[item.path] = result
+            item.result = result
 
-    def convert_group(self, entry: ModuleInfo) -> list[Path]:
-        """The entry script and the project modules it imports: converted together (or none:
-        see _refuse_together). Returns the group's files; none if it is not a DataParallel one."""
+    def convert_groups(self, entries: list[ModuleInfo]) -> list[list[Path]]:
+        """Every entry script's group: all routed first, then every file rewritten at once,
+        then each group decided in order. Routing a group only needs to know which files the
+        groups before it converted; only a group that turns out to name DataParallel without
+        wrapping (its files then free for later groups) makes that unknowable in advance:
+        the groups are then converted one after the other (the files' analyses and rewrites
+        kept: nothing is parsed again)."""
+        results, planned = dict(self.results), dict(self.planned)
+        plans = [plan for entry in entries if (plan := self.plan_group(entry)) is not None]
+        self.rewrite([item for plan in plans for item in plan.pending()])
+        groups = []
+        for plan in plans:
+            group = self.decide_group(plan)
+            if group is None:
+                self.results.clear()
+                self.results.update(results)
+                self.planned, self.claimed = planned, set(results)
+                return self._one_after_the_other(entries)
+            groups.append(group)
+        return groups
+
+    def _one_after_the_other(self, entries: list[ModuleInfo]) -> list[list[Path]]:
+        groups = []
+        for entry in entries:
+            plan = self.plan_group(entry)
+            if plan is None:
+                continue
+            self.rewrite(plan.pending())
+            group = self.decide_group(plan)
+            if group is None:  # not a DataParallel group: its files stay free
+                self.claimed -= plan.claimed
+                for path in plan.claimed:
+                    self.planned.pop(path, None)
+                continue
+            groups.append(group)
+        return groups
+
+    def plan_group(self, entry: ModuleInfo) -> GroupPlan | None:
+        """The entry script and the project modules it imports, routed: each gets a role and
+        is analysed, loaders are routed to the modules that build or pass them. None: the
+        group has nothing to convert."""
         project, options, results = self.project, self.options, self.results
         members = self._members(entry)
         if members is None:
-            return []
+            return None
         if not members:
             # Evaluates or exports with the project's models: nothing to shard or synchronise.
             # It stays as it is (modules converted for a training script allow a process that
             # set up no group). A script on its own converts as it would alone.
             results.setdefault(entry.path, _left_for_evaluation(entry))
-            return []
+            self.claimed.add(entry.path)
+            return None
         trains = any(BACKWARD.search(member.source) for member in members)
-        converted: dict[Path, FileResult | Pending] = {}
+        converted: dict[Path, FileResult | Pending | str] = {}
         roles: dict[Path, str] = {}
         links: dict[Path, ProjectLinks] = {}
         shared: dict[Path, ProjectLinks] = {}  # modules an earlier group planned: what they learnt
         for member in members:
-            if member.path in results:
-                converted[member.path] = results[member.path]
+            if member.path in self.claimed:
+                converted[member.path] = REUSED
                 if member.path in self.planned:
                     shared[member.path] = self.planned[member.path][1]
                 continue
@@ -227,12 +297,25 @@ class ProjectConversion:
                     )
                     roles[path] = role
                     converted[path] = self.plan(modules[path], role, links[path])
-        self.rewrite(converted)
-        _leave_unused_subclasses(members, entry, converted)
+        claimed = {path for path in converted if path not in self.claimed}
+        self.claimed |= claimed
+        self.planned.update((path, (roles[path], links[path])) for path in links if path in roles and path in converted)
+        return GroupPlan(entry, members, trains, converted, roles, links, claimed)
+
+    def decide_group(self, plan: GroupPlan) -> list[Path] | None:
+        """The group as a whole, once its files are rewritten: a DataParallel group (None if
+        it only names the class), with a sharded training loader and a set-up in its entry
+        script (else refused). Its results go into ``results``; returns its files."""
+        options, entry = self.options, plan.entry
+        converted = {
+            path: self.results[path] if item is REUSED else item.result if isinstance(item, Pending) else item
+            for path, item in plan.converted.items()
+        }
+        _leave_unused_subclasses(plan.members, entry, converted)
         if not any(_wraps(result) for result in converted.values()):
-            return []  # DataParallel only named (isinstance checks): not a DataParallel project
+            return None  # DataParallel only named (isinstance checks): not a DataParallel project
         entry_result = converted[entry.path]
-        if trains and not any(result.error for result in converted.values()) and not any(
+        if plan.trains and not any(result.error for result in converted.values()) and not any(
             "DistributedSampler" in result.output for result in converted.values()
         ):
             reason = (
@@ -250,111 +333,8 @@ class ProjectConversion:
             # collective: refuse the entry, and so the group.
             reason = "this script runs project modules that use DistributedDataParallel, but it could not be given the set-up"
             converted[entry.path] = _refusal(entry_result, "DDP210", reason)
-        results.update(converted)
-        self.planned.update((path, (roles[path], links[path])) for path in links if path in roles and path in converted)
+        self.results.update(converted)
         return list(converted)
-
-
-def _class_words(source: str) -> set[str]:
-    try:
-        return _words(ast.parse(source))
-    except SyntaxError:
-        return {"<unreadable>"}
-
-
-def _training_names(members: list[ModuleInfo]) -> set[str]:
-    """Functions and methods of the group that train, or call (by name) one that does:
-    CenterNet's `Trainer.train` calls `run_epoch`, which calls backward()."""
-    training = set().union(*(member.training_defs for member in members))
-    uses = {name: words for member in members for name, words in member.def_words.items()}
-    grown = True
-    while grown:
-        grown = False
-        for name, words in uses.items():
-            if name not in training and words & training:
-                training.add(name)
-                grown = True
-    return training
-
-
-SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
-
-
-def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None, converted: dict) -> None:
-    """A vendored package's DataParallel subclass that nothing in the group uses
-    (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback beside the
-    patch_replication_callback the script calls) does not refuse the project: its module
-    is left as it is, said in a warning."""
-    for member in members:
-        result = converted.get(member.path)
-        if member is entry or result is None or not result.error:
-            continue
-        errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
-        classes = {match.group(1) for d in errors if (match := SUBCLASS_PROBLEM.match(d.message))}
-        if not classes or len(classes) != len(errors) or any(d.code.startswith("DDP1") for d in result.diagnostics):
-            continue
-        uses = [
-            line
-            for other in members
-            if other is not member
-            for line in other.source.splitlines()
-            if not line.lstrip().startswith(("from ", "import ", "__all__"))
-        ]
-        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes):
-            continue
-        names = ", ".join(sorted(classes))
-        warning = Diagnostic(
-            errors[0].line, errors[0].col, "DDP213",
-            f"defines DataParallel subclass {names}, which nothing in this project uses: left as it is",
-            Severity.WARNING,
-        )
-        converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
-
-
-def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
-    """An evaluation script beside the trainer (HRNet's tools/test.py imports `validate`
-    from the module that also holds `train`): it trains nothing itself, never names a
-    function or method of the group that trains, and every project function it calls (and
-    they call, a few levels down) does neither. A project name that does not resolve to a
-    function (a class, an object) may train: not this."""
-    if entry.trains:
-        return False
-    training = _training_names(members)
-    pending, seen = [(entry, entry.source, entry.words)], set()
-    while pending:
-        module, text, words = pending.pop()
-        if words & training:
-            return False
-        for name in set(CALL_NAME.findall(text)):
-            if name.partition(".")[0] not in module.bindings or not project.in_project(module.bindings[name.partition(".")[0]][0]):
-                continue  # not a project name
-            found = project.resolve(module, name, classes=True)
-            if found is None:
-                return False
-            key = (found[0].name, found[1])
-            if key in seen:
-                continue
-            seen.add(key)
-            body = found[0].function_sources.get(found[1]) or found[0].class_sources.get(found[1], "")
-            if _trains(body) or len(seen) > 50:
-                return False
-            words = found[0].def_words.get(found[1]) or _class_words(body)
-            pending.append((found[0], body, words))
-    return True
-
-
-def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
-    diagnostic = Diagnostic(1, 1, code, reason, Severity.ERROR)
-    return FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
-
-
-def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
-    reason = (
-        "uses the project's DataParallel models but trains nothing (no backward() here or in the project "
-        "functions it calls): left as it is; it runs as one process, the converted modules allow that"
-    )
-    diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
-    return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
 
 
 ALREADY_CONVERTED = re.compile(r"^# Distributed (set-up|helpers) added by ddpify", re.MULTILINE)
@@ -429,28 +409,5 @@ def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> Fi
     return _refusal(result, "DDP308", reason)
 
 
-def _wraps(result: FileResult) -> bool:
-    """A refusal, or a conversion that built DistributedDataParallel."""
-    return bool(result.error) or (result.changed and "DistributedDataParallel" in result.output)
-
-
 def _has_side_effects(source: str) -> bool:
     return any(word in source for word in SIDE_EFFECT_WORDS)
-
-
-def _refuse_together(group: list[Path], results: dict[Path, FileResult], root: Path) -> bool:
-    """One refused file leaves every file of its group untouched, each saying why. True if
-    that refused a file that was converted."""
-    refused = [path for path in group if results[path].error]
-    if not refused:
-        return False
-    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
-    reason = f"{name} works together with this file and was not converted"
-    changed = False
-    for path in group:
-        result = results[path]
-        if result.error:
-            continue
-        results[path] = _refusal(result, "DDP210", reason)
-        changed = True
-    return changed

@@ -1,0 +1,154 @@
+"""A project's verdicts: which groups and files are refused or left as they are, and why.
+
+A project converts whole or not at all (DDP210); a group that trains with no sharded loader
+is refused (DDP211); a script that only evaluates is left as it is (DDP212), and so is a
+module whose DataParallel subclass nothing uses (DDP213).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from ddpify.diagnostics import Diagnostic, FileResult, Severity
+from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words
+
+
+def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
+    """A project converts whole or not at all. Its modules may meet in ways the analysis
+    cannot see (a model class found by importlib, a loader that unwraps `DataParallel`):
+    with one file left as DataParallel, the rewrites of the others (a process group set
+    up around it, `isinstance(net, DistributedDataParallel)`) would break the program."""
+    refused = sorted(path for path, result in results.items() if result.error)
+    if not refused:
+        return
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    for path, result in list(results.items()):
+        if not result.error and result.changed:
+            results[path] = _refusal(result, "DDP210", f"{name} was not converted, and a project converts whole or not at all")
+
+
+def _class_words(source: str) -> set[str]:
+    try:
+        return _words(ast.parse(source))
+    except SyntaxError:
+        return {"<unreadable>"}
+
+
+def _training_names(members: list[ModuleInfo]) -> set[str]:
+    """Functions and methods of the group that train, or call (by name) one that does:
+    CenterNet's `Trainer.train` calls `run_epoch`, which calls backward()."""
+    training = set().union(*(member.training_defs for member in members))
+    uses = {name: words for member in members for name, words in member.def_words.items()}
+    grown = True
+    while grown:
+        grown = False
+        for name, words in uses.items():
+            if name not in training and words & training:
+                training.add(name)
+                grown = True
+    return training
+
+
+SUBCLASS_PROBLEM = re.compile(r"class (\w+) subclasses DataParallel")
+
+
+def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None, converted: dict) -> None:
+    """A vendored package's DataParallel subclass that nothing in the group uses
+    (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback beside the
+    patch_replication_callback the script calls) does not refuse the project: its module
+    is left as it is, said in a warning."""
+    for member in members:
+        result = converted.get(member.path)
+        if member is entry or result is None or not result.error:
+            continue
+        errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
+        classes = {match.group(1) for d in errors if (match := SUBCLASS_PROBLEM.match(d.message))}
+        if not classes or len(classes) != len(errors) or any(d.code.startswith("DDP1") for d in result.diagnostics):
+            continue
+        uses = [
+            line
+            for other in members
+            if other is not member
+            for line in other.source.splitlines()
+            if not line.lstrip().startswith(("from ", "import ", "__all__"))
+        ]
+        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes):
+            continue
+        names = ", ".join(sorted(classes))
+        warning = Diagnostic(
+            errors[0].line, errors[0].col, "DDP213",
+            f"defines DataParallel subclass {names}, which nothing in this project uses: left as it is",
+            Severity.WARNING,
+        )
+        converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
+
+
+def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
+    """An evaluation script beside the trainer (HRNet's tools/test.py imports `validate`
+    from the module that also holds `train`): it trains nothing itself, never names a
+    function or method of the group that trains, and every project function it calls (and
+    they call, a few levels down) does neither. A project name that does not resolve to a
+    function (a class, an object) may train: not this."""
+    if entry.trains:
+        return False
+    training = _training_names(members)
+    pending, seen = [(entry, entry.source, entry.words)], set()
+    while pending:
+        module, text, words = pending.pop()
+        if words & training:
+            return False
+        for name in set(CALL_NAME.findall(text)):
+            if name.partition(".")[0] not in module.bindings or not project.in_project(module.bindings[name.partition(".")[0]][0]):
+                continue  # not a project name
+            found = project.resolve(module, name, classes=True)
+            if found is None:
+                return False
+            key = (found[0].name, found[1])
+            if key in seen:
+                continue
+            seen.add(key)
+            body = found[0].function_sources.get(found[1]) or found[0].class_sources.get(found[1], "")
+            if _trains(body) or len(seen) > 50:
+                return False
+            words = found[0].def_words.get(found[1]) or _class_words(body)
+            pending.append((found[0], body, words))
+    return True
+
+
+def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
+    diagnostic = Diagnostic(1, 1, code, reason, Severity.ERROR)
+    return FileResult(result.path, result.source, result.source, (diagnostic,), None, f"not converted: {reason}")
+
+
+def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
+    reason = (
+        "uses the project's DataParallel models but trains nothing (no backward() here or in the project "
+        "functions it calls): left as it is; it runs as one process, the converted modules allow that"
+    )
+    diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
+    return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
+
+
+def _wraps(result: FileResult) -> bool:
+    """A refusal, or a conversion that built DistributedDataParallel."""
+    return bool(result.error) or (result.changed and "DistributedDataParallel" in result.output)
+
+
+def _refuse_together(group: list[Path], results: dict[Path, FileResult], root: Path) -> bool:
+    """One refused file leaves every file of its group untouched, each saying why. True if
+    that refused a file that was converted."""
+    refused = [path for path in group if results[path].error]
+    if not refused:
+        return False
+    name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]
+    reason = f"{name} works together with this file and was not converted"
+    changed = False
+    for path in group:
+        result = results[path]
+        if result.error:
+            continue
+        results[path] = _refusal(result, "DDP210", reason)
+        changed = True
+    return changed
