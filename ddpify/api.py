@@ -28,7 +28,9 @@ __all__ = ["ConvertOptions", "Diagnostic", "FileResult", "Severity", "convert_so
 def convert_source(source: str, options: ConvertOptions = ConvertOptions(), path: str = "<string>") -> FileResult:
     """Convert one script's text. Never raises for bad input: errors come back in the result."""
     if not mentions_data_parallel(source):
-        return FileResult(path, source, source)
+        from ddpify.project.neighbours import wrapped_elsewhere  # ast only: no libcst for nothing to convert
+
+        return wrapped_elsewhere(path, source) or FileResult(path, source, source)
     from ddpify.engine import convert_text  # libcst only when there is something to convert
 
     return convert_text(source, options, path)

@@ -41,6 +41,10 @@ OTHER_CODES = {
     "DataLoader, or no module of the project calls it by a name ddpify can follow: every rank would train on all "
     "the data. (Where it can, the caller's loader is sharded where it is built and gets set_epoch in the loop "
     "around the call.)",
+    "DDP214": "DDP214  (error) single-file mode: the script names no DataParallel, but it trains (backward, an "
+    "optimizer) and imports a module of its project that wraps a model in DataParallel (`model, params = "
+    "generate_model(opt)`, `model.parallelize()`): converted alone it would stay DataParallel. Convert the folder "
+    "(`ddpify convert DIR`): the script and that module are converted together.",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",

@@ -22,6 +22,7 @@ from ddpify.analysis.data_sites import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
+from ddpify.project.neighbours import Neighbours, read_neighbours, wrapped_elsewhere
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -138,7 +139,8 @@ class FileConversion:
         if role == ENTRY and (facts.wraps or facts.existing_ddp):
             role = SCRIPT  # a project's entry script that wraps too: converted as a script
         if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
-            return variant_refusal(path, source, facts, self.metadata) or FileResult(path, source, source)
+            refusal = variant_refusal(path, source, facts, self.metadata)
+            return refusal or (links is None and wrapped_elsewhere(path, source)) or FileResult(path, source, source)
         context = ConversionContext(
             module,
             facts,
@@ -148,6 +150,7 @@ class FileConversion:
             role=role,
             model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
             trains_elsewhere=project.trains_elsewhere,
+            neighbours=read_neighbours(path, source) if links is None else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)

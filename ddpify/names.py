@@ -21,7 +21,7 @@ SUMMARY_WRITERS = {
     "tensorboardX.SummaryWriter",
 }
 # Calls that return an experiment-tracker object: made on rank 0 only, its method calls guarded.
-TRACKER_FACTORIES = SUMMARY_WRITERS | {"wandb.init"}
+TRACKER_FACTORIES = SUMMARY_WRITERS | {"wandb.init", "comet_ml.Experiment", "comet_ml.OfflineExperiment", "visdom.Visdom"}
 # Schedulers that decide from a metric the script passes in: it must be the same on every rank.
 METRIC_SCHEDULERS = {"torch.optim.lr_scheduler.ReduceLROnPlateau"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}

@@ -32,7 +32,7 @@ def test_convert_in_place_reports_changes_and_launch_line(tmp_path):
     path = write(tmp_path, "train.py", SCRIPT)
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 0, result.output
-    assert "DistributedDataParallel(" in path.read_text()
+    assert "DdpModel(module, device_ids=ids" in path.read_text()
     assert "DDP101" in result.output and "DDP201" in result.output
     assert f"--standalone --nproc-per-node=gpu {path}" in result.output  # the line for GPUs (tests/test_launch.py)
 
@@ -155,7 +155,7 @@ def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
     assert path.read_text() == text
     result = runner.invoke(app, ["convert", "--allow-partial", str(path)])
     assert result.exit_code == 0 and "DDP304" in result.output and "launch" in result.output
-    assert "DistributedDataParallel(" in path.read_text()
+    assert "DdpModel(module, device_ids=ids" in path.read_text()
 
 
 def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):

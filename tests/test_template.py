@@ -285,6 +285,15 @@ def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):
         assert template.ddp_wrap(frozen) is frozen
         wrapped = template.ddp_wrap(torch.nn.Linear(2, 2), find_unused_parameters=True)
         assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.find_unused_parameters
+        # a project helper reads the bare model's attributes (rnn-transducer's save_model:
+        # `model.encoder.state_dict()` where its flag says "one GPU")
+        head = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        head.linear_num = 7
+        model = template.ddp_wrap(torch.nn.ModuleDict({"encoder": torch.nn.Linear(2, 2), "classifier": head}))
+        assert model.encoder is model.module.encoder and model.classifier.linear_num == 7
+        assert set(model.encoder.state_dict()) == {"weight", "bias"}
+        with pytest.raises(AttributeError):
+            model.missing
     finally:
         cleanup()
 
@@ -437,3 +446,40 @@ def test_a_subclass_that_passes_its_arguments_on_is_rebuilt_as_itself(monkeypatc
     assert type(sharded) is PassThroughLoader and [b[0].tolist() for b in sharded][0] == [100, 102]
     with pytest.raises(RuntimeError, match="OwnConstructorLoader, which cannot be split"):
         template.ddp_shard(OwnConstructorLoader(INDICES, 4))
+
+
+class EndlessBatches:
+    """audioset_tagging_cnn's TrainSampler: batches drawn with the global generators, forever
+    (the script stops after so many iterations); no length."""
+
+    def __iter__(self):
+        while True:
+            yield torch.randperm(16)[:4].tolist()
+
+
+def test_an_endless_batch_sampler_is_drawn_batch_by_batch(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_sampler=EndlessBatches())
+    firsts = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        torch.manual_seed(rank)  # the script's own state differs per rank: the draws must not
+        drawn = iter(template.ddp_shard(loader))
+        firsts.append([next(drawn)[0].tolist() for _ in range(3)])
+    for step in range(3):
+        assert len(set(firsts[0][step] + firsts[1][step])) == 4, "each global batch split between the ranks"
+        assert len(firsts[0][step]) == len(firsts[1][step]) == 2
+
+
+def test_drawing_the_same_order_leaves_the_scripts_random_state_alone(monkeypatch):
+    import random
+
+    torch.manual_seed(3)
+    random.seed(3)
+    expected = torch.rand(1).item(), random.random()
+    torch.manual_seed(3)
+    random.seed(3)
+    draws = template.ddp_same_draw(EndlessBatches(), epoch=5)
+    next(draws)
+    first = torch.rand(1).item()
+    next(draws)
+    assert (first, random.random()) == expected

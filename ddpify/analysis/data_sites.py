@@ -152,7 +152,9 @@ def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:
     global ``train_iter``)."""
     bodies = [loop.body]
     functions = facts.analyzer.scopes.module_functions
-    bodies += [functions[dotted(call.func)].body for call in _own_calls(loop.body) if dotted(call.func) in functions]
+    called = [functions[dotted(call.func)] for call in _own_calls(loop.body) if dotted(call.func) in functions]
+    # only those that train: an evaluation the loop calls (crnn's val()) draws its own data whole
+    bodies += [function.body for function in called if any(is_training_call(c) for c in calls_in(function.body))]
     sources = []
     for body in bodies:
         for call in calls_in(body):

@@ -128,10 +128,22 @@ def stand_in_escapes(target: cst.BaseExpression, module: cst.Module, parent_of, 
                 continue
             if isinstance(node, cst.Name) and isinstance(parent_of(node), cst.Attribute) and parent_of(node).attr is node:
                 continue  # `x.writer`: another object's field
+            alias = _alias(node, parent_of)
+            if alias is not None:  # `args.writer = writer`: its uses under that name count too
+                pending.append((alias, module))
+                continue
             escape = _escape(node, parent_of, guarded)
             if escape is not None:
                 return escape
             pending += _passed_to(node, parent_of, functions)
+    return None
+
+
+def _alias(use: cst.CSTNode, parent_of) -> str | None:
+    """``args.writer = writer`` -> "args.writer": the object bound whole to another name."""
+    assign = parent_of(use)
+    if isinstance(assign, cst.Assign) and assign.value is use and len(assign.targets) == 1:
+        return dotted(assign.targets[0].target)
     return None
 
 

@@ -48,3 +48,39 @@ def _function_of(node: cst.CSTNode, facts: Facts) -> cst.FunctionDef | None:
     while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
         parent = facts.analyzer.scopes.parent(parent)
     return parent if isinstance(parent, cst.FunctionDef) else None
+
+
+def unused_outputs(module: cst.Module, facts: Facts) -> dict[str, str]:
+    """Wrapped models some of whose outputs a script drops (``mel, post, attn, stop = m(...)``
+    with ``stop`` never read, Transformer-TTS): the parameters that only make a dropped
+    output get no gradient, and DDP stops at the next step ("Expected to have finished
+    reduction"), so it must look for them (find_unused_parameters). Model name -> the
+    assignment's code."""
+    found: dict[str, str] = {}
+    for node in walk(module):
+        if not isinstance(node, cst.Assign) or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+            continue
+        model = _called_model(node.value, facts)
+        target = node.targets[0].target
+        if model is None or not isinstance(target, (cst.Tuple, cst.List)):
+            continue
+        names = [element.value.value for element in target.elements if isinstance(element.value, cst.Name)]
+        scope = _function_of(node, facts) or module
+        if not any(isinstance(n, cst.Attribute) and n.attr.value == "backward" for n in walk(scope)):
+            continue  # evaluation: no gradient is expected
+        read = {n.value for n in walk(scope) if isinstance(n, cst.Name) and not _bound_by(n, target)}
+        if any(name == "_" or name not in read for name in names):
+            found.setdefault(model, cst.Module([]).code_for_node(node))
+    return found
+
+
+def _called_model(call: cst.Call, facts: Facts) -> str | None:
+    """``model(...)`` or ``model.forward(...)`` of a wrapped model: its name."""
+    name = dotted(call.func) or ""
+    if name.endswith(".forward"):
+        name = name[: -len(".forward")]
+    return name if name in facts.model_names else None
+
+
+def _bound_by(name: cst.Name, target: cst.BaseExpression) -> bool:
+    return any(element.value is name for element in getattr(target, "elements", ()))

@@ -12,6 +12,9 @@ DEVICE_COUNT = "torch.cuda.device_count"
 # Method names that run the model's forward or backward (a DDP collective).
 COLLECTIVE_METHODS = {"backward", "forward"}
 TRAINING_METHODS = {"backward", "step"}
+# Receivers whose step(...) with arguments is still a training step (`optimizer.step(closure)`,
+# `scaler.step(optimizer)`).
+OPTIMIZER_WORDS = ("opt", "scaler", "solver", "amp", "trainer")
 # `scheduler.step()` steps a learning-rate schedule, not a model.
 SCHEDULER_WORDS = ("sched", "warmup")
 
@@ -161,6 +164,8 @@ def is_training_call(call: cst.Call) -> bool:
     if call.func.attr.value == "backward":
         return True
     receiver = (dotted(call.func.value) or "").lower()
+    if call.args and not any(word in receiver for word in OPTIMIZER_WORDS):
+        return False  # votenet's `ap_calculator.step(preds, labels)`: a metric's step, given data
     return not any(word in receiver for word in SCHEDULER_WORDS)
 
 

@@ -198,7 +198,11 @@ class DdpShard(torch.utils.data.Sampler):
         drawn = ddp_same_draw(self.sampler, self.epoch)
         world, rank = dist.get_world_size(), dist.get_rank()
         if self.per_batch:
-            return iter([(batch * world)[rank : max(len(batch), world) : world] for batch in map(list, drawn)])
+            return ((batch * world)[rank : max(len(batch), world) : world] for batch in map(list, drawn))
+        if not isinstance(drawn, list):  # an endless sampler: every world-size-th of its draws
+            import itertools
+
+            return itertools.islice(drawn, rank, None, world)
         drawn += drawn[: -len(drawn) % world]
         return iter(drawn[rank::world])
 
@@ -207,24 +211,57 @@ class DdpShard(torch.utils.data.Sampler):
 
 
 def ddp_same_draw(sampler, epoch):
-    """The sampler's whole pass, drawn with torch's, random's and numpy's generators seeded
-    alike on every rank (their states are restored after)."""
-    import random
-    import sys
+    """The sampler's draws, made alike on every rank: a whole pass at once, or draw by draw
+    where the sampler has no length (an endless one, stopped by the script)."""
+    same = DdpSameRandom(epoch)
+    try:
+        len(sampler)
+    except (TypeError, NotImplementedError):
+        return ddp_draw_by_draw(sampler, same)
+    with same:
+        return list(sampler)
 
-    numpy = sys.modules.get("numpy")
-    state = random.getstate(), numpy and numpy.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(epoch)
-        random.seed(epoch)
-        if numpy is not None:
-            numpy.random.seed(epoch)
-        try:
-            return list(sampler)
-        finally:
-            random.setstate(state[0])
-            if numpy is not None:
-                numpy.random.set_state(state[1])
+
+def ddp_draw_by_draw(sampler, same):
+    with same:
+        draws = iter(sampler)
+    while True:
+        with same:
+            drawn = next(draws, same)
+        if drawn is same:
+            return
+        yield drawn
+
+
+class DdpSameRandom:
+    """While entered, torch's (CPU), random's and numpy's generators run from a state seeded
+    alike on every rank; the script's own states are put back on exit."""
+
+    def __init__(self, seed):
+        import random
+        import sys
+
+        numpy = sys.modules.get("numpy")
+        self.generators = [(torch.get_rng_state, torch.set_rng_state), (random.getstate, random.setstate)]
+        self.generators += [(numpy.random.get_state, numpy.random.set_state)] if numpy else []
+        script = self.swap(None)
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        if numpy:
+            numpy.random.seed(seed)
+        self.other = self.swap(script)
+
+    def swap(self, states):
+        saved = [get() for get, _ in self.generators]
+        for (_, put), state in zip(self.generators, states or ()):
+            put(state)
+        return saved
+
+    def __enter__(self):
+        self.other = self.swap(self.other)
+
+    def __exit__(self, *error):
+        self.other = self.swap(self.other)
 
 
 def ddp_first_slurm_host(nodelist):
@@ -242,8 +279,21 @@ def ddp_wrap(module, **options):
     module = module.to(ddp_device())
     if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
-        module = DistributedDataParallel(module, device_ids=ids, **options)
+        module = DdpModel(module, device_ids=ids, **options)
     return module
+
+
+class DdpModel(DistributedDataParallel):
+    """DDP that also answers for the model's own attributes (`model.encoder`), as code
+    written for the bare model reads them (a project's helper, out of the converter's sight)."""
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self.module, name)
 
 
 def ddp_wrap_every_parameter(module):

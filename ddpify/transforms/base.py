@@ -18,6 +18,7 @@ from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis import Facts, star_imported_torch
+from ddpify.project.neighbours import Neighbours
 from ddpify.diagnostics import LIBRARY, SCRIPT, ConvertOptions, Diagnostic, Severity
 
 Pair = tuple[cst.BaseStatement | None, cst.BaseStatement]
@@ -69,6 +70,8 @@ class ConversionContext:
     # its loaders as if it wrapped); and some other project module has a training step.
     model_elsewhere: bool = False
     trains_elsewhere: bool = False
+    # Single-file mode: what the project modules the script imports do (read, never rewritten)
+    neighbours: Neighbours = field(default_factory=Neighbours)
 
     @property
     def is_library(self) -> bool:

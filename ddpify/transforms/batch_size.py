@@ -27,6 +27,12 @@ DDP406  (warning) each item the training loader yields is cut into the steps' ba
 batchs:``): the loader's batch is not the step's batch, so it is not divided; each process
 keeps it, and every step's global batch is the world size times the step's batch.
 
+DDP407  a training batch compared with the loader's batch size (Person_reID skips a short
+last batch: ``if now_batch_size < opt.batchsize: continue``) is compared with each
+process's share, or every batch would be skipped::
+
+    if now_batch_size < opt.batchsize:   ->   if now_batch_size < ddp_local_batch_size(opt.batchsize):
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, dotted
+from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, walk
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
 
 
@@ -98,6 +104,69 @@ class BatchSizeTransform(Transform):
         if isinstance(original_node.operator, cst.DivideAssign) and self._is_dataset_length(original_node.value):
             return updated_node.with_changes(value=self._shard_length(original_node.value))
         return updated_node
+
+    def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
+        """``if now_batch_size < opt.batchsize: continue`` (Person_reID skips the last, short
+        batch): the loader's batch size was DataParallel's global batch; each process now
+        holds its share, so the batch is compared with the share."""
+        if self.context.options.per_process_batch or len(original_node.comparisons) != 1:
+            return updated_node
+        sides = [original_node.left, original_node.comparisons[0].comparator]
+        for counted, size in (sides, sides[::-1]):
+            if self.context.code(size) in self._loader_batch_sizes and self._counts_batch(counted) and self._in_training_loop(original_node):
+                self.context.report(
+                    size,
+                    "DDP407",
+                    f"a training batch is compared with `{self.context.code(size)}`, DataParallel's global batch: "
+                    f"each process holds its share, `ddp_local_batch_size({self.context.code(size)})`",
+                )
+                local = cst.Call(func=cst.Name("ddp_local_batch_size"), args=[cst.Arg(size)])
+                if size is original_node.left:
+                    return updated_node.with_changes(left=local)
+                return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=local)])
+        return updated_node
+
+    @property
+    def _loader_batch_sizes(self) -> set[str]:
+        """The batch_size= of this file's DataLoader calls, as code."""
+        if not hasattr(self, "_batch_size_codes"):
+            self._batch_size_codes = set()
+            for call in self.facts.loaders:
+                arg = keyword_arg(call, "batch_size")
+                positional = positional_args(call)
+                arg = arg if arg is not None else positional[1] if len(positional) > 1 else None
+                if arg is not None and not isinstance(arg.value, cst.Integer):
+                    self._batch_size_codes.add(self.context.code(arg.value))
+        return self._batch_size_codes
+
+    def _counts_batch(self, node: cst.BaseExpression) -> bool:
+        """``x.size(0)``, ``len(x)``, or a name bound to one (``now_batch_size, c, h, w = inputs.shape``)."""
+        if batch_length(node):
+            return True
+        if not isinstance(node, cst.Name):
+            return False
+        scope = self._function_of(node) or self.context.module
+        for assign in walk(scope):
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
+                continue
+            target, value = assign.targets[0].target, assign.value
+            if isinstance(target, cst.Name) and target.value == node.value and batch_length(value):
+                return True
+            if isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[0].value, cst.Name):
+                shape = isinstance(value, cst.Attribute) and value.attr.value == "shape" or (
+                    isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size" and not value.args
+                )
+                if shape and target.elements[0].value.value == node.value:
+                    return True
+        return False
+
+    def _in_training_loop(self, node: cst.CSTNode) -> bool:
+        loops = set(map(id, self.facts.training_loops))
+        while node is not None:
+            if id(node) in loops:
+                return True
+            node = self.context.parent(node)
+        return False
 
     def _is_dataset_length(self, node: cst.BaseExpression) -> bool:
         """``len(<a training loader of this function>.dataset)``."""

@@ -212,7 +212,11 @@ class ExistingDdpTransform(Transform):
                 node for node in walk(self.context.module)
                 if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)
             ]
-            if assigns and all(isinstance(a.value, cst.Name) and a.value.value in ("True", "False") for a in assigns):
+            if any(word in name.lower() for word in ("cuda", "gpu", "device")):
+                continue  # `if Cuda and distributed:`: the device flag only gates CUDA (yolov4's `Cuda = True`)
+            if assigns and all(isinstance(a.value, cst.Name) and a.value.value in ("True", "False") for a in assigns) and any(
+                a.value.value == "False" for a in assigns
+            ):  # a switch set only to True already selects the DDP path
                 found += [(next(t.target for t in a.targets if isinstance(t.target, cst.Name)), a) for a in assigns]
         return found
 

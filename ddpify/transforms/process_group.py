@@ -62,9 +62,12 @@ TEMPLATE_NAMES = (
     "ddp_rebuildable",
     "DdpShard",
     "ddp_same_draw",
+    "ddp_draw_by_draw",
+    "DdpSameRandom",
     "ddp_first_slurm_host",
     "ddp_device",
     "ddp_wrap",
+    "DdpModel",
     "ddp_wrap_every_parameter",
     "ddp_local_batch_size",
     "ddp_mean",
@@ -353,10 +356,11 @@ class ProcessGroupTransform(Transform):
             self.context.use_helper("ddp_relaunch")
         if self.context.options.self_check:
             self.context.use_helper("ddp_self_check")
-        if not _seeds(self.context.module):
-            # Unseeded draws before training (a random split, a shuffled file list) would
-            # differ per rank: every rank starts from rank 0's random state.
-            self.context.use_helper("ddp_share_random_state")
+        # Unseeded draws before training (a random split, a file list a Dataset shuffles when
+        # it is built, a seed drawn when none is given) would differ per rank: every rank
+        # starts from rank 0's random state. A script that seeds may still draw unseeded
+        # (numpy in an imported Dataset, RandLA-Net; `args.seed = randint(...)`, pointMLP).
+        self.context.use_helper("ddp_share_random_state")
         code = cst.Module(body=[statement for _, statement in block]).code
         asked = frozenset(self.context.helpers_used)
         text = template_text(code, asked, self.context.module.default_newline)
@@ -372,21 +376,6 @@ class ProcessGroupTransform(Transform):
 def _uses_of(node: cst.CSTNode, name: str) -> int:
     """How often ``name`` appears as a name in ``node``'s code."""
     return sum(1 for found in walk(node) if isinstance(found, cst.Name) and found.value == name)
-
-
-def _seeds(module: cst.Module) -> bool:
-    """Does the script seed a random generator (``torch.manual_seed``, ``np.random.seed``,
-    a project's ``set_seed(...)``)? Then every rank draws alike from the start."""
-    return any(
-        isinstance(node, cst.Call) and "seed" in _last_name(node.func).lower()
-        for node in walk(module)
-    )
-
-
-def _last_name(func: cst.BaseExpression) -> str:
-    if isinstance(func, cst.Attribute):
-        return func.attr.value
-    return func.value if isinstance(func, cst.Name) else ""
 
 
 def _after_docstring(block: Block) -> int:

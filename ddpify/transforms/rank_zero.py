@@ -30,8 +30,9 @@ checkpoint or results file::
 DDP602  (warning) not guarded: the statement also calls the model, a collective, or a
 function that does; split it so that only the side effect is guarded.
 
-DDP603  (warning) not guarded: the statement shares a line with others (``if x: print(y)``
-or ``a = 1; print(a)``); put it on its own line.
+DDP603  (warning) not guarded: the statement shares a line with others that are not side
+effects (``a = 1; save(a)``); put it on its own line. (A line of side effects only after a
+colon, ``if not os.path.exists(d): os.mkdir(d)``, becomes a guarded block: DDP601.)
 
 DDP604  tqdm progress bars are disabled on the other ranks (the loop still runs there)::
 
@@ -137,7 +138,8 @@ OUTPUT_CALLS = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_
 SHOWN_ONLY = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES, *WANDB_CALLS, *TENSORBOARD_LOGGER}
 OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
 # pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
-PATH_WRITES = ("write_text", "write_bytes")
+# (save_pretrained: Hugging Face models and tokenizers write a folder)
+PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary", "to_json_file", "to_csv")
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
 PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
 
@@ -167,6 +169,8 @@ class RankZeroTransform(Transform):
             return call
         if self._imported_saver(call.func) and not self._from_project(call.func):
             return call
+        if dotted(call.func) in self.context.neighbours.writers:
+            return call  # a function of the script's project that only writes files (save_args, create_exp_dir)
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
         return None
@@ -322,6 +326,8 @@ class RankZeroTransform(Transform):
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         if names & TRACKER_FACTORIES and self._tracker_value(original_node):
             return self._made_on_rank_zero(original_node, updated_node)
+        if names & TRACKER_FACTORIES and self._tracker_with_item(original_node):
+            return self._made_on_rank_zero(original_node, updated_node).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         if _path_mkdir(original_node) and not names & {"os.mkdir"} and not self._under_rank_guard(original_node):
             self.context.report(original_node, "DDP605", "Path.mkdir(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
@@ -393,7 +399,7 @@ class RankZeroTransform(Transform):
         if isinstance(value, cst.Call) and self._kept_handle(value):
             what = self.context.code(value)
             code, message = "DDP609", f"{what} opened on rank 0 only (a stand-in file that writes nothing on the others)"
-        elif isinstance(value, cst.Call) and self.context.qualified(value.func) & TRACKER_FACTORIES:
+        elif isinstance(value, cst.Call) and self._tracker_made(value):
             what = self.context.code(value.func)
             code, message = "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)"
         else:
@@ -426,6 +432,11 @@ class RankZeroTransform(Transform):
         guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
         return stand_in_escapes(target, self.context.module, self.context.parent, guarded)
 
+    def _tracker_made(self, call: cst.Call) -> bool:
+        """A tracker, or an object of a project class that keeps files open for writing
+        (dgcnn's IOStream, pytorch-pose's Logger: single-file mode reads their modules)."""
+        return bool(self.context.qualified(call.func) & TRACKER_FACTORIES) or dotted(call.func) in self.context.neighbours.writer_classes
+
     def _tracker_value(self, call: cst.Call) -> bool:
         """``return SummaryWriter(...)`` or ``{"writer": SummaryWriter(...)}``: a writer made
         inside a value (an assignment of the call itself is leave_Assign's)."""
@@ -433,6 +444,27 @@ class RankZeroTransform(Transform):
         if isinstance(parent, cst.Assign) and parent.value is call:
             return False
         return isinstance(parent, (cst.Return, cst.DictElement, cst.Element)) and not self._under_rank_guard(call)
+
+    def _tracker_with_item(self, call: cst.Call) -> bool:
+        """``with SummaryWriter(path) as writer:`` (pvcnn): made on rank 0 only, as an assigned
+        one is, unless a value taken from it leaves a guard (then it stays on every rank)."""
+        item = self.context.parent(call)
+        if not isinstance(item, cst.WithItem) or item.item is not call or self._under_rank_guard(call):
+            return False
+        if item.asname is None or not isinstance(item.asname.name, (cst.Name, cst.Attribute)):
+            return True
+        guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
+        escape = stand_in_escapes(item.asname.name, self.context.module, self.context.parent, guarded)
+        if escape is not None:
+            line = self.context.position(escape)[0]
+            self.context.report(
+                call,
+                "DDP606",
+                f"{self.context.code(call.func)} is made on every rank: line {line} takes `{self.context.code(escape)}` "
+                "from it outside a rank-0 guard, which a stand-in on the other ranks could not give",
+                Severity.WARNING,
+            )
+        return escape is None
 
     def _made_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         what = self.context.code(original.func)
@@ -458,8 +490,17 @@ class RankZeroTransform(Transform):
         if self._import_time(original_node):
             return updated_node
         calls = [self._side_effect(small) for small in original_node.body]
-        if any(calls):
-            self._report_inline(original_node, calls)
+        if not any(calls):
+            return updated_node
+        if all(calls) and not any(self._reaches_model(call) for call in calls) and not self._under_rank_guard(original_node):
+            # `if not os.path.exists(d): os.mkdir(d)` (votenet): the suite becomes a block under a guard
+            self.context.add_import("torch.distributed", None, "dist")
+            for call in calls:
+                self.context.report(call, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only")
+            smalls = [small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for small in updated_node.body]
+            guard = cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock([cst.SimpleStatementLine(smalls)]))
+            return cst.IndentedBlock([guard], footer=[], header=updated_node.trailing_whitespace)
+        self._report_inline(original_node, calls)
         return updated_node
 
     # -- statements ---------------------------------------------------------------------------

@@ -54,6 +54,12 @@ DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
 forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
 
+DDP127  a tuple of the wrapped model's outputs is unpacked and one of them is never read
+(``mel, post, attn, stop = m(x)``, ``stop`` unused): the parameters that only make that
+output get no gradient, and DDP would stop at the next step; it looks for them instead::
+
+    m = nn.DataParallel(Model())   ->   m = ddp_wrap(Model(), find_unused_parameters=True)
+
 DDP125  parameters are frozen or unfrozen after the wrap (``param.requires_grad = epoch >
 n`` in the training loop, a whole network frozen per epoch behind a flag, partial BatchNorm
 in the model's own ``train()``): DDP registers the trainable parameters when it is built and
@@ -105,7 +111,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import trainable_set_changes
+from ddpify.analysis.trainable import trainable_set_changes, unused_outputs
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
@@ -159,8 +165,15 @@ class WrapModelTransform(Transform):
             and dotted(node.func) in self.facts.model_names
             and any(arg.keyword is not None for arg in node.args)
         }
+        self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _freezing_models(self) -> list[str]:
+        """Project model classes (read in single-file mode) this file builds that freeze or
+        unfreeze parameters outside their constructor."""
+        classes = self.context.neighbours.freezing_classes
+        return sorted({dotted(node.func) for node in walk(self.context.module) if isinstance(node, cst.Call) and dotted(node.func) in classes})
 
     def _custom_method(self, call: cst.Call) -> bool:
         """``model.reverse(...)`` on a wrapped model: a method of the user's class, not of
@@ -209,6 +222,7 @@ class WrapModelTransform(Transform):
     def check(self) -> None:
         # requires_grad changed after the wrap: DDP registers every parameter (see trainable.py)
         self.trainable_changes = trainable_set_changes(self.context.module, self.facts, self.context.position)
+        self.freezing_models = self._freezing_models()
         self.model_fields = self._model_fields()
         for site in self.facts.wraps:
             self._check_submodule(site)
@@ -473,12 +487,29 @@ class WrapModelTransform(Transform):
                 "parameter and skips those without a gradient (find_unused_parameters)",
             )
             return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=args)
+        if self.freezing_models:
+            self.context.report(
+                site.call,
+                "DDP125",
+                f"{self.freezing_models[0]}, a model class of the project, changes which parameters train outside its "
+                "constructor (its own train() or a method): DDP registers every parameter and skips those without a "
+                "gradient (find_unused_parameters)",
+            )
+            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=args)
         if site.target in self.switched_models:
             self.context.report(
                 site.call,
                 "DDP109",
                 f"{site.target} is called with keyword arguments that can switch layers on and off "
                 f"(`{self.switched_models[site.target]}`): find_unused_parameters=True",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif site.target in self.dropped_outputs:
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"an output of {site.target} is never used (`{self.dropped_outputs[site.target]}`): parameters that "
+                "only make it get no gradient, so DDP looks for them at each step (find_unused_parameters=True)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)

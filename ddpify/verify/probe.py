@@ -512,14 +512,20 @@ def patch_shard_samplers(recorder: Recorder) -> None:
 
 
 def _shard_iter(recorder: Recorder, original):
-    def __iter__(self):
+    def draw(step):  # the user's sampler is drawn in here (a pass at once, or draw by draw): not recorded
         recorder.drawing_shard += 1
         try:
-            drawn = list(original(self))  # the user's sampler is drawn in here: not recorded
+            return step()
         finally:
             recorder.drawing_shard -= 1
+
+    def __iter__(self):
+        drawn = draw(lambda: original(self))
         record = recorder.sampler_pass(self)
-        for item in drawn:
+        while True:
+            item = draw(lambda: next(drawn, record))
+            if item is record:
+                break
             if recorder.training_is_over(record):
                 record["truncated"] = True
                 return

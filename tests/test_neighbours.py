@@ -1,0 +1,207 @@
+"""Single-file mode reads the project modules a script imports (ddpify/project/neighbours.py):
+their writers run on rank 0, a DataParallel wrap inside them is named, not missed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddpify.api import convert_file
+from ddpify.cli import app
+
+UTIL = '''import os, json
+
+
+class IOStream:
+    def __init__(self, path):
+        self.f = open(path, "a")
+
+    def cprint(self, text):
+        print(text)
+        self.f.write(text + "\\n")
+        self.f.flush()
+
+
+def save_args(args, folder):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "args.json"), "a") as f:
+        f.write(json.dumps(vars(args)) + "\\n")
+
+
+def evaluate_into(model, x, path):
+    with open(path, "a") as f:
+        f.write(str(model(x).sum().item()))
+'''
+
+TRAIN = '''import argparse
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from util import IOStream, save_args, evaluate_into
+
+parser = argparse.ArgumentParser()
+args = parser.parse_args()
+io = IOStream("run.log")
+save_args(args, "exp")
+torch.manual_seed(0)
+model = nn.DataParallel(nn.Linear(2, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+for epoch in range(2):
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    io.cprint("epoch %d" % epoch)
+    evaluate_into(model, x, "eval.txt")
+'''
+
+
+def project(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_writers_of_imported_modules_run_on_rank_zero(tmp_path):
+    project(tmp_path, {"util.py": UTIL, "train.py": TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    output = result.output
+    assert 'io = IOStream("run.log") if dist.get_rank() == 0 else DdpNoOp()' in output
+    assert 'if dist.get_rank() == 0:\n    save_args(args, "exp")' in output
+    # a helper that runs the model runs on every rank (DDP's forward may broadcast buffers)
+    assert '\n    evaluate_into(model, x, "eval.txt")' in output and "DDP601 evaluate_into" not in str(result.diagnostics)
+
+
+def test_converted_writers_write_once_under_two_ranks(tmp_path):
+    from conftest import run_launched
+
+    project(tmp_path, {"util.py": UTIL, "train.py": TRAIN})
+    (tmp_path / "train.py").write_text(convert_file(tmp_path / "train.py").output)
+    result = run_launched(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"],
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run.log").read_text().splitlines() == ["epoch 0", "epoch 1"]
+    assert len((tmp_path / "exp" / "args.json").read_text().splitlines()) == 1
+
+
+MODEL = '''import torch.nn as nn
+
+
+def generate_model(opt):
+    model = nn.DataParallel(nn.Linear(2, 1))
+    return model, model.parameters()
+'''
+NO_WRAP_HERE = '''import torch
+from model import generate_model
+
+model, params = generate_model(None)
+optimizer = torch.optim.SGD(params, lr=0.1)
+for i in range(3):
+    model(torch.randn(4, 2)).sum().backward()
+    optimizer.step()
+'''
+
+
+def test_a_model_wrapped_in_an_imported_module_is_refused_naming_folder_mode(tmp_path):
+    # MedicalNet: train.py names no DataParallel; model.py's generate_model wraps
+    project(tmp_path, {"model.py": MODEL, "train.py": NO_WRAP_HERE})
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "train.py")])
+    assert result.exit_code == 3, result.output
+    assert "DDP214" in result.output and f"ddpify convert {tmp_path}" in result.output
+    assert (tmp_path / "train.py").read_text() == NO_WRAP_HERE
+
+
+def test_a_package_of_the_project_root_is_found_from_a_script_below_it(tmp_path):
+    # DrQA: scripts/reader/train.py imports the `drqa` package installed from the root
+    project(tmp_path, {"setup.py": "", "drqa/__init__.py": "", "drqa/model.py": MODEL, "scripts/reader/train.py": NO_WRAP_HERE.replace("from model", "from drqa.model")})
+    result = convert_file(tmp_path / "scripts" / "reader" / "train.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"]
+
+
+def test_an_evaluation_script_is_not_refused(tmp_path):
+    project(tmp_path, {"model.py": MODEL, "eval.py": "import torch\nfrom model import generate_model\nmodel, _ = generate_model(None)\nprint(model(torch.zeros(1, 2)))\n"})
+    result = convert_file(tmp_path / "eval.py")
+    assert result.output == result.source and not result.diagnostics
+
+
+WITH_WRITER = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+model = nn.DataParallel(nn.Linear(2, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+dataset = TensorDataset(torch.randn(8, 2))
+loader = DataLoader(dataset, batch_size=4)
+writer = SummaryWriter("runs")
+args_writer = writer
+with SummaryWriter("runs2") as w2:
+    for step, (x,) in enumerate(loader):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        w2.add_scalar("loss", loss.item(), step)
+        args_writer.add_scalar("loss", loss.item(), step)
+'''
+
+
+def test_a_writer_made_in_a_with_item_is_rank_zero_only(tmp_path):
+    # pvcnn: `with tensorboardX.SummaryWriter(save_path) as writer:`
+    project(tmp_path, {"train.py": WITH_WRITER})
+    output = convert_file(tmp_path / "train.py").output
+    assert 'with (SummaryWriter("runs2") if dist.get_rank() == 0 else DdpNoOp()) as w2:' in output
+    assert 'writer = SummaryWriter("runs") if dist.get_rank() == 0 else DdpNoOp()' in output
+
+
+@pytest.mark.parametrize(
+    "use, on_every_rank",
+    [
+        ('args_writer.add_scalar("loss", loss.item(), step)', False),
+        ('print(args_writer.file_writer.get_logdir() + "/x")', True),  # FaceX-Zoo: a value taken from the alias
+    ],
+)
+def test_uses_of_an_alias_of_a_stand_in_are_followed(tmp_path, use, on_every_rank):
+    project(tmp_path, {"train.py": WITH_WRITER.replace('args_writer.add_scalar("loss", loss.item(), step)', use)})
+    output = convert_file(tmp_path / "train.py").output
+    assert ('writer = SummaryWriter("runs")\n' in output) is on_every_rank
+
+
+FREEZING_MODEL = '''import torch.nn as nn
+
+
+class TSN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        self.head = nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+    def train(self, mode=True):
+        super().train(mode)
+        for m in self.body.modules():
+            if isinstance(m, nn.BatchNorm1d):
+                m.weight.requires_grad = False
+        return self
+'''
+
+
+def test_a_project_model_that_freezes_in_its_own_train_gets_every_parameter_wrapped(tmp_path):
+    # temporal-shift-module: partial BatchNorm freezing in TSN.train(), after the wrap
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from models import TSN\n").replace(
+        "nn.DataParallel(nn.Linear(2, 1))", "nn.DataParallel(TSN())"
+    )
+    project(tmp_path, {"models.py": FREEZING_MODEL, "train.py": script.split("io = ")[0] + "model = " + script.split("model = ")[1].replace('    io.cprint("epoch %d" % epoch)\n    evaluate_into(model, x, "eval.txt")\n', "")})
+    result = convert_file(tmp_path / "train.py")
+    assert "model = ddp_wrap_every_parameter(TSN())" in result.output, result.output[-1500:]
+    assert "DDP125" in {d.code for d in result.diagnostics}
