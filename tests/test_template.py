@@ -236,10 +236,11 @@ if dist.get_rank() == 0:
 """
 
 
-def test_unseeded_draws_agree_before_training(tmp_path):
+def test_unseeded_draws_agree_before_training_and_differ_during_it(tmp_path):
     result = _torchrun(tmp_path, UNSEEDED)
     assert result.returncode == 0, result.stderr
-    assert "same before training: True" in result.stdout
+    # dropout, noise and augmentation per rank once training runs, as DataParallel's replicas'
+    assert "same before training: True same during training: False" in result.stdout
 
 
 QUIET = """
@@ -483,3 +484,11 @@ def test_drawing_the_same_order_leaves_the_scripts_random_state_alone(monkeypatc
     first = torch.rand(1).item()
     next(draws)
     assert (first, random.random()) == expected
+
+
+def test_a_loader_of_one_item_per_step_keeps_one_per_process(monkeypatch):
+    # Conv-TasNet: each item is a batch already; batch_size=1 cannot be divided
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=1)
+    zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
+    assert all(len(batch) == 1 for batch in zero + one)
+    assert sorted(i for batch in zero + one for i in batch) == list(range(16))

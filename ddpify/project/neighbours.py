@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,15 +59,25 @@ class Neighbours:
     # model classes that change which parameters train outside __init__ (TSM's partial
     # BatchNorm freezing in its own train()): DDP must register every parameter
     freezing_classes: frozenset[str] = frozenset()
+    wrapping_files: tuple[Path, ...] = ()  # the files of wrapping_modules
 
 
-def wrapping_neighbour(path: str, source: str) -> str | None:
-    """The module this script imports that wraps a model in DataParallel, for a script that
-    names no DataParallel itself but trains (a single-file conversion would miss the wrap)."""
+def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
+    """The module this script imports that wraps a model in DataParallel (and the folder that
+    holds both), for a script that names no DataParallel itself but trains: a single-file
+    conversion would miss the wrap."""
     if not re.search(r"backward\(|optimi[sz]er|\.step\(", source):
         return None
-    wrapping = read_neighbours(path, source).wrapping_modules
-    return wrapping[0] if wrapping else None
+    found = read_neighbours(path, source)
+    if not found.wrapping_modules:
+        return None
+    script = Path(path).parent
+    common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))
+    try:
+        folder = common.relative_to(Path.cwd().resolve()) if not script.is_absolute() else common
+    except ValueError:
+        folder = common
+    return found.wrapping_modules[0], folder
 
 
 def read_neighbours(path: str, source: str) -> Neighbours:
@@ -80,15 +91,18 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     except (SyntaxError, ValueError):
         return Neighbours()
     folders = _search_folders(script.parent, tree)
-    writers, classes, reexports, wrapping, freezing = set(), set(), {}, [], set()
+    writers, classes, reexports, wrapping, freezing, files = set(), set(), {}, [], set(), []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
             if module is None:
                 continue
             summary = _summary(module)
-            if summary.wraps:
+            # `from drqa import reader`: names that are submodules of a package are modules too
+            submodules = [_module_file([module.parent], alias.name, 0, module.parent) for alias in node.names] if module.name == "__init__.py" else []
+            if summary.wraps or any(sub is not None and _summary(sub).wraps for sub in submodules):
                 wrapping.append(node.module or ".")
+                files.append(module)
             for alias in node.names:
                 if alias.name == "*":
                     reexports.update(summary.torch_aliases)
@@ -109,11 +123,14 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 summary = _summary(module)
                 if summary.wraps:
                     wrapping.append(alias.name)
+                    files.append(module)
                 bound = alias.asname or alias.name
                 writers.update(f"{bound}.{name}" for name in summary.writers)
                 classes.update(f"{bound}.{name}" for name in summary.writer_classes)
                 freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
-    return Neighbours(frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing))
+    return Neighbours(
+        frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files)
+    )
 
 
 # Files that mark a project's root: a package there is importable once installed (`pip install -e .`).
@@ -194,6 +211,12 @@ def _summary(path: Path) -> ModuleSummary:
             writers.add(node.name)
             classes.add(node.name)
     wraps = re.search(r"(?<!Distributed)DataParallel\(", source) is not None
+    if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
+        wraps = any(
+            _summary(sub).wraps
+            for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+            for sub in [_module_file([path.parent], node.module, 0, path.parent)] if sub is not None
+        )
     freezing = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _freezes_after_init(node))
     return ModuleSummary(frozenset(writers), frozenset(classes), aliases, wraps, freezing)
 
@@ -249,14 +272,14 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
     """Single-file mode: a script that trains a model a module it imports wraps in
     DataParallel (MedicalNet's generate_model, DrQA's model.parallelize()) is refused: this
     file alone cannot be converted, the folder can."""
-    module = wrapping_neighbour(path, source)
-    if module is None:
+    found = wrapping_neighbour(path, source)
+    if found is None:
         return None
-    folder = Path(path).parent
+    module, folder = found
     message = (
         f"this script trains a model that the module it imports, `{module}`, wraps in DataParallel: converting "
-        f"this file alone would leave that wrap; convert the folder (`ddpify convert {folder}` or the project "
-        "root), which converts the script and that module together"
+        f"this file alone would leave that wrap; convert the folder that holds both (`ddpify convert {folder}`), "
+        "which converts the script and that module together"
     )
     error = Diagnostic(1, 1, "DDP214", message, Severity.ERROR)
     return FileResult(path, source, source, (error,), None, f"not converted: 1:1: DDP214 {message}")

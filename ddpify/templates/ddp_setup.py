@@ -61,9 +61,13 @@ def ddp_setup():
 
 
 def ddp_share_random_state():
-    """Every rank starts from rank 0's random state: unseeded draws before training agree."""
+    """Every rank starts from rank 0's random state: unseeded draws before training agree.
+    After the first optimizer step the other ranks draw their own dropout, noise and
+    augmentation, as DataParallel's replicas did for their own samples."""
     import random
     import sys
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     if dist.get_world_size() == 1:
         return
@@ -74,6 +78,18 @@ def ddp_share_random_state():
     random.setstate(states[1])
     if numpy is not None:
         numpy.random.set_state(states[2])
+
+    def split(optimizer, args, kwargs):  # once (a hook cannot remove itself while hooks run)
+        if dist.get_rank() != 0 and not split.done:
+            seed = torch.initial_seed() + dist.get_rank()
+            torch.manual_seed(seed)
+            random.seed(seed)
+            if "numpy" in sys.modules:
+                sys.modules["numpy"].random.seed(seed % 2**32)
+        split.done = True
+
+    split.done = False
+    register_optimizer_step_post_hook(split)
 
 
 def ddp_self_check():
@@ -155,7 +171,8 @@ def ddp_rebuilt(loader, global_batch):
     batches, make, dataset = loader.batch_sampler, type(loader), loader.dataset
     if type(batches) is BatchSampler:
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
-        local = ddp_local_batch_size(batches.batch_size) if global_batch else batches.batch_size
+        # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
+        local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
         rebuilt = make(dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
         rebuilt = make(dataset, None, sampler=DdpShard(loader.sampler, dataset, per_batch=False), **options)

@@ -33,6 +33,9 @@ process's share, or every batch would be skipped::
 
     if now_batch_size < opt.batchsize:   ->   if now_batch_size < ddp_local_batch_size(opt.batchsize):
 
+DDP408  (warning) ``batch_size=1`` (or none: one sample, or one pre-made batch per step)
+cannot be divided: each process loads one item, and the global batch is the world size.
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -46,6 +49,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, walk
+from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
 
 
@@ -83,13 +87,21 @@ class BatchSizeTransform(Transform):
             return updated_node.with_changes(
                 args=[a.with_changes(value=per_gpu) if a.value is arg.value else a for a in updated_node.args]
             )
+        if shown == "1":
+            # one sample (or one pre-made batch, Conv-TasNet's AudioDataset) per step: nothing to divide
+            self.context.report(
+                original_node,
+                "DDP408",
+                "batch_size=1: one item per step cannot be divided, so each process loads one; the global batch is "
+                "now world size items (adjust the learning rate if needed)",
+                Severity.WARNING,
+            )
+            return updated_node
         self.context.report(
             original_node,
             "DDP401",
             f"batch_size={shown} was DataParallel's global batch: each process now loads {shown} // world size",
         )
-        if arg is None:
-            return append_arg(updated_node, keyword("batch_size", cst.parse_expression("ddp_local_batch_size(1)")))
         split = cst.Call(func=cst.Name("ddp_local_batch_size"), args=[cst.Arg(arg.value)])
         return updated_node.with_changes(
             args=[a.with_changes(value=split) if a is arg else a for a in updated_node.args]

@@ -190,6 +190,7 @@ class DevicesTransform(Transform):
 
     def _removal_comment(self, statement: cst.SimpleStatementLine, found: tuple[str, bool]) -> list[cst.EmptyLine]:
         value, literal = found
+        value = " ".join(value.split())  # an expression over several lines, on one comment line
         if literal:
             self.context.visible_devices = value
             how = f"choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ..."
