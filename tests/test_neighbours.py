@@ -205,3 +205,26 @@ def test_a_project_model_that_freezes_in_its_own_train_gets_every_parameter_wrap
     result = convert_file(tmp_path / "train.py")
     assert "model = ddp_wrap_every_parameter(TSN())" in result.output, result.output[-1500:]
     assert "DDP125" in {d.code for d in result.diagnostics}
+
+
+SELECTOR = '''import torch
+
+
+class BatchHardTripletSelector(object):
+    def __call__(self, embeds, labels):
+        dist_mtx = torch.cdist(embeds, embeds)
+        lb_eqs = labels == labels.T
+        return embeds, embeds[dist_mtx.argmax(1)], embeds[dist_mtx.argmin(1)]
+'''
+
+
+def test_a_project_class_that_mines_the_batch_is_named_and_refused(tmp_path):
+    # triplet-reid: hardest positives and negatives mined across DataParallel's whole batch
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from selector import BatchHardTripletSelector\n")
+    script = script.split("io = ")[0] + "selector = BatchHardTripletSelector()\nmodel = " + script.split("model = ")[1]
+    script = script.replace("        loss = ((model(x) - y) ** 2).mean()\n", "        a, p, n = selector(model(x), y)\n        loss = (a - p).pow(2).mean() - (a - n).pow(2).mean()\n")
+    project(tmp_path, {"selector.py": SELECTOR, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert result.output == result.source, "refused, left untouched"
+    assert [d.code for d in result.diagnostics if d.code.startswith("DDP1")] == ["DDP117"]
+    assert "BatchHardTripletSelector" in str(result.diagnostics)

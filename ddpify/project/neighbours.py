@@ -60,6 +60,9 @@ class Neighbours:
     # BatchNorm freezing in its own train()): DDP must register every parameter
     freezing_classes: frozenset[str] = frozenset()
     wrapping_files: tuple[Path, ...] = ()  # the files of wrapping_modules
+    # classes and functions that compare the samples of a batch with each other (batch-hard
+    # triplet mining, contrastive losses): DataParallel ran them on the whole global batch
+    pairwise: frozenset[str] = frozenset()
 
 
 def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
@@ -91,7 +94,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     except (SyntaxError, ValueError):
         return Neighbours()
     folders = _search_folders(script.parent, tree)
-    writers, classes, reexports, wrapping, freezing, files = set(), set(), {}, [], set(), []
+    writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -109,6 +112,9 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     writers.update(summary.writers)
                     classes.update(summary.writer_classes)
                     freezing.update(summary.freezing_classes)
+                    pairwise.update(summary.pairwise)
+                elif alias.name in summary.pairwise:
+                    pairwise.add(alias.asname or alias.name)
                 elif alias.name in summary.freezing_classes:
                     freezing.add(alias.asname or alias.name)
                 elif alias.name in summary.writers:
@@ -128,11 +134,21 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 writers.update(f"{bound}.{name}" for name in summary.writers)
                 classes.update(f"{bound}.{name}" for name in summary.writer_classes)
                 freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
+                pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
     return Neighbours(
-        frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files)
+        frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
+        frozenset(pairwise),
     )
 
 
+# Code that compares the samples of a batch with each other: a distance of the batch with
+# itself, a product with its own transpose, a label-equality matrix.
+PAIRWISE = re.compile(
+    r"\w*dist\w*\(\s*(\w+)\s*,\s*\1\s*\)"
+    r"|(\w+)\.mm\(\s*\2\.t\(\)\s*\)|matmul\(\s*(\w+)\s*,\s*\3\.T\s*\)|(\w+)\s*@\s*\4\.T\b"
+    r"|(\w+)\s*==\s*\5\.T\b|(\w+)\s*==\s*\6\.t\(\)|(\w+)\.eq\(\s*\7\.t\(\)\s*\)|eq\(\s*(\w+)\s*,\s*\8\.T\s*\)"
+    r"|expand\((\w+),\s*\9\)\.eq\("
+)
 # Files that mark a project's root: a package there is importable once installed (`pip install -e .`).
 ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")
 
@@ -184,6 +200,7 @@ class ModuleSummary:
     torch_aliases: dict[str, str] = field(default_factory=dict)
     wraps: bool = False
     freezing_classes: frozenset[str] = frozenset()
+    pairwise: frozenset[str] = frozenset()
 
 
 @functools.lru_cache(maxsize=256)
@@ -218,7 +235,11 @@ def _summary(path: Path) -> ModuleSummary:
             for sub in [_module_file([path.parent], node.module, 0, path.parent)] if sub is not None
         )
     freezing = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _freezes_after_init(node))
-    return ModuleSummary(frozenset(writers), frozenset(classes), aliases, wraps, freezing)
+    pairwise = frozenset(
+        node.name for node in tree.body
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and PAIRWISE.search(ast.unparse(node))
+    )
+    return ModuleSummary(frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise)
 
 
 def _freezes_after_init(cls: ast.ClassDef) -> bool:

@@ -37,10 +37,13 @@ would train its own copy::
     OPTIMIZER = optim.SGD([*BACKBONE.parameters(), *HEAD.parameters()], lr=0.1)
     outputs = HEAD(BACKBONE(inputs), labels)     # refused: HEAD is trained outside DDP
 
-Only losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
+Losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
 (``...Loss``, ``...Criterion``, ``Triplet...``, ``NCE...``, ``Memory...``) or a function whose
 name holds ``loss``, ``triplet`` or ``contrast``, called in a training loop; the operands of
-a pairwise product must both come from the batch (no ``self.`` weight or centre table).
+a pairwise product must both come from the batch (no ``self.`` weight or centre table). In
+single-file mode the script's project modules are read too (DDP117): a class or function
+there that takes a distance of a batch with itself or builds a label-equality matrix
+(triplet-reid's ``BatchHardTripletSelector``), called in a training loop.
 """
 
 from __future__ import annotations
@@ -87,7 +90,37 @@ class BatchLossesTransform(Transform):
                     "in sync across ranks by hand",
                 )
 
+        self._check_neighbour_pairwise()
         self._check_unwrapped_trained()
+
+    def _check_neighbour_pairwise(self) -> None:
+        """Single-file mode: a class or function of the script's project modules that compares
+        the samples of the batch (triplet-reid's BatchHardTripletSelector), called in a
+        training loop, directly or through an instance made here."""
+        pairwise = self.context.neighbours.pairwise
+        if not pairwise:
+            return
+        instances = {
+            dotted(target.target): dotted(node.value.func)
+            for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in pairwise
+            for target in node.targets
+        }
+        for loop in self.facts.training_loops:
+            for call in calls_in(loop.body):
+                name = dotted(call.func)
+                made = name if name in pairwise else instances.get(name)
+                if made is None:
+                    continue
+                self.context.report_unsound(
+                    call,
+                    "DDP117",
+                    f"`{made}` (a module of this project) compares the samples of the batch with each other: "
+                    "DataParallel gathered the whole global batch for it, each DDP process would see only its "
+                    "share (other triplets, other negatives); gather every rank's outputs first "
+                    "(torch.distributed.nn.functional.all_gather) by hand",
+                )
+                return
 
     def _check_unwrapped_trained(self) -> None:
         wrapped = {name for site in self.facts.wraps for name in (site.target, dotted(site.module_arg) if site.module_arg else None) if name}
