@@ -85,6 +85,7 @@ class FileConversion:
         self._facts: Facts | None = None
         self._resolved_for: tuple | None = None
         self._rewrites: dict[tuple, FileResult] = {}
+        self._neighbours: Neighbours | None = None
         try:
             self.module = cst.parse_module(source)
         except cst.ParserSyntaxError as error:
@@ -94,16 +95,32 @@ class FileConversion:
         self.metadata = MetadataView(self.wrapper)
         self.step_calls = step_function_calls(self.module)  # this file's own step functions
 
+    @property
+    def neighbours(self) -> Neighbours:
+        """Single-file mode: what the project modules this file imports do (read once)."""
+        if self._neighbours is None:
+            self._neighbours = read_neighbours(self.path, self.source)
+        return self._neighbours
+
+    def _single_file_links(self) -> ProjectLinks:
+        """A file converted on its own: the training functions of the project modules it
+        imports, read from disk, stand in for what project mode would link."""
+        trainers = self.neighbours.trainers
+        return ProjectLinks(
+            training_calls=frozenset(trainers),
+            parameter_loaders={name: list(params) for name, params in trainers.items() if params},
+        )
+
     def facts(self, links: ProjectLinks | None) -> Facts:
         """The facts under these links: walked on first use, resolved when they change."""
-        project = links or ProjectLinks()
+        project = links or self._single_file_links()
         names, reexports, training_calls, loader_functions, parameter_loaders_key = project.learning_key()
         training_calls = training_calls | self.step_calls
         walk = (names, reexports, training_calls)
         if walk != self._walked_for:
             self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls)
             self._walked_for, self._resolved_for = walk, None
-        parameter_loaders = project.parameter_loaders if links is not None else None
+        parameter_loaders = project.parameter_loaders if links is not None or project.parameter_loaders else None
         resolution = (loader_functions, parameter_loaders_key, links is None)
         if resolution != self._resolved_for:
             self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders)
@@ -150,7 +167,7 @@ class FileConversion:
             role=role,
             model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
             trains_elsewhere=project.trains_elsewhere,
-            neighbours=read_neighbours(path, source) if links is None else Neighbours(),
+            neighbours=self.neighbours if links is None else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)

@@ -492,3 +492,11 @@ def test_a_loader_of_one_item_per_step_keeps_one_per_process(monkeypatch):
     zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
     assert all(len(batch) == 1 for batch in zero + one)
     assert sorted(i for batch in zero + one for i in batch) == list(range(16))
+
+
+def test_a_sampler_whose_epoch_loop_is_out_of_sight_moves_on_each_pass():
+    sampler = template.DdpNextEpochSampler(INDICES, num_replicas=2, rank=0, shuffle=True)
+    first, second = list(sampler), list(sampler)
+    assert first != second and sorted(first) != first or first != second
+    sampler.set_epoch(0)  # an explicit set_epoch still decides
+    assert list(sampler) == first

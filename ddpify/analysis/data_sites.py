@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.loaders import ITERABLE_WRAPPERS
@@ -70,7 +71,7 @@ def data_sites(facts: Facts) -> list[DataSite]:
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer.loaders.through_progress_variable(expr)
-            if id(expr) in seen:
+            if id(expr) in seen or _counts_steps(expr, analyzer):
                 continue
             seen.add(id(expr))
             if isinstance(expr, cst.Call):
@@ -81,6 +82,20 @@ def data_sites(facts: Facts) -> list[DataSite]:
                 loaders = analyzer.loaders.loaders_for(expr, context, depth=0)
             sites.append(DataSite(loop, expr, tuple(loaders), context.function, regrouped))
     return sites
+
+
+def _counts_steps(expr: cst.BaseExpression, analyzer) -> bool:
+    """``t = trange(params.train_steps)`` then ``for i in t:``: a progress bar over a count of
+    steps (the batches come from ``next(...)`` inside), not data."""
+    if not isinstance(expr, cst.Name):
+        return False
+    scope = analyzer.scopes.get_metadata(ScopeProvider, expr, None)
+    assignments = list(scope[expr.value]) if scope is not None else []
+    values = [analyzer.scopes.assigned_value(a.node) for a in assignments if getattr(a, "node", None) is not None]
+    return bool(values) and len(values) == len(assignments) and all(
+        isinstance(value, cst.Call) and index is None and (dotted(value.func) or "").rpartition(".")[2] in ("range", "trange")
+        for value, index in values
+    )
 
 
 def _enclosing_loop_binding(loop: cst.CSTNode, name: str, parent_of) -> cst.For | None:
@@ -142,7 +157,7 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
     if "builtins.zip" in names:
         return [found for value in positional for found in _data_expressions(value, analyzer)]
-    wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] in ("tqdm", "trange") for n in names)
+    wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] == "tqdm" for n in names)  # trange(n): a count
     return _data_expressions(positional[0], analyzer) if wraps and positional else []
 
 

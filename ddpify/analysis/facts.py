@@ -132,6 +132,9 @@ class Facts:
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     # project mode: the call names of parameter_loaders whose loader was found here, and not
     sharded_parameter_calls: set[str] = field(default_factory=set)
+    # loaders handed to a training function that runs its epochs out of sight (PointRCNN's
+    # trainer.train(..., train_loader, ...)): their sampler moves to the next epoch itself
+    epochs_out_of_sight: set = field(default_factory=set)
     reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
     training_calls: frozenset[str] = frozenset()  # see ProjectLinks.training_calls
     # forms of DataParallel convert cannot rewrite, as `ddpify check` codes them: a variant

@@ -50,6 +50,8 @@ class GuardUnits:
         for index, statement in enumerate(statements):
             if index and self._checks_then_makes(statements[index - 1], statement):
                 self.folder_units.update((statements[index - 1], statement))
+            if self._checks_then_writes(statement):
+                self.folder_units.add(statement)
             if not self.guardable(statement):
                 continue
             unit = [statement]
@@ -96,6 +98,18 @@ class GuardUnits:
             return False
         made_paths = {_path_code(call) for call in made} - {None}
         return bool(made_paths & {_path_code(call) for call in tested})
+
+
+    def _checks_then_writes(self, statement: cst.BaseStatement) -> bool:
+        """``if not os.path.exists(config_path): copyfile(example, config_path)`` (edge-connect):
+        the check and the writes under it are one unit, done by rank 0 alone; the others wait,
+        then read what it wrote."""
+        if not isinstance(statement, cst.If) or statement.orelse is not None:
+            return False
+        if not any((dotted(call.func) or "").endswith(EXISTENCE_CHECKS) for call in calls_in(statement.test)):
+            return False
+        body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
+        return bool(body) and all(self.guardable(line) for line in body) and not any(self.unsafe(call) for call in calls_in(statement))
 
 
 def _path_code(call: cst.Call) -> str | None:

@@ -64,7 +64,7 @@ class Loaders(Room):
             positional = [a.value for a in expr.args if a.keyword is None and not a.star]
             if names & {"builtins.zip"}:
                 return [e for value in positional for e in self.iterated(value)]
-            is_tqdm = any(n.split(".")[-1] in ("tqdm", "trange") for n in names)
+            is_tqdm = any(n.split(".")[-1] == "tqdm" for n in names)  # not trange(n): a count, not data
             if (names & ITERABLE_WRAPPERS or is_tqdm) and positional:
                 return self.iterated(positional[0])
         return []

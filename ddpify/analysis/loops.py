@@ -154,7 +154,8 @@ class TrainingLoops(Room):
                 self.facts.sharded_parameter_calls.add(name)
                 for loader in found:
                     self.facts.loaders[loader].training = True
-                self._find_epoch_loops(call, argument, context, found, depth=0)
+                if not self._find_epoch_loops(call, argument, context, found, depth=0):
+                    self.facts.epochs_out_of_sight.update(found)
 
     def check_backward_per_forward(self) -> None:
         """More backward() calls than forward calls of the wrapped model in one training loop

@@ -20,7 +20,7 @@ from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dott
 from ddpify.names import RANK_WORDS
 
 # Calls whose results are the same on every rank inside a condition (same_on_every_rank).
-UNIFORM_CALLS = {"len", "range", "int", "min", "max"}
+UNIFORM_CALLS = {"len", "range", "int", "min", "max", "bool", "float", "str", "abs", "round", "isinstance", "hasattr", "getattr"}
 # Methods of values that never run a model or a collective (strings, numbers, containers,
 # tensors read out); project mode treats other method calls as possibly training.
 HARMLESS_METHODS = {

@@ -63,6 +63,15 @@ class Neighbours:
     # classes and functions that compare the samples of a batch with each other (batch-hard
     # triplet mining, contrastive losses): DataParallel ran them on the whole global batch
     pairwise: frozenset[str] = frozenset()
+    # functions of those modules that run a training step (backward()/step()), as bound
+    # here, with the parameters they iterate as training data (HRNet's core/function.py
+    # `train(config, train_loader, model, ...)`): the loop around the call trains, and the
+    # loader passed there is sharded where it is built
+    trainers: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    # model classes with parts whose parameters get no gradient (a submodule never called, a
+    # result forward() computes and drops: Background-Matting's model_enc_multi), as bound
+    # here -> the part
+    idle_parts: dict[str, str] = field(default_factory=dict)
 
 
 def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
@@ -95,6 +104,9 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         return Neighbours()
     folders = _search_folders(script.parent, tree)
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
+    trainers: dict[str, tuple[tuple[int, str], ...]] = {}
+    idle: dict[str, str] = {}
+    trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -113,6 +125,15 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     classes.update(summary.writer_classes)
                     freezing.update(summary.freezing_classes)
                     pairwise.update(summary.pairwise)
+                    trainers.update(summary.trainers)
+                    idle.update(summary.idle_parts)
+                    trainer_classes.update(summary.trainer_classes)
+                elif alias.name in summary.trainer_classes:
+                    trainer_classes[alias.asname or alias.name] = summary.trainer_classes[alias.name]
+                elif alias.name in summary.idle_parts:
+                    idle[alias.asname or alias.name] = summary.idle_parts[alias.name]
+                elif alias.name in summary.trainers:
+                    trainers[alias.asname or alias.name] = summary.trainers[alias.name]
                 elif alias.name in summary.pairwise:
                     pairwise.add(alias.asname or alias.name)
                 elif alias.name in summary.freezing_classes:
@@ -135,9 +156,13 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 classes.update(f"{bound}.{name}" for name in summary.writer_classes)
                 freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
                 pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
+                trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
+                idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
+                trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
+    trainers.update(_instance_trainers(tree, trainer_classes))
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
-        frozenset(pairwise),
+        frozenset(pairwise), trainers, idle,
     )
 
 
@@ -151,6 +176,18 @@ PAIRWISE = re.compile(
 )
 # Files that mark a project's root: a package there is importable once installed (`pip install -e .`).
 ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")
+
+
+def _instance_trainers(tree: ast.Module, classes: dict[str, dict]) -> dict[str, tuple[tuple[int, str], ...]]:
+    """``trainer = train_utils.Trainer(...)`` then ``trainer.train(...)``: "trainer.train"."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1:
+            made = ast.unparse(node.value.func)
+            if made in classes:
+                for method, params in classes[made].items():
+                    found[f"{ast.unparse(node.targets[0])}.{method}"] = params
+    return found
 
 
 def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
@@ -171,8 +208,32 @@ def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
                 candidate = (folder / constant.value).resolve()
                 if candidate.is_dir() and candidate not in found:
                     found.append(candidate)
+    for candidate in _joined_folders(folder, tree):
+        if candidate not in found:
+            found.append(candidate)
+    for node in tree.body:  # `import _init_paths` (HRNet, Faster R-CNN): it puts ../lib on sys.path
+        for alias in node.names if isinstance(node, ast.Import) else []:
+            helper = folder / f"{alias.name}.py"
+            if "path" in alias.name and helper.is_file():
+                try:
+                    found += [c for c in _joined_folders(folder, ast.parse(helper.read_text(errors="replace"))) if c not in found]
+                except (OSError, SyntaxError, ValueError):
+                    pass
     if root is not None and root not in found:
         found.append(root)
+    return found
+
+
+def _joined_folders(folder: Path, tree: ast.AST) -> list[Path]:
+    """Folders a file names as ``join(this_dir, '..', 'lib')``: relative to its own folder."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "join" and len(node.args) > 1:
+            parts = node.args[1:]
+            if not isinstance(node.args[0], ast.Constant) and all(isinstance(p, ast.Constant) and isinstance(p.value, str) for p in parts):
+                candidate = folder.joinpath(*(p.value for p in parts)).resolve()
+                if candidate.is_dir():
+                    found.append(candidate)
     return found
 
 
@@ -201,6 +262,10 @@ class ModuleSummary:
     wraps: bool = False
     freezing_classes: frozenset[str] = frozenset()
     pairwise: frozenset[str] = frozenset()
+    trainers: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    idle_parts: dict[str, str] = field(default_factory=dict)
+    # class -> its methods that train (directly or through other methods) -> loader parameters
+    trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=256)
@@ -239,7 +304,104 @@ def _summary(path: Path) -> ModuleSummary:
         node.name for node in tree.body
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and PAIRWISE.search(ast.unparse(node))
     )
-    return ModuleSummary(frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise)
+    trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
+    trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
+    return ModuleSummary(
+        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes
+    )
+
+
+def _training_methods(cls: ast.ClassDef) -> dict[str, tuple[tuple[int, str], ...]]:
+    """PointRCNN's ``Trainer.train(..., train_loader, ...)`` iterating its loader and calling
+    ``self._train_it(batch)``, which runs backward()/step(): method -> loader parameters
+    (counted without ``self``, as a call on an instance passes them)."""
+    methods = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+    training = {name for name, method in methods.items() if _trains(method)}
+    grown = True
+    while grown:
+        grown = False
+        for name, method in methods.items():
+            calls = {n.func.attr for n in ast.walk(method) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"}
+            if name not in training and calls & training:
+                training.add(name)
+                grown = True
+    found = {}
+    for name in training:
+        params = _iterated_parameters(methods[name])
+        found[name] = tuple((index - 1, param) for index, param in params if index > 0)
+    return found
+
+
+def idle_parts(tree: ast.Module) -> dict[str, str]:
+    """Module classes with a part that gets no gradient: a submodule made in __init__ that no
+    method uses, or a submodule's result that forward() computes and never reads."""
+    found = {}
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef) or not any("Module" in ast.unparse(base) for base in cls.bases):
+            continue
+        methods = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+        if "__init__" not in methods or "forward" not in methods:
+            continue
+        made = [
+            target.attr for node in ast.walk(methods["__init__"]) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            for target in node.targets
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+            and re.search(r"(nn\.|^)(Linear|Conv\w*|Sequential|ModuleList|Embedding|LSTM|GRU|BatchNorm\w*)\b|[A-Z]\w*(Net|Block|Encoder|Decoder|Head)\b", ast.unparse(node.value.func))
+        ]
+        used = {
+            node.attr for name, method in methods.items() if name != "__init__" for node in ast.walk(method)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        }
+        unused = [attr for attr in made if attr not in used]
+        dropped = _dropped_results(methods["forward"])
+        if unused or dropped:
+            found[cls.name] = f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read"
+    return found
+
+
+def _dropped_results(forward: ast.FunctionDef) -> str | None:
+    """``multi_feat = self.model_enc_multi(multi)`` with ``multi_feat`` never read."""
+    reads = {node.id for node in ast.walk(forward) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and isinstance(value.func.value, ast.Name):
+                if value.func.value.id == "self" and node.targets[0].id not in reads:
+                    return ast.unparse(node)
+    return None
+
+
+def _trains(function: ast.FunctionDef) -> bool:
+    """Runs a training step: a backward() and an optimizer's step()."""
+    calls = [node.func.attr for node in ast.walk(function) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    return "backward" in calls and "step" in calls
+
+
+def _iterated_parameters(function: ast.FunctionDef) -> tuple[tuple[int, str], ...]:
+    """The parameters a training function draws batches from: ``for ... in enumerate(train_loader)``,
+    ``tqdm(loader)``, ``iter(loader)``."""
+    params = [arg.arg for arg in function.args.args]
+    # `tl = train_loader` (robot-surgery-segmentation's utils.train): an alias iterates it too
+    aliases = {
+        node.targets[0].id: node.value.id for node in ast.walk(function)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Name) and node.value.id in params
+    }
+    found = []
+    for node in ast.walk(function):
+        sources = []
+        if isinstance(node, ast.For):
+            sources.append(node.iter)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "iter" and node.args:
+            sources.append(node.args[0])
+        for source in sources:
+            while isinstance(source, ast.Call) and source.args and getattr(source.func, "id", getattr(source.func, "attr", "")) in ("enumerate", "tqdm", "iter"):
+                source = source.args[0]
+            name = aliases.get(source.id, source.id) if isinstance(source, ast.Name) else None
+            if name in params and (params.index(name), name) not in found:
+                found.append((params.index(name), name))
+    return tuple(found)
 
 
 def _freezes_after_init(cls: ast.ClassDef) -> bool:

@@ -72,8 +72,7 @@ def ddp_share_random_state():
     if dist.get_world_size() == 1:
         return
     numpy = sys.modules.get("numpy")
-    states = [torch.get_rng_state(), random.getstate(), numpy and numpy.random.get_state()]
-    dist.broadcast_object_list(states, src=0)
+    states = ddp_from_rank_zero([torch.get_rng_state(), random.getstate(), numpy and numpy.random.get_state()])
     torch.set_rng_state(states[0])
     random.setstate(states[1])
     if numpy is not None:
@@ -90,6 +89,20 @@ def ddp_share_random_state():
 
     split.done = False
     register_optimizer_step_post_hook(split)
+
+
+def ddp_from_rank_zero(value):
+    """Rank 0's `value` on every rank, pickled into a byte tensor (broadcast_object_list
+    would need numpy, which torch does not require)."""
+    import pickle
+
+    device = ddp_device()
+    mine = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    size = torch.tensor([mine.numel()], device=device)
+    dist.broadcast(size, src=0)
+    shared = mine.to(device) if dist.get_rank() == 0 else torch.empty(int(size), dtype=torch.uint8, device=device)
+    dist.broadcast(shared, src=0)
+    return pickle.loads(bytes(shared.cpu().tolist()))
 
 
 def ddp_self_check():
@@ -139,6 +152,16 @@ def ddp_next_epoch(loader):
     sampler = ddp_sampler(loader)
     sampler.set_epoch(getattr(sampler, "ddp_passes", 0))
     sampler.ddp_passes = sampler.epoch + 1
+
+
+class DdpNextEpochSampler(DistributedSampler):
+    """A DistributedSampler whose epoch loop is out of sight (a project's trainer): each
+    pass is the next epoch, reshuffled; an explicit set_epoch still decides."""
+
+    def __iter__(self):
+        order = super().__iter__()
+        self.set_epoch(self.epoch + 1)
+        return order
 
 
 def ddp_shard(loader, global_batch=True):

@@ -53,10 +53,12 @@ TEMPLATE_IMPORTS = (
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
+    "ddp_from_rank_zero",
     "ddp_self_check",
     "ddp_after_step",
     "ddp_sampler",
     "ddp_next_epoch",
+    "DdpNextEpochSampler",
     "ddp_shard",
     "ddp_rebuilt",
     "ddp_rebuildable",

@@ -254,7 +254,7 @@ class RankZeroTransform(Transform):
         return not any(self._reaches_model(call) for call in calls_in(original))
 
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
-        if original is None or self._under_rank_guard(original):
+        if original is None or self._under_rank_guard(original) or self._inside_unit(original):
             return False
         if self._writes_file(original):
             return self._safe_to_guard(original)
@@ -267,6 +267,15 @@ class RankZeroTransform(Transform):
             self._report_inline(original, calls)
             return False
         return self._safe_to_guard(original)
+
+    def _inside_unit(self, original: cst.CSTNode) -> bool:
+        """Below a statement that rank 0 does as a whole (a check and the writes under it)."""
+        node = self.context.parent(original)
+        while node is not None and not isinstance(node, cst.Module):
+            if node in self._units.folder_units:
+                return True
+            node = self.context.parent(node)
+        return False
 
     def _safe_to_guard(self, original: cst.BaseStatement) -> bool:
         unsafe = [call for call in calls_in(original) if self._reaches_model(call)]
@@ -602,7 +611,7 @@ class RankZeroTransform(Transform):
         by every rank's evaluation; a run folder removed, then made again by every rank)."""
         after = "; the other ranks wait at a barrier" if barrier else ""
         if original in self._units.folder_units:
-            self.context.report(original, "DDP601", f"folder set-up (its existence check and the folder made) on rank 0 only{after}")
+            self.context.report(original, "DDP601", f"set-up on disk (an existence check and what is made after it) on rank 0 only{after}")
             return True
         if original in self._units.joined:
             self.context.report(original, "DDP601", "computed only for the write below it: on rank 0 only, with that write")
@@ -742,6 +751,8 @@ def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
         if (isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name))
         or (isinstance(found, cst.Assign) and len(found.targets) == 1 and isinstance(found.targets[0].target, cst.Name))
     ]
+    # `criterion = nn.MSELoss()`: a loss module, not a loss value
+    assignments = [(name, value) for name, value in assignments if not _constructs(value)]
     grown = True
     while grown:
         grown = False
@@ -752,9 +763,33 @@ def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
     return frozenset(derived)
 
 
+def _constructs(value: cst.BaseExpression) -> bool:
+    """``nn.CrossEntropyLoss(...)``, ``MyLoss()``: an object built from a class."""
+    return isinstance(value, cst.Call) and (dotted(value.func) or "_").rpartition(".")[2][:1].isupper()
+
+
+# Calls inside a print that only format the value they are given.
+FORMATTING = {"format", "round", "float", "int", "str", "abs", "item", "mean", "sum", "cpu", "detach", "tolist", "numpy"}
+
+
+def _handed_to_calls(call: cst.Call) -> set[int]:
+    """Nodes inside a print that are arguments of another call (``validate(..., criterion)``):
+    what that call returns is printed, not them."""
+    inside: set[int] = set()
+    for node in walk(call):
+        if isinstance(node, cst.Call) and node is not call:
+            func = node.func
+            name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if name not in FORMATTING:
+                inside |= {id(n) for arg in node.args for n in walk(arg.value)}
+    return inside
+
+
 def _loss_names(call: cst.Call, derived: frozenset[str] = frozenset()) -> list[str]:
     """Names of losses a print shows: ``loss.item()`` and bare ``running_loss``."""
     nodes = walk(call)
+    handed = _handed_to_calls(call)
+    nodes = [n for n in nodes if id(n) not in handed]
     not_variables = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}
     not_variables |= {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
     not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}

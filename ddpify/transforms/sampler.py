@@ -66,7 +66,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import LoaderSite, first_positional, walk
+from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, walk
 from ddpify.analysis.data_sites import DataSite, data_sites, surely_not_a_loader, training_condition
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
@@ -252,6 +252,15 @@ class SamplerTransform(Transform):
 
     def _no_loader(self, loop: cst.CSTNode) -> str:
         """The true blocker of a training loop that draws from no DataLoader."""
+        drawn = [call for call in calls_in(loop.body) if dotted(call.func) == "next" and call.args]
+        if drawn:  # `for i in trange(steps): batch = next(data_iterator)` (NER-BERT's own generator)
+            source = self.context.code(drawn[0].args[0].value)
+            return (
+                f"this training loop draws its batches with `next({source})`, and `{source}` does not come from a "
+                "DataLoader (a generator or iterator of the project): its batches cannot be split between the ranks "
+                "(every rank would train on all of them); make its data a Dataset in a DataLoader, or give each "
+                "rank its share by hand"
+            )
         what = f"`{self.context.code(loop.iter)}`" if isinstance(loop, cst.For) else "what its body reads"
         return (
             f"this training loop iterates {what}, not a DataLoader: its batches cannot be split between the "
@@ -286,14 +295,17 @@ class SamplerTransform(Transform):
         if not builds_optimizer:
             return None
         defined = {node.name.value for node in walk(self.context.module) if isinstance(node, (cst.FunctionDef, cst.ClassDef))}
+        handed = []
         for call in walk(self.context.module):
             if not isinstance(call, cst.Call) or not any(cst.Module([]).code_for_node(arg.value) in names for arg in call.args):
                 continue
             func = self.context.code(call.func)
             if func.split(".")[0] in defined or any(n.startswith(("torch.", "builtins.")) for n in self.context.qualified(call.func)):
                 continue
-            return f"{func}(...)"
-        return None
+            handed.append(func)
+        # the call that trains, where one says so (HRNet: `train(...)`, not `get_model_summary(...)`)
+        training = [func for func in handed if any(word in func.rpartition(".")[2].lower() for word in TRAINING_WORDS)]
+        return f"{(training or handed)[0]}(...)" if handed else None
 
     def _imports_project_modules(self) -> list[str]:
         """Modules this script imports from its own project (a relative import, or a module or
@@ -455,15 +467,18 @@ class SamplerTransform(Transform):
                 keyword("num_replicas", cst.parse_expression(self.context.world_size)),
                 keyword("rank", cst.parse_expression(self.context.rank)),
             ]
+        # single-file mode: its epoch loop runs in a project module (read, not rewritten)
+        each_pass = original_node in self.facts.epochs_out_of_sight and bool(self.context.neighbours.trainers)
         sampler = cst.Call(
-            func=cst.Name("DistributedSampler"),
+            func=cst.Name("DdpNextEpochSampler" if each_pass else "DistributedSampler"),
             args=[cst.Arg(dataset.deep_clone()), *placement, keyword("shuffle", shuffle_value)],
         )
         self.context.report(
             original_node,
             "DDP301",
             f"DataLoader{' ' + repr(site.target) if site.target else ''} gets a DistributedSampler"
-            f" (shuffle={self.context.code(shuffle_value)})",
+            f" (shuffle={self.context.code(shuffle_value)})"
+            + ("; its epoch loop is in a project module, out of sight: each pass over it is the next epoch" if each_pass else ""),
         )
         if shuffle is not None:
             return replace_arg(updated_node, shuffle, keyword("sampler", sampler))

@@ -60,6 +60,11 @@ output get no gradient, and DDP would stop at the next step; it looks for them i
 
     m = nn.DataParallel(Model())   ->   m = ddp_wrap(Model(), find_unused_parameters=True)
 
+A model class of the file (or, in single-file mode, of the project modules it imports) that
+has a part whose parameters get no gradient (a submodule made in ``__init__`` that no method
+uses; a submodule's result that ``forward()`` computes and never reads, Background-Matting's
+``multi_feat = self.model_enc_multi(multi)``) gets the same (DDP127).
+
 DDP125  parameters are frozen or unfrozen after the wrap (``param.requires_grad = epoch >
 n`` in the training loop, a whole network frozen per epoch behind a flag, partial BatchNorm
 in the model's own ``train()``): DDP registers the trainable parameters when it is built and
@@ -112,6 +117,7 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
 from ddpify.diagnostics import Severity
 from ddpify.analysis.trainable import trainable_set_changes, unused_outputs
+from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
@@ -166,8 +172,21 @@ class WrapModelTransform(Transform):
             and any(arg.keyword is not None for arg in node.args)
         }
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
+        self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _idle_models(self) -> list[tuple[str, str]]:
+        """Model classes of this file or its project (single-file mode) that this file builds
+        and that have a part whose parameters get no gradient."""
+        import ast
+
+        try:
+            idle = {**self.context.neighbours.idle_parts, **idle_parts(ast.parse(self.context.module.code))}
+        except (SyntaxError, ValueError):
+            return []
+        built = {dotted(node.func) for node in walk(self.context.module) if isinstance(node, cst.Call)}
+        return sorted((name, part) for name, part in idle.items() if name in built)
 
     def _freezing_models(self) -> list[str]:
         """Project model classes (read in single-file mode) this file builds that freeze or
@@ -502,6 +521,15 @@ class WrapModelTransform(Transform):
                 "DDP109",
                 f"{site.target} is called with keyword arguments that can switch layers on and off "
                 f"(`{self.switched_models[site.target]}`): find_unused_parameters=True",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif self.idle_models:
+            made, part = self.idle_models[0]
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"{made}, a model class built here, has a part whose parameters get no gradient ({part}): DDP "
+                "looks for them at each step (find_unused_parameters=True)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         elif site.target in self.dropped_outputs:

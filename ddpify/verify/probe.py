@@ -47,6 +47,7 @@ This module imports torch; only launched processes import it, never the CLI.
 from __future__ import annotations
 
 import builtins
+import ctypes
 import hashlib
 import itertools
 import json
@@ -293,7 +294,8 @@ def _weights_summary(tensors: list) -> dict | None:
     digest, nonfinite = hashlib.sha256(), 0
     for tensor in tensors:
         values = tensor.detach().cpu().contiguous().reshape(-1)
-        digest.update(values.view(torch.uint8).numpy().tobytes())  # any dtype, bit for bit
+        # any dtype, bit for bit (ctypes, not .numpy(): torch does not require numpy)
+        digest.update(ctypes.string_at(values.data_ptr(), values.numel() * values.element_size()) if values.numel() else b"")
         if values.is_floating_point() or values.is_complex():
             nonfinite += int((~torch.isfinite(values)).sum())
     return {"hash": digest.hexdigest(), "count": sum(t.numel() for t in tensors), "nonfinite": nonfinite}
