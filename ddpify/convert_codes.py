@@ -43,8 +43,10 @@ OTHER_CODES = {
     "around the call.)",
     "DDP214": "DDP214  (error) single-file mode: the script names no DataParallel, but it trains (backward, an "
     "optimizer) and imports a module of its project that wraps a model in DataParallel (`model, params = "
-    "generate_model(opt)`, `model.parallelize()`): converted alone it would stay DataParallel. Convert the folder "
-    "(`ddpify convert DIR`): the script and that module are converted together.",
+    "generate_model(opt)`, `model.parallelize()`): converted alone it would stay DataParallel. Likewise a script "
+    "that wraps, whose project modules test for DataParallel (`isinstance(model, nn.DataParallel)` before saving, "
+    "PointRCNN): converted alone, its DDP model would take their other branch. Convert the folder "
+    "(`ddpify convert DIR`): the script and those modules are converted together.",
     "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
     "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
     "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",

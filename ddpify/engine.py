@@ -22,7 +22,7 @@ from ddpify.analysis.data_sites import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
-from ddpify.project.neighbours import Neighbours, read_neighbours, wrapped_elsewhere
+from ddpify.project.neighbours import Neighbours, named_elsewhere, read_neighbours, wrapped_elsewhere
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -158,6 +158,10 @@ class FileConversion:
         if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
             refusal = variant_refusal(path, source, facts, self.metadata)
             return refusal or (links is None and wrapped_elsewhere(path, source)) or FileResult(path, source, source)
+        if links is None and facts.wraps:
+            refusal = named_elsewhere(path, source, self.neighbours)
+            if refusal is not None:
+                return refusal
         context = ConversionContext(
             module,
             facts,

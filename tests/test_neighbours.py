@@ -316,3 +316,35 @@ def test_a_loader_handed_to_a_project_trainer_that_runs_the_epochs_moves_on_each
     result = convert_file(tmp_path / "train.py")
     assert "sampler=DdpNextEpochSampler(train_dataset, shuffle=True)" in result.output, result.diagnostics
     assert "class DdpNextEpochSampler(DistributedSampler):" in result.output
+
+
+SAVER = '''import torch
+import torch.nn as nn
+
+
+def checkpoint_state(model):
+    if isinstance(model, nn.DataParallel):
+        return model.module.state_dict()  # DataParallel: \\'module.\\' keys dropped
+    return model.state_dict()
+
+
+def save(model, path):
+    torch.save(checkpoint_state(model), path)
+'''
+
+
+def test_a_project_module_that_tests_for_data_parallel_is_named_and_refused(tmp_path):
+    # PointRCNN: train_utils unwraps `isinstance(model, nn.DataParallel)` before saving
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from saver import save\n")
+    script = script.split("io = ")[0] + "model = " + script.split("model = ")[1].split("    io.cprint")[0] + 'save(model, "model.pth")\n'
+    project(tmp_path, {"saver.py": SAVER, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert result.output == result.source
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and "`saver`" in result.diagnostics[0].message
+
+
+def test_data_parallel_in_a_docstring_of_a_project_module_is_not_a_test(tmp_path):
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from saver import save\n")
+    script = script.split("io = ")[0] + "model = " + script.split("model = ")[1].split("    io.cprint")[0]
+    project(tmp_path, {"saver.py": '"""Loads a DataParallel model_state."""\ndef save(model, path):\n    pass\n', "train.py": script})
+    assert "ddp_wrap(" in convert_file(tmp_path / "train.py").output

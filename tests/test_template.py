@@ -73,6 +73,8 @@ def test_batch_that_does_not_divide_stops_with_a_message(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
     with pytest.raises(SystemExit, match="does not divide evenly among 3"):
         template.ddp_local_batch_size(32)
+    # one item per step (a batch size read from a config, MedicalNet, MICCAI-LITS2017): one per process
+    assert template.ddp_local_batch_size(1) == 1
 
 
 UNWRAPPED = """

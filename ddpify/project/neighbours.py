@@ -60,6 +60,10 @@ class Neighbours:
     # BatchNorm freezing in its own train()): DDP must register every parameter
     freezing_classes: frozenset[str] = frozenset()
     wrapping_files: tuple[Path, ...] = ()  # the files of wrapping_modules
+    # imported modules that name DataParallel without wrapping (`isinstance(model,
+    # nn.DataParallel)` before saving, PointRCNN's train_utils): converted alone, the script's
+    # DDP model would take their other branch
+    naming_modules: tuple[str, ...] = ()
     # classes and functions that compare the samples of a batch with each other (batch-hard
     # triplet mining, contrastive losses): DataParallel ran them on the whole global batch
     pairwise: frozenset[str] = frozenset()
@@ -106,6 +110,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
     idle: dict[str, str] = {}
+    naming: list[str] = []
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -118,6 +123,8 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             if summary.wraps or any(sub is not None and _summary(sub).wraps for sub in submodules):
                 wrapping.append(node.module or ".")
                 files.append(module)
+            elif summary.names_data_parallel:
+                naming.append(node.module or ".")
             for alias in node.names:
                 if alias.name == "*":
                     reexports.update(summary.torch_aliases)
@@ -151,6 +158,8 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 if summary.wraps:
                     wrapping.append(alias.name)
                     files.append(module)
+                elif summary.names_data_parallel:
+                    naming.append(alias.name)
                 bound = alias.asname or alias.name
                 writers.update(f"{bound}.{name}" for name in summary.writers)
                 classes.update(f"{bound}.{name}" for name in summary.writer_classes)
@@ -162,7 +171,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     trainers.update(_instance_trainers(tree, trainer_classes))
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
-        frozenset(pairwise), trainers, idle,
+        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle,
     )
 
 
@@ -266,6 +275,7 @@ class ModuleSummary:
     idle_parts: dict[str, str] = field(default_factory=dict)
     # class -> its methods that train (directly or through other methods) -> loader parameters
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = field(default_factory=dict)
+    names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
 
 
 @functools.lru_cache(maxsize=256)
@@ -306,8 +316,12 @@ def _summary(path: Path) -> ModuleSummary:
     )
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
+    names = not wraps and any(  # in code, not in a docstring or comment
+        isinstance(node, ast.Attribute) and node.attr == "DataParallel" or isinstance(node, ast.Name) and node.id == "DataParallel"
+        for node in ast.walk(tree)
+    )
     return ModuleSummary(
-        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes
+        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes, names
     )
 
 
@@ -449,6 +463,22 @@ def _writes(node: ast.AST) -> bool:
 def _write_mode(call: ast.Call) -> bool:
     mode = next((k.value for k in call.keywords if k.arg == "mode"), call.args[1] if len(call.args) > 1 else None)
     return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(flag in mode.value for flag in WRITE_MODES)
+
+
+def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:
+    """Single-file mode: a script whose project modules test for DataParallel (an unwrap
+    before saving a checkpoint, PointRCNN's train_utils): refused, naming folder mode, which
+    converts those tests with the script."""
+    if not neighbours.naming_modules:
+        return None
+    module = neighbours.naming_modules[0]
+    message = (
+        f"`{module}`, a module of this project that the script uses, tests for DataParallel (an `isinstance` before "
+        "saving or loading the model): converted alone, the script's DDP model would take its other branch "
+        "(checkpoints saved with `module.` keys); convert the folder that holds both (`ddpify convert DIR`)"
+    )
+    error = Diagnostic(1, 1, "DDP214", message, Severity.ERROR)
+    return FileResult(path, source, source, (error,), None, f"not converted: 1:1: DDP214 {message}")
 
 
 def wrapped_elsewhere(path: str, source: str) -> FileResult | None:

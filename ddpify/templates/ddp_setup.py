@@ -350,7 +350,10 @@ def ddp_wrap_every_parameter(module):
 
 
 def ddp_local_batch_size(batch_size):
-    """DataParallel's batch size was global: each process loads its share."""
+    """DataParallel's batch size was global: each process loads its share (one item per
+    step cannot be divided: each process loads one, MICCAI-LITS2017's 3D volumes)."""
+    if batch_size == 1:
+        return 1
     if batch_size % dist.get_world_size():
         raise SystemExit(f"batch size {batch_size} does not divide evenly among {dist.get_world_size()} processes")
     return batch_size // dist.get_world_size()
