@@ -194,8 +194,10 @@ def test_every_code_the_goldens_emit_is_explained_by_rule():
     assert "convert codes:" in runner.invoke(app, ["rule"]).output
 
 
-def test_training_step_in_a_project_module_refuses(tmp_path):
-    (tmp_path / "train_fns.py").write_text("def train(model, loader, opt):\n    for x in loader:\n        model(x).sum().backward()\n        opt.step()\n")
+def test_training_step_in_a_project_module_refuses_where_it_cannot_be_read(tmp_path):
+    # the project module is read (ddpify/project/neighbours.py): where it cannot be (it does not
+    # parse on Python 3, `.cuda(async=True)`), the training step is out of sight
+    (tmp_path / "train_fns.py").write_text("def train(model, loader, opt):\n    for x in loader:\n        model(x.cuda(async=True)).sum().backward()\n        opt.step()\n")
     text = (
         "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport train_fns\n"
         "model = nn.DataParallel(nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -205,6 +207,20 @@ def test_training_step_in_a_project_module_refuses(tmp_path):
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 3 and "DDP304" in result.output and "train_fns" in result.output
     assert path.read_text() == text
+
+
+def test_training_step_in_a_readable_project_module_is_followed(tmp_path):
+    (tmp_path / "train_fns.py").write_text("def train(model, loader, opt):\n    for x in loader:\n        model(x).sum().backward()\n        opt.step()\n")
+    text = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport train_fns\n"
+        "model = nn.DataParallel(nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)\ntrain_fns.train(model, loader, opt)\n"
+    )
+    path = write(tmp_path, "main.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 0, result.output
+    # its epochs run out of sight: each pass over the loader is the next epoch
+    assert "sampler=DdpNextEpochSampler(dataset, shuffle=False)" in path.read_text()
 
 
 def test_the_verify_extra_keeps_the_users_torch_and_dev_pins_it():
