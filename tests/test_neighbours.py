@@ -348,3 +348,16 @@ def test_data_parallel_in_a_docstring_of_a_project_module_is_not_a_test(tmp_path
     script = script.split("io = ")[0] + "model = " + script.split("model = ")[1].split("    io.cprint")[0]
     project(tmp_path, {"saver.py": '"""Loads a DataParallel model_state."""\ndef save(model, path):\n    pass\n', "train.py": script})
     assert "ddp_wrap(" in convert_file(tmp_path / "train.py").output
+
+
+def test_a_submodule_used_inside_another_is_not_idle():
+    import ast
+
+    from ddpify.project.neighbours import idle_parts
+
+    source = (
+        "import torch.nn as nn\n\n\nclass DGCNN(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.bn1 = nn.BatchNorm2d(64)\n        self.conv1 = nn.Sequential(nn.Conv2d(6, 64, 1), self.bn1)\n"
+        "        self.head = nn.Linear(2, 2)\n\n    def forward(self, x):\n        return self.conv1(x)\n"
+    )
+    assert idle_parts(ast.parse(source)) == {"DGCNN": "self.head is never used"}  # dgcnn's bn1 is used, in conv1

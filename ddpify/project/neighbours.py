@@ -363,9 +363,10 @@ def idle_parts(tree: ast.Module) -> dict[str, str]:
             if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
             and re.search(r"(nn\.|^)(Linear|Conv\w*|Sequential|ModuleList|Embedding|LSTM|GRU|BatchNorm\w*)\b|[A-Z]\w*(Net|Block|Encoder|Decoder|Head)\b", ast.unparse(node.value.func))
         ]
-        used = {
-            node.attr for name, method in methods.items() if name != "__init__" for node in ast.walk(method)
+        used = {  # read anywhere, __init__ too (`self.conv1 = nn.Sequential(..., self.bn1)`, dgcnn)
+            node.attr for method in methods.values() for node in ast.walk(method)
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and isinstance(node.ctx, ast.Load)
         }
         unused = [attr for attr in made if attr not in used]
         dropped = _dropped_results(methods["forward"])
