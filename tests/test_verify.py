@@ -341,9 +341,11 @@ def test_each_run_is_reported_as_it_starts_and_ends_and_the_summary_times_them_a
     starts = [i for i, line in enumerate(lines) if ": starting " in line]
     ends = [i for i, line in enumerate(lines) if re.match(r"^\w+: (2 ranks )?exited 0 in [\d.]+ s$", line)]
     assert lines[starts[0]] == "converted: starting 2 ranks (gloo, torchrun)"
-    assert lines[starts[1]].startswith("original: starting 1 process (plain python, seed 0, shuffling off")
+    # (a run lost to torch's gloo abort at interpreter exit is started again: a line more)
+    originals = [i for i in starts if lines[i].startswith("original: ")]
+    assert lines[originals[0]].startswith("original: starting 1 process (plain python, seed 0, shuffling off")
     first_check = next(i for i, line in enumerate(lines) if line.startswith("PASS"))
-    assert starts[0] < ends[0] < starts[1] < ends[1] < first_check, result.output
+    assert starts[0] < ends[0] < originals[0] < ends[1] < first_check, result.output
     assert "[converted rank" not in result.output, "rank output only with -v"
     summary = lines[-1]
     assert summary.startswith("all checks passed; runs: converted 2 ranks ") and ", original 1 process " in summary

@@ -265,7 +265,7 @@ def launch(run: Run, options: VerifyOptions, env: dict, session: Session | None 
         if attempt:
             session.say(f"{run.label}: torch's gloo backend aborted at interpreter exit; running it again ({attempt + 1} of 3)")
         outcome, reports = _launch_once(run, options, env, session)
-        if outcome.returncode == 0 or outcome.timed_out or GLOO_EXIT_ABORT not in outcome.output_tail:
+        if outcome.returncode == 0 or outcome.timed_out or not _gloo_exit_abort(run, outcome):
             break
         for stale in run.probe_dir.glob("rank*"):
             stale.unlink()
@@ -274,6 +274,15 @@ def launch(run: Run, options: VerifyOptions, env: dict, session: Session | None 
         "returncode": outcome.returncode, "timed_out": outcome.timed_out, "attempts": attempt + 1,
     })
     return outcome, reports
+
+
+def _gloo_exit_abort(run: Run, outcome: LaunchOutcome) -> bool:
+    """The abort anywhere in the run's output, not only its tail: with simulated nodes the
+    other node's launcher writes its exit-barrier wait after it."""
+    if GLOO_EXIT_ABORT in outcome.output_tail:
+        return True
+    log = run.probe_dir / "output.log"
+    return log.exists() and GLOO_EXIT_ABORT in log.read_text(encoding="utf-8", errors="replace")
 
 
 def _processes(count: int) -> str:
