@@ -478,8 +478,7 @@ def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResul
         "saving or loading the model): converted alone, the script's DDP model would take its other branch "
         "(checkpoints saved with `module.` keys); convert the folder that holds both (`ddpify convert DIR`)"
     )
-    error = Diagnostic(1, 1, "DDP214", message, Severity.ERROR)
-    return FileResult(path, source, source, (error,), None, f"not converted: 1:1: DDP214 {message}")
+    return _folder_refusal(path, source, message)
 
 
 def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
@@ -495,5 +494,10 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
         f"this file alone would leave that wrap; convert the folder that holds both (`ddpify convert {folder}`), "
         "which converts the script and that module together"
     )
+    return _folder_refusal(path, source, message)
+
+
+def _folder_refusal(path: str, source: str, message: str) -> FileResult:
+    """The file left untouched with DDP214: what blocks it is in another module of the folder."""
     error = Diagnostic(1, 1, "DDP214", message, Severity.ERROR)
     return FileResult(path, source, source, (error,), None, f"not converted: 1:1: DDP214 {message}")

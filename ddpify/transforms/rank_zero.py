@@ -415,16 +415,8 @@ class RankZeroTransform(Transform):
             return updated_node
         if self._under_rank_guard(original_node):
             return updated_node
-        escape = self._stand_in_escape(original_node)
-        if escape is not None:
-            line = self.context.position(escape)[0]
-            self.context.report(
-                original_node,
-                code,
-                f"{what} is made on every rank: line {line} takes `{self.context.code(escape)}` from it outside a "
-                "rank-0 guard, which a stand-in on the other ranks could not give",
-                Severity.WARNING,
-            )
+        target = bound_target(original_node)
+        if target is not None and self._escapes(target, original_node, code, what):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original_node, code, message)
@@ -434,12 +426,21 @@ class RankZeroTransform(Transform):
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
-    def _stand_in_escape(self, assign: cst.Assign) -> cst.CSTNode | None:
-        target = bound_target(assign)
-        if target is None:
-            return None
+    def _escapes(self, target: cst.BaseExpression, made: cst.CSTNode, code: str, what: str) -> bool:
+        """Does a value taken from the rank-0 object bound to ``target`` leave a guard? Then
+        it is made on every rank, with a warning that says where."""
         guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
-        return stand_in_escapes(target, self.context.module, self.context.parent, guarded)
+        escape = stand_in_escapes(target, self.context.module, self.context.parent, guarded)
+        if escape is not None:
+            line = self.context.position(escape)[0]
+            self.context.report(
+                made,
+                code,
+                f"{what} is made on every rank: line {line} takes `{self.context.code(escape)}` from it outside a "
+                "rank-0 guard, which a stand-in on the other ranks could not give",
+                Severity.WARNING,
+            )
+        return escape is not None
 
     def _tracker_made(self, call: cst.Call) -> bool:
         """A tracker, or an object of a project class that keeps files open for writing
@@ -462,18 +463,7 @@ class RankZeroTransform(Transform):
             return False
         if item.asname is None or not isinstance(item.asname.name, (cst.Name, cst.Attribute)):
             return True
-        guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
-        escape = stand_in_escapes(item.asname.name, self.context.module, self.context.parent, guarded)
-        if escape is not None:
-            line = self.context.position(escape)[0]
-            self.context.report(
-                call,
-                "DDP606",
-                f"{self.context.code(call.func)} is made on every rank: line {line} takes `{self.context.code(escape)}` "
-                "from it outside a rank-0 guard, which a stand-in on the other ranks could not give",
-                Severity.WARNING,
-            )
-        return escape is None
+        return not self._escapes(item.asname.name, call, "DDP606", self.context.code(call.func))
 
     def _made_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         what = self.context.code(original.func)
