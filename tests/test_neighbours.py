@@ -361,3 +361,77 @@ def test_a_submodule_used_inside_another_is_not_idle():
         "        self.head = nn.Linear(2, 2)\n\n    def forward(self, x):\n        return self.conv1(x)\n"
     )
     assert idle_parts(ast.parse(source)) == {"DGCNN": "self.head is never used"}  # dgcnn's bn1 is used, in conv1
+
+
+SURGERY_UTILS = '''def train(args, model, criterion, train_loader, valid_loader, init_optimizer, n_epochs=2):
+    optimizer = init_optimizer(0.1)
+    for epoch in range(n_epochs):
+        tl = train_loader
+        for x, y, index in tl:
+            with open("seen_%d.txt" % __import__("os").getpid(), "a") as f:
+                f.write(" ".join(str(int(i)) for i in index) + "\\n")
+            loss = criterion(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        sum(criterion(model(x), y).item() for x, y, _ in valid_loader)
+'''
+SURGERY = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import utils
+
+
+def main():
+    torch.manual_seed(0)
+    model = nn.DataParallel(nn.Linear(2, 1))
+
+    def make_loader(n, shuffle=False, batch_size=1):
+        return DataLoader(
+            dataset=TensorDataset(torch.randn(n, 2), torch.randn(n, 1), torch.arange(n)),
+            shuffle=shuffle,
+            batch_size=batch_size,
+        )
+
+    train_loader = make_loader(8, shuffle=True, batch_size=4)
+    valid_loader = make_loader(6, batch_size=2)
+    utils.train(
+        init_optimizer=lambda lr: torch.optim.SGD(model.parameters(), lr=lr),
+        args=None,
+        model=model,
+        criterion=nn.MSELoss(),
+        train_loader=train_loader,
+        valid_loader=valid_loader,
+    )
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_loader_from_a_shared_builder_handed_to_a_project_trainer_is_sharded_in_the_call(tmp_path):
+    # robot-surgery-segmentation: a nested make_loader builds the training and the validation
+    # loader, and utils.train(train_loader=train_loader, ...) trains out of sight: the builder
+    # cannot be changed for both, so the argument is sharded at run time; never left whole
+    from conftest import run_launched
+
+    project(tmp_path, {"utils.py": SURGERY_UTILS, "train.py": SURGERY})
+    result = convert_file(tmp_path / "train.py")
+    assert "train_loader=ddp_shard(train_loader)," in result.output, result.diagnostics
+    assert "valid_loader=valid_loader," in result.output
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    for _ in range(3):  # a run lost to gloo's exit abort is repeated: from a clean folder
+        for seen in tmp_path.glob("seen_*.txt"):
+            seen.unlink()
+        launched = run_launched(command, attempts=1, cwd=tmp_path, timeout=240)
+        if launched.returncode == 0:
+            break
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    per_rank = [[line.split() for line in seen.read_text().splitlines()] for seen in tmp_path.glob("seen_*.txt")]
+    # the global batch of 4 is split 2 + 2: two steps of 2 samples per epoch on each rank
+    assert len(per_rank) == 2 and all(len(batches) == 4 and all(len(b) == 2 for b in batches) for batches in per_rank)
+    for epoch in range(2):  # each sample once per epoch, on one rank
+        drawn = [index for batches in per_rank for index in batches[2 * epoch] + batches[2 * epoch + 1]]
+        assert sorted(drawn, key=int) == [str(i) for i in range(8)], per_rank

@@ -135,6 +135,10 @@ class Facts:
     # loaders handed to a training function that runs its epochs out of sight (PointRCNN's
     # trainer.train(..., train_loader, ...)): their sampler moves to the next epoch itself
     epochs_out_of_sight: set = field(default_factory=set)
+    # what a call of such a training function passes as its loader (the argument's node) ->
+    # (the call, the DataLoader calls it may be bound to, the function the call is in): where
+    # a loader that cannot be rewritten where it is built is sharded at run time
+    passed_loaders: dict = field(default_factory=dict)
     reexports: dict[str, str] = field(default_factory=dict)  # see ProjectLinks.reexports
     training_calls: frozenset[str] = frozenset()  # see ProjectLinks.training_calls
     # forms of DataParallel convert cannot rewrite, as `ddpify check` codes them: a variant

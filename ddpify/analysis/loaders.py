@@ -241,8 +241,19 @@ class Loaders(Room):
         if self.scopes.module_functions.get(function.name.value) is not function or self.calls.call_sites(function):
             return False
         params = [p for p in function.params.params]
+        name = self._aliased_parameter(expr) or expr.value
         for index, param in enumerate(params):
-            if param.name.value == expr.value:
+            if param.name.value == name:
                 self.facts.loader_parameters.setdefault(function.name.value, []).append((index, param.name.value))
                 return True
         return False
+
+    def _aliased_parameter(self, expr: cst.Name) -> str | None:
+        """`tl = train_loader` then `for ... in tl` (robot-surgery-segmentation's utils.train):
+        the name it aliases, when that is its only binding."""
+        scope = self.scopes.get_metadata(ScopeProvider, expr, None)
+        assignments = list(scope[expr.value]) if scope is not None else []
+        if len(assignments) != 1 or getattr(assignments[0], "node", None) is None:
+            return None
+        value, index = self.scopes.assigned_value(assignments[0].node)
+        return value.value if isinstance(value, cst.Name) and index is None else None

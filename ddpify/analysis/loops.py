@@ -152,6 +152,9 @@ class TrainingLoops(Room):
                     )
                     continue
                 self.facts.sharded_parameter_calls.add(name)
+                raw = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+                raw = raw if raw is not None else positional[index].value
+                self.facts.passed_loaders[raw] = (call, tuple(found), context.function)
                 for loader in found:
                     self.facts.loaders[loader].training = True
                 if not self._find_epoch_loops(call, argument, context, found, depth=0):

@@ -44,6 +44,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
@@ -98,7 +99,7 @@ class DevicesTransform(Transform):
             return self._bare_cuda(original_node, self.context.code(original_node))
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
-            if args and not _is_module_call(func):
+            if args and not _is_module_call(func) and not self._imported_module(func.value):
                 # `.cuda(0)`, `.cuda(gpus_list[0])`, `.cuda(args.gpu)`: a GPU the single
                 # DataParallel process chose; each DDP process uses its own.
                 shown = self.context.code(args[0].value)
@@ -118,6 +119,17 @@ class DevicesTransform(Transform):
                 Severity.WARNING,
             )
         return updated_node
+
+    def _imported_module(self, receiver: cst.BaseExpression) -> bool:
+        """`utils.cuda(inputs)` (robot-surgery-segmentation's helper that moves a tensor to the
+        GPU): a function of a module bound by `import`, not a tensor's `.cuda(device)`."""
+        while isinstance(receiver, cst.Attribute):
+            receiver = receiver.value
+        if not isinstance(receiver, cst.Name):
+            return False
+        scope = self.context.metadata.get_metadata(ScopeProvider, receiver, None)
+        assignments = list(scope[receiver.value]) if scope is not None else []
+        return bool(assignments) and all(isinstance(getattr(a, "node", None), cst.Import) for a in assignments)
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         kept: Block = []

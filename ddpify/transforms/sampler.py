@@ -163,11 +163,11 @@ class SamplerTransform(Transform):
             if own.keyword.value == "batch_sampler":
                 return "each batch of its own batch_sampler is split between the ranks, as DataParallel split it"
             return "its own sampler= draws the same order on every rank, and each rank takes its share"
+        if call in self.facts.shared_loaders:
+            return "the function that builds it also builds loaders that are not trained on, which stay whole"
         reason = self._unsupported(call)
         if reason:
             return f"the DataLoader call cannot be rewritten where it is built ({reason})"
-        if call in self.facts.shared_loaders:
-            return "the function that builds it also builds loaders that are not trained on, which stay whole"
         shuffle = _shuffle_by_keyword(call)[1]
         if call in self.facts.iterator_loaders and shuffle is not None and self.context.code(shuffle.value) != "False":
             return "it is drawn from with next(iter(...)): each new iter() is the next epoch, reshuffled"
@@ -196,9 +196,32 @@ class SamplerTransform(Transform):
                 self._run_time[site.expr] = (site, why)
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
                 self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
+        self._shard_passed_at_run_time(runtime)
         self.context.run_time_shards.update(
             (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
         )
+
+    def _shard_passed_at_run_time(self, runtime: dict[cst.Call, str]) -> None:
+        """A training loader that cannot be sharded where it is built and that no loop here
+        draws from: handed to a training function out of sight (robot-surgery-segmentation's
+        `utils.train(train_loader=make_loader(...))`, its builder shared with the validation
+        loader). It is sharded in the call's argument; a loader that reaches training some
+        other way is refused, never left whole."""
+        covered = {call for site, _ in self._run_time.values() for call in site.loaders}
+        for call, reason in runtime.items():
+            if call in covered:
+                continue
+            passed = [(arg, where) for arg, where in self.facts.passed_loaders.items() if call in where[1]]
+            for argument, (trainer, loaders, function) in passed:
+                if argument not in self._run_time:
+                    self._run_time[argument] = (DataSite(trainer, argument, loaders, function), reason)
+            if not passed:
+                self.context.report_unsound(
+                    call,
+                    "DDP304",
+                    f"this training DataLoader cannot be sharded where it is built ({reason}), and no loop of this "
+                    "file draws from it where it could be: every rank would train on all the data; shard it by hand",
+                )
 
     def _report_regrouped(self, site: DataSite) -> None:
         """The loader's batch is cut into the steps' batches after it is loaded: dividing it
@@ -234,7 +257,8 @@ class SamplerTransform(Transform):
         )
         shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
-        condition = training_condition(site.loop, self.facts)
+        # (a loader handed to a training function out of sight: every pass there trains)
+        condition = None if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
         if condition is None:
             return sharded
         test, when = condition
