@@ -420,6 +420,8 @@ def test_a_loader_from_a_shared_builder_handed_to_a_project_trainer_is_sharded_i
     result = convert_file(tmp_path / "train.py")
     assert "train_loader=ddp_shard(train_loader)," in result.output, result.diagnostics
     assert "valid_loader=valid_loader," in result.output
+    # its trainer writes a file per batch, out of sight: said, with the way to limit it to rank 0
+    assert any(d.code == "DDP616" and "ddpify convert DIR" in d.message for d in result.diagnostics)
     (tmp_path / "train.py").write_text(result.output)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
     for _ in range(3):  # a run lost to gloo's exit abort is repeated: from a clean folder

@@ -76,6 +76,10 @@ class Neighbours:
     # result forward() computes and drops: Background-Matting's model_enc_multi), as bound
     # here -> the part
     idle_parts: dict[str, str] = field(default_factory=dict)
+    # trainers (as bound here) that also write files in their module (robot-surgery-
+    # segmentation's utils.train saves the model and appends to a log): read, not rewritten,
+    # so every rank writes them
+    writing_trainers: frozenset[str] = frozenset()
 
 
 def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
@@ -112,6 +116,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     idle: dict[str, str] = {}
     naming: list[str] = []
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
+    writing: set[str] = set()  # trainer functions and classes that write files, as bound here
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -126,6 +131,8 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             elif summary.names_data_parallel:
                 naming.append(node.module or ".")
             for alias in node.names:
+                if alias.name in summary.writing_trainers:
+                    writing.add(alias.asname or alias.name)
                 if alias.name == "*":
                     reexports.update(summary.torch_aliases)
                     writers.update(summary.writers)
@@ -135,6 +142,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     trainers.update(summary.trainers)
                     idle.update(summary.idle_parts)
                     trainer_classes.update(summary.trainer_classes)
+                    writing.update(summary.writing_trainers)
                 elif alias.name in summary.trainer_classes:
                     trainer_classes[alias.asname or alias.name] = summary.trainer_classes[alias.name]
                 elif alias.name in summary.idle_parts:
@@ -168,10 +176,13 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
                 idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
                 trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
-    trainers.update(_instance_trainers(tree, trainer_classes))
+                writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
+    instances = _instance_trainers(tree, trainer_classes)
+    trainers.update((call, params) for call, (_, params) in instances.items())
+    writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
-        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle,
+        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)),
     )
 
 
@@ -187,15 +198,16 @@ PAIRWISE = re.compile(
 ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")
 
 
-def _instance_trainers(tree: ast.Module, classes: dict[str, dict]) -> dict[str, tuple[tuple[int, str], ...]]:
-    """``trainer = train_utils.Trainer(...)`` then ``trainer.train(...)``: "trainer.train"."""
+def _instance_trainers(tree: ast.Module, classes: dict[str, dict]) -> dict[str, tuple[str, tuple[tuple[int, str], ...]]]:
+    """``trainer = train_utils.Trainer(...)`` then ``trainer.train(...)``: "trainer.train" ->
+    (its class as bound here, the loader parameters)."""
     found = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1:
             made = ast.unparse(node.value.func)
             if made in classes:
                 for method, params in classes[made].items():
-                    found[f"{ast.unparse(node.targets[0])}.{method}"] = params
+                    found[f"{ast.unparse(node.targets[0])}.{method}"] = (made, params)
     return found
 
 
@@ -275,6 +287,7 @@ class ModuleSummary:
     idle_parts: dict[str, str] = field(default_factory=dict)
     # class -> its methods that train (directly or through other methods) -> loader parameters
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = field(default_factory=dict)
+    writing_trainers: frozenset[str] = frozenset()  # trainers and trainer classes that write files
     names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
 
 
@@ -320,8 +333,13 @@ def _summary(path: Path) -> ModuleSummary:
         isinstance(node, ast.Attribute) and node.attr == "DataParallel" or isinstance(node, ast.Name) and node.id == "DataParallel"
         for node in ast.walk(tree)
     )
+    writing = frozenset(
+        node.name for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and (node.name in trainers or node.name in trainer_classes) and _writes(node)
+    )
     return ModuleSummary(
-        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes, names
+        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
+        writing, names
     )
 
 

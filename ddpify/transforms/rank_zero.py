@@ -77,6 +77,11 @@ nothing (otherwise every rank truncates and writes the same file)::
 
 Elsewhere (``open(path, "w").write(...)`` in an expression) it is a warning: left alone.
 
+DDP616  (warning) single-file mode: a training function of another module of the project,
+read but not rewritten, also writes files (robot-surgery-segmentation's ``utils.train`` saves
+the model and appends to a log): every rank writes them. Converting the folder
+(``ddpify convert DIR``) limits those writes to rank 0 too.
+
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
 before the guard, and only where every rank surely reaches it (conditions on loop
@@ -156,6 +161,21 @@ class RankZeroTransform(Transform):
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
         self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
+        self._report_writing_trainers()
+
+    def _report_writing_trainers(self) -> None:
+        writing = self.context.neighbours.writing_trainers
+        for call in calls_in(self.context.module) if writing else ():
+            name = dotted(call.func)
+            if name in writing:
+                self.context.report(
+                    call,
+                    "DDP616",
+                    f"`{name}()` trains in another module of this project, which single-file mode reads but does not "
+                    "rewrite, and it writes files there (checkpoints, logs): every rank writes them; convert the folder "
+                    "(`ddpify convert DIR`) to limit them to rank 0",
+                    Severity.WARNING,
+                )
 
     # -- what is a side effect ------------------------------------------------------------
 
