@@ -145,7 +145,8 @@ def _launch_lines(result: FileResult, target: str) -> list[str]:
     from ddpify.launching import gpu_options, launch_lines
 
     canonical = result.launch_command.replace(result.path, target)
-    lines = [f"  {line.label}: {line.command}" for line in launch_lines(canonical)]
+    gpu_only = any(d.code == "DDP011" for d in result.diagnostics)
+    lines = [f"  {line.label}: {line.command}" for line in launch_lines(canonical, gpu_only=gpu_only)]
     for option in gpu_options(result.source, result.output if result.changed else None):
         lines.append(f"  note: {option.meaning()}")
     return lines

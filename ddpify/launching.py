@@ -101,8 +101,9 @@ class LaunchLine:
     command: str
 
 
-def launch_lines(canonical: str, machine: Machine | None = None) -> list[LaunchLine]:
-    """The canonical line as it runs here, and the GPU line beside it where it cannot."""
+def launch_lines(canonical: str, machine: Machine | None = None, gpu_only: bool = False) -> list[LaunchLine]:
+    """The canonical line as it runs here, and the GPU line beside it where it cannot
+    (only the GPU line for a script whose own DDP path needs CUDA: DDP011)."""
     machine = machine or this_machine()
     match = CANONICAL.match(canonical)
     if match is None:  # `python train.py --multiprocessing-distributed ...`: the script's own launcher
@@ -110,6 +111,8 @@ def launch_lines(canonical: str, machine: Machine | None = None) -> list[LaunchL
     command = f"{match.group('env')}{machine.runner} {match.group('rest')}"
     if machine.has_gpus or not NPROC_GPU.search(command):
         return [LaunchLine("launch", command)]
+    if gpu_only:
+        return [LaunchLine("launch on a machine with GPUs (no GPU found here; the script's DDP path needs CUDA)", command)]
     cpu = NPROC_GPU.sub(f"--nproc-per-node={CPU_PROCESSES}", command)
     return [
         LaunchLine(f"launch (no GPU found here, {CPU_PROCESSES} processes on the CPU)", cpu),

@@ -53,3 +53,20 @@ def test_the_printed_launch_line_takes_the_ddp_path(tmp_path, name, expected):
     assert run.returncode == 0, run.stderr
     # each rank prints it; the two ranks' lines may interleave: count the last word
     assert run.stdout.count(expected.split()[-1]) == 2, run.stdout
+
+
+def test_the_scripts_own_sampler_moves_to_the_next_epoch_and_its_dataparallel_path_still_runs(tmp_path):
+    # BERT-NER / HF run_* scripts: DistributedSampler on the DDP path, never set_epoch
+    result = convert_source((FIXTURES / "existing_ddp" / "local_rank.py").read_text(), path="train.py")
+    assert 'if hasattr(train_dataloader.sampler, "set_epoch"):' in result.output
+    shown = 'print("distributed:", torch.distributed.is_initialized())'
+    probe = 'print("sampler epoch", getattr(train_sampler, "epoch", "none"))'
+    (tmp_path / "train.py").write_text(result.output.replace(shown, probe))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(command, cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("sampler epoch 1") == 2  # the last of 2 epochs, on each rank
+    single = run_launched([sys.executable, "train.py"], attempts=1, cwd=tmp_path, env=env, timeout=300)
+    assert single.returncode == 0 and "sampler epoch none" in single.stdout, single.stderr  # RandomSampler: no set_epoch

@@ -34,6 +34,13 @@ def test_without_gpus_the_cpu_line_comes_first_and_the_gpu_line_beside_it():
     ]
 
 
+def test_a_scripts_own_cuda_only_ddp_path_gets_no_cpu_line():
+    # BERT-NER: its DDP path calls torch.cuda.set_device and NCCL (DDP011): a CPU line would crash
+    found = launch_lines(CANONICAL, Machine(0, "torchrun"), gpu_only=True)
+    assert [(line.command, "GPUs" in line.label) for line in found] == [(CANONICAL, True)]
+    assert launch_lines(CANONICAL, Machine(2, "torchrun"), gpu_only=True)[0].label == "launch"
+
+
 def test_a_counted_line_runs_anywhere_and_keeps_its_devices():
     line = "CUDA_VISIBLE_DEVICES=0,3 torchrun --standalone --nproc-per-node=2 train.py --lr 0.1"
     assert lines(line, 0, ".venv/bin/torchrun") == [

@@ -39,7 +39,7 @@ TRANSFORMS = (
 # For a module that names DataParallel but never wraps a model.
 REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)
 # For a script that already has a DDP path beside DataParallel: select that path.
-EXISTING_DDP = (ExistingDdpTransform, ImportsTransform)
+EXISTING_DDP = (ExistingDdpTransform, SetEpochTransform, ImportsTransform)
 # Project mode (ddpify.project): an entry script whose training runs in imported modules,
 # and an imported module that only prints, saves or names DataParallel.
 ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)

@@ -23,7 +23,20 @@ apply (``torchrun ... train.py --launcher pytorch``).
 DDP008  (warning) DataParallel's batch size was global; the script's DDP path loads it per
 process: pass it divided by the number of processes to train as before.
 
-DDP009  (warning) the script's own DistributedSampler never gets ``set_epoch``.
+DDP009  (warning) the script's own DistributedSampler never gets ``set_epoch``, and the
+loader that samples with it is not found. Where it is found, the training loader gets it at
+the top of the epoch loop (DDP501), where the sampler is one (the DataParallel path keeps
+its RandomSampler)::
+
+    for _ in trange(int(args.num_train_epochs), desc="Epoch"):
+    # becomes
+    for _ in trange(int(args.num_train_epochs), desc="Epoch"):
+        if hasattr(train_dataloader.sampler, "set_epoch"):
+            train_dataloader.sampler.set_epoch(_)
+
+DDP011  (warning) the script's own DDP path needs CUDA (the NCCL backend, or
+``torch.cuda.set_device`` of the local rank): it is launched on a machine with GPUs only; no
+launch line on the CPU is printed.
 
 DDP010  (warning) a ``--gpu`` argument with a number as default picks the device
 (``torch.cuda.set_device(args.gpu)``): under torchrun every rank would use that GPU unless
@@ -34,13 +47,18 @@ DDP005  (error) neither switch is found: a half-done hand conversion; finish it 
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
+from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import dotted, first_positional, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword_arg
 
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+# what a batch size divided by it is divided among: GPUs, processes, nodes
+COUNT_OF_PROCESSES = re.compile(r"gpu|world|node|nproc|process|replica|device", re.IGNORECASE)
 
 
 class ExistingDdpTransform(Transform):
@@ -66,9 +84,10 @@ class ExistingDdpTransform(Transform):
         anchor = self.facts.distributed_uses[0]
         if not self.facts.loaders:
             return
-        if not self._divides_batch_size():
+        if not self._divides_batch_size() and not self._batch_per_gpu():
             self._report_per_process_batch(anchor)
-        self._report_missing_set_epoch(anchor)
+        self._plan_set_epoch(anchor)
+        self._report_cuda_only(anchor)
 
     def _divides_batch_size(self) -> bool:
         """pytorch/examples imagenet: ``args.batch_size = int(args.batch_size / ngpus_per_node)``."""
@@ -81,11 +100,20 @@ class ExistingDdpTransform(Transform):
                 continue
             if not any((dotted(target) or "").endswith("batch_size") for target in targets):
                 continue
-            if value is None or any(
-                isinstance(n, cst.BinaryOperation) and isinstance(n.operator, (cst.Divide, cst.FloorDivide)) for n in walk(value)
-            ):
+            divisors = [node.right for node in walk(node) if isinstance(node, cst.BinaryOperation)
+                        and isinstance(node.operator, (cst.Divide, cst.FloorDivide))]
+            if isinstance(node, cst.AugAssign):
+                divisors.append(node.value)
+            # by the processes, not by gradient accumulation steps (BERT-NER)
+            if any(COUNT_OF_PROCESSES.search(self.context.code(divisor)) for divisor in divisors):
                 return True
         return False
+
+    def _batch_per_gpu(self) -> bool:
+        """HuggingFace's ``per_gpu_train_batch_size * max(1, args.n_gpu)``: DataParallel's batch
+        was already per GPU times the GPUs, as the DDP path's is per process times the processes."""
+        code = self.context.module.code
+        return re.search(r"per_gpu\w*batch_size|batch_size\w*per_gpu", code) is not None
 
     def _report_per_process_batch(self, anchor: cst.CSTNode) -> None:
         self.context.report(
@@ -97,13 +125,48 @@ class ExistingDdpTransform(Transform):
             Severity.WARNING,
         )
 
-    def _report_missing_set_epoch(self, anchor: cst.CSTNode) -> None:
-        if "DistributedSampler(" in self.context.module.code and "set_epoch" not in self.context.module.code:
+    def _plan_set_epoch(self, anchor: cst.CSTNode) -> None:
+        """The training loaders that sample with the script's own DistributedSampler get
+        set_epoch (SetEpochTransform places it, guarded: the DataParallel path's sampler has none)."""
+        code = self.context.module.code
+        if "DistributedSampler(" not in code or "set_epoch" in code:
+            return
+        own = [site.call for site in self.facts.training_loaders if self._samples_distributed(site.call)]
+        self.context.sharded_loaders.update(own)
+        if not own:
             self.context.report(
                 anchor,
                 "DDP009",
                 "the script's DistributedSampler never gets set_epoch(epoch): every epoch replays the same order; "
                 "call it at the top of the epoch loop",
+                Severity.WARNING,
+            )
+
+    def _samples_distributed(self, call: cst.Call) -> bool:
+        """``sampler=DistributedSampler(...)``, or a name bound to an expression that makes one
+        (``RandomSampler(d) if args.local_rank == -1 else DistributedSampler(d)``)."""
+        sampler = keyword_arg(call, "sampler")
+        if sampler is None:
+            return False
+        if "DistributedSampler(" in self.context.code(sampler.value):
+            return True
+        if not isinstance(sampler.value, cst.Name):
+            return False
+        scope = self.context.metadata.get_metadata(ScopeProvider, sampler.value, None)
+        values = [self.facts.analyzer.scopes.assigned_value(a.node)[0] for a in (scope[sampler.value.value] if scope else ())
+                  if getattr(a, "node", None) is not None]
+        return any(value is not None and "DistributedSampler(" in self.context.code(value) for value in values)
+
+    def _report_cuda_only(self, anchor: cst.CSTNode) -> None:
+        """The script's own DDP path hard-codes NCCL or the CUDA device: no CPU launch."""
+        code = self.context.module.code
+        if "gloo" in code:
+            return
+        if re.search(r"init_process_group\(\s*(backend\s*=\s*)?['\"]nccl['\"]", code) or "cuda.set_device(" in code:
+            self.context.report(
+                anchor,
+                "DDP011",
+                "the script's own DDP path needs CUDA (NCCL, torch.cuda.set_device): launch it on a machine with GPUs",
                 Severity.WARNING,
             )
 

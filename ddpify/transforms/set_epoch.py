@@ -100,7 +100,7 @@ class SetEpochTransform(Transform):
         for loader in self._loaders(hook):
             sampler = self._sampler_of(loader)
             self.context.report(owner, "DDP501", f"{sampler}.set_epoch() at the top of the epoch loop")
-            statements.append((None, cst.parse_statement(f"{sampler}.set_epoch({epoch or COUNTER})")))
+            statements.append((None, self._set_epoch(sampler, epoch or COUNTER)))
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
@@ -113,10 +113,16 @@ class SetEpochTransform(Transform):
                     continue
                 sampler = self._sampler_of(loader)
                 self.context.report(original, "DDP501", f"{sampler}.set_epoch() right before the statement that uses it")
-                statement, updated = _above(cst.parse_statement(f"{sampler}.set_epoch({epoch})"), updated)
+                statement, updated = _above(self._set_epoch(sampler, epoch), updated)
                 result.append((None, statement))
             result.append((original, updated))
         return result
+
+    def _set_epoch(self, sampler: str, epoch: str) -> cst.BaseStatement:
+        if self.context.facts.existing_ddp:
+            # the script's own DDP path: its DataParallel path samples with a RandomSampler
+            return cst.parse_statement(f'if hasattr({sampler}, "set_epoch"):\n    {sampler}.set_epoch({epoch})\n')
+        return cst.parse_statement(f"{sampler}.set_epoch({epoch})")
 
     def _sampler_of(self, loader: cst.BaseExpression) -> str:
         """``train_loader.sampler``, the DistributedSampler this file gave it; in an imported
@@ -129,6 +135,8 @@ class SetEpochTransform(Transform):
         return f"{code}.sampler"
 
     def _before_passes(self, block: Block) -> Block:
+        if self.context.facts.existing_ddp:
+            return block  # (ddp_next_epoch is a helper: the script's own DDP path gets none)
         result: Block = []
         for original, updated in block:
             hook = self.facts.pass_hooks.get(original)
