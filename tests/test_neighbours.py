@@ -437,3 +437,31 @@ def test_a_loader_from_a_shared_builder_handed_to_a_project_trainer_is_sharded_i
     for epoch in range(2):  # each sample once per epoch, on one rank
         drawn = [index for batches in per_rank for index in batches[2 * epoch] + batches[2 * epoch + 1]]
         assert sorted(drawn, key=int) == [str(i) for i in range(8)], per_rank
+
+
+TRANSUNET_TRAINER = '''import torch
+import torch.nn as nn
+
+
+def trainer_synapse(args, model, snapshot_path):
+    model = nn.DataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 2)).sum()
+    loss.backward()
+    optimizer.step()
+'''
+TRANSUNET = '''import torch.nn as nn
+from trainer import trainer_synapse
+
+net = nn.Linear(2, 1)
+trainer = {"Synapse": trainer_synapse}
+trainer["Synapse"](None, net, "out")
+'''
+
+
+def test_a_script_that_hands_its_model_to_a_project_trainer_that_wraps_is_refused_naming_folder_mode(tmp_path):
+    # TransUNet: train.py trains nothing itself; trainer.py's trainer_synapse wraps and trains
+    project(tmp_path, {"trainer.py": TRANSUNET_TRAINER, "train.py": TRANSUNET})
+    result = convert_file(tmp_path / "train.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed
+    assert "ddpify convert" in result.diagnostics[0].message

@@ -233,8 +233,13 @@ model(torch.randn(2, 2)).sum().backward()
 optimizer.step()
 after = [None, None]
 dist.all_gather_object(after, torch.randn(3).tolist())  # noise drawn during training
+shuffled = [None, None]
+order = list(range(10))
+random.shuffle(order)  # a dataset built each epoch shuffling its list (pytorch-0.4-yolov3)
+dist.all_gather_object(shuffled, order)
 if dist.get_rank() == 0:
     print("same before training:", before[0] == before[1], "same during training:", after[0] == after[1])
+    print("same list order:", shuffled[0] == shuffled[1])
 """
 
 
@@ -243,6 +248,8 @@ def test_unseeded_draws_agree_before_training_and_differ_during_it(tmp_path):
     assert result.returncode == 0, result.stderr
     # dropout, noise and augmentation per rank once training runs, as DataParallel's replicas'
     assert "same before training: True same during training: False" in result.stdout
+    # python's and numpy's generators stay alike: a dataset's own shuffle agrees across ranks
+    assert "same list order: True" in result.stdout
 
 
 QUIET = """
@@ -502,3 +509,26 @@ def test_a_sampler_whose_epoch_loop_is_out_of_sight_moves_on_each_pass():
     assert first != second and sorted(first) != first or first != second
     sampler.set_epoch(0)  # an explicit set_epoch still decides
     assert list(sampler) == first
+
+
+BARE_KEYS = """
+import torch
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+ddp_setup()
+model = ddp_wrap(torch.nn.Linear(2, 1))
+bare = {k: torch.ones_like(v) for k, v in torch.nn.Linear(2, 1).state_dict().items()}
+model.load_state_dict(bare)  # the bare model's checkpoint (CTR-GCN added `module.` only under DataParallel)
+assert all(bool((v == 1).all()) for v in model.module.state_dict().values())
+prefixed = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+assert all(k.startswith("module.") for k in prefixed)
+model.load_state_dict(prefixed)  # and the wrapped model's own
+assert all(bool((v == 0).all()) for v in model.module.state_dict().values())
+print("loaded both")
+"""
+
+
+def test_the_wrapped_model_loads_checkpoints_with_and_without_the_module_prefix(tmp_path):
+    result = _torchrun(tmp_path, BARE_KEYS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("loaded both") == 1  # rank 1 is quiet; its asserts held (rc 0)

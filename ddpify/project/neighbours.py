@@ -86,10 +86,15 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     """The module this script imports that wraps a model in DataParallel (and the folder that
     holds both), for a script that names no DataParallel itself but trains: a single-file
     conversion would miss the wrap."""
-    if not re.search(r"backward\(|optimi[sz]er|\.step\(", source):
+    trains_here = re.search(r"backward\(|optimi[sz]er|\.step\(", source) is not None
+    if not trains_here and not re.search(r"\btrain", source):
         return None
     found = read_neighbours(path, source)
     if not found.wrapping_modules:
+        return None
+    # (TransUNet's train.py trains nothing itself: it calls trainer.py's trainer_synapse(),
+    # which wraps and trains; an evaluation script that calls neither is not refused)
+    if not trains_here and not any(len(re.findall(rf"\b{re.escape(name)}\b", source)) > 1 for name in found.trainers):
         return None
     script = Path(path).parent
     common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))

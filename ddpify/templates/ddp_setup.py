@@ -62,8 +62,10 @@ def ddp_setup():
 
 def ddp_share_random_state():
     """Every rank starts from rank 0's random state: unseeded draws before training agree.
-    After the first optimizer step the other ranks draw their own dropout, noise and
-    augmentation, as DataParallel's replicas did for their own samples."""
+    After the first optimizer step the other ranks draw their own dropout and noise from
+    torch, as DataParallel's replicas did for their own samples. Python's and numpy's
+    generators stay alike on every rank: a dataset built each epoch that shuffles its list
+    with them (pytorch-0.4-yolov3) must give every rank the same order to take its share of."""
     import random
     import sys
 
@@ -80,11 +82,7 @@ def ddp_share_random_state():
 
     def split(optimizer, args, kwargs):  # once (a hook cannot remove itself while hooks run)
         if dist.get_rank() != 0 and not split.done:
-            seed = torch.initial_seed() + dist.get_rank()
-            torch.manual_seed(seed)
-            random.seed(seed)
-            if "numpy" in sys.modules:
-                sys.modules["numpy"].random.seed(seed % 2**32)
+            torch.manual_seed(torch.initial_seed() + dist.get_rank())
         split.done = True
 
     split.done = False
@@ -334,6 +332,14 @@ class DdpModel(DistributedDataParallel):
             if name == "module":
                 raise
             return getattr(self.module, name)
+
+    def load_state_dict(self, state_dict, strict=True, **kwargs):
+        """A checkpoint saved by the bare model (no `module.` prefix) loads too: code that
+        added the prefix only when DataParallel wrapped (CTR-GCN's reload of its best model)
+        no longer knows that this model is wrapped."""
+        if state_dict and not any(key.startswith("module.") for key in state_dict):
+            return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
+        return super().load_state_dict(state_dict, strict=strict, **kwargs)
 
 
 def ddp_wrap_every_parameter(module):
