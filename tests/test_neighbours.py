@@ -465,3 +465,29 @@ def test_a_script_that_hands_its_model_to_a_project_trainer_that_wraps_is_refuse
     result = convert_file(tmp_path / "train.py")
     assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed
     assert "ddpify convert" in result.diagnostics[0].message
+
+
+PANNS_UTILS = '''import logging
+import os
+
+
+def create_folder(fd):
+    if not os.path.exists(fd):
+        os.makedirs(fd)
+
+
+def create_logging(log_dir, filemode):
+    create_folder(log_dir)
+    logging.basicConfig(level=logging.DEBUG, filename=os.path.join(log_dir, "0000.log"), filemode=filemode)
+    return logging
+'''
+
+
+def test_a_function_that_writes_through_another_writer_of_its_module_runs_on_rank_zero(tmp_path):
+    # panns_transfer_to_gtzan: create_logging() makes its folder with create_folder(), then a log file
+    from ddpify.project.neighbours import read_neighbours
+
+    script = "from utilities import create_folder, create_logging\ncreate_logging('logs', 'w')\n"
+    project(tmp_path, {"utilities.py": PANNS_UTILS, "main.py": script})
+    found = read_neighbours(str(tmp_path / "main.py"), script)
+    assert {"create_folder", "create_logging"} <= found.writers

@@ -480,6 +480,28 @@ def test_an_endless_batch_sampler_is_drawn_batch_by_batch(monkeypatch):
         assert len(firsts[0][step]) == len(firsts[1][step]) == 2
 
 
+class ClaimsALength(torch.utils.data.Sampler):
+    """StyTR-2's InfiniteSamplerWrapper: endless, yet says its length is 2**31."""
+
+    def __iter__(self):
+        while True:
+            yield from torch.randperm(16).tolist()
+
+    def __len__(self):
+        return 2**31
+
+
+def test_an_endless_sampler_that_claims_a_huge_length_is_drawn_lazily(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4, sampler=ClaimsALength())
+    drawn = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        batches = iter(template.ddp_shard(loader))
+        drawn.append([next(batches)[0].tolist() for _ in range(2)])  # returns at once, no list(2**31)
+    for step in range(2):
+        assert len(set(drawn[0][step] + drawn[1][step])) == 4 and len(drawn[0][step]) == 2
+
+
 def test_drawing_the_same_order_leaves_the_scripts_random_state_alone(monkeypatch):
     import random
 

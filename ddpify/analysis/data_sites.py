@@ -181,17 +181,40 @@ def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:
 
 
 def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
-    """``iter(loader)`` -> loader; ``it`` -> what every ``it = iter(...)`` iterates."""
-    if isinstance(source, cst.Call) and dotted(source.func) == "iter" and source.args:
-        return _data_expressions(source.args[0].value, analyzer)
+    """``iter(loader)`` -> loader; ``it`` -> what every ``it = iter(...)`` iterates; a
+    generator function of this file handed the loader (``datalooper = infiniteloop(loader)``,
+    pytorch-ddpm) -> the loader it is handed."""
+    if isinstance(source, cst.Call):
+        return _iterated_by_call(source, analyzer)
     if not isinstance(source, cst.Name):
         return []
     found = []
     for assignment in analyzer.scopes.assignments_of(source):
         node = getattr(assignment, "node", None)
         value, _ = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
-        if isinstance(value, cst.Call) and dotted(value.func) == "iter" and value.args:
-            found += _data_expressions(value.args[0].value, analyzer)
+        if isinstance(value, cst.Call):
+            found += _iterated_by_call(value, analyzer)
+    return found
+
+
+def _iterated_by_call(call: cst.Call, analyzer) -> list[cst.BaseExpression]:
+    if dotted(call.func) == "iter" and call.args:
+        return _data_expressions(call.args[0].value, analyzer)
+    function = analyzer.scopes.local_function(call.func)
+    if function is None or not any(isinstance(node, (cst.Yield)) for node in walk(function.body)):
+        return []
+    params = [param.name.value for param in function.params.params]
+    iterated = {
+        name.value for loop in walk(function.body) if isinstance(loop, cst.For)
+        for name in walk(loop.iter) if isinstance(name, cst.Name)
+    }
+    found = []
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            return []
+        param = arg.keyword.value if arg.keyword is not None else params[position] if position < len(params) else None
+        if param in iterated and isinstance(arg.value, (cst.Name, cst.Attribute)):
+            found.append(arg.value)
     return found
 
 

@@ -140,6 +140,8 @@ class Scopes:
             parent = self.parent(parent)
         if isinstance(parent, (cst.Assign, cst.AnnAssign)):
             return parent.value, index
+        if isinstance(parent, cst.AsName) and isinstance(self.parent(parent), cst.WithItem) and index is None:
+            return self.parent(parent).item, None  # `with trange(n) as pbar:` (pytorch-ddpm)
         return None, None
 
     def local_function(self, func: cst.BaseExpression) -> Function | None:

@@ -320,6 +320,7 @@ def _summary(path: Path) -> ModuleSummary:
         elif isinstance(node, ast.ClassDef) and _keeps_files(node):
             writers.add(node.name)
             classes.add(node.name)
+    writers |= _calling_writers(tree, writers)
     wraps = re.search(r"(?<!Distributed)DataParallel\(", source) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
         wraps = any(
@@ -481,7 +482,26 @@ def _writes(node: ast.AST) -> bool:
             return True
         if name == "open" and _write_mode(call):
             return True
+        if name == "basicConfig" and any(k.arg == "filename" for k in call.keywords):
+            return True  # logging to a file
     return False
+
+
+def _calling_writers(tree: ast.Module, writers: set[str]) -> set[str]:
+    """Functions of the module that write through its other writers (panns' create_logging
+    calls create_folder, then opens its log file), and run no model step or collective."""
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    found, grown = set(), True
+    while grown:
+        grown = False
+        for name, function in functions.items():
+            if name in writers or name in found or EVERY_RANK_WORDS.search(ast.unparse(function)):
+                continue
+            called = {n.func.id for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            if called & (writers | found):
+                found.add(name)
+                grown = True
+    return found
 
 
 def _write_mode(call: ast.Call) -> bool:

@@ -253,8 +253,12 @@ def ddp_same_draw(sampler, epoch):
     where the sampler has no length (an endless one, stopped by the script)."""
     same = DdpSameRandom(epoch)
     try:
-        len(sampler)
+        # (an endless sampler may claim a length it never ends at: StyTR-2's
+        # InfiniteSamplerWrapper says 2**31; a whole pass of it would never be drawn)
+        endless = len(sampler) >= 2**30
     except (TypeError, NotImplementedError):
+        endless = True
+    if endless:
         return ddp_draw_by_draw(sampler, same)
     with same:
         return list(sampler)

@@ -62,6 +62,7 @@ class ConversionContext:
     regrouped_loaders: set[cst.Call] = field(default_factory=set)
     # (function or None, code) of what training loops draw from through ddp_shard(...)
     run_time_shards: set[tuple[cst.FunctionDef | None, str]] = field(default_factory=set)
+    run_time_loaders: set[cst.Call] = field(default_factory=set)  # DataLoader calls ddp_shard rebuilds
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
     role: str = SCRIPT

@@ -36,6 +36,12 @@ process's share, or every batch would be skipped::
 DDP408  (warning) ``batch_size=1`` (or none: one sample, or one pre-made batch per step)
 cannot be divided: each process loads one item, and the global batch is the world size.
 
+DDP409  a tensor made in the training loop with the loader's batch size as a dimension
+(Tacotron's GO frame ``np.zeros([args.batch_size, hp.num_mels, 1])``, joined to each batch) is
+made with each process's share::
+
+    go = np.zeros([args.batch_size, n, 1])  ->  go = np.zeros([ddp_local_batch_size(args.batch_size), n, 1])
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -53,12 +59,17 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
 
 
+# Calls that make a tensor of a given shape, and tensor methods that take one.
+TENSOR_MAKERS = {"zeros", "ones", "empty", "full", "randn", "rand"}
+SHAPE_METHODS = {"view", "reshape", "expand", "new_zeros", "new_ones", "new_empty", "new_full"}
+
+
 class BatchSizeTransform(Transform):
     CODE_PREFIX = "DDP4"
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node not in self.context.sharded_loaders:
-            return updated_node
+            return self._per_step_shape(original_node, updated_node)
         arg = keyword_arg(updated_node, "batch_size")
         positional = positional_args(updated_node)
         if arg is None and len(positional) > 1:
@@ -137,6 +148,59 @@ class BatchSizeTransform(Transform):
                     return updated_node.with_changes(left=local)
                 return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=local)])
         return updated_node
+
+    def _per_step_shape(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``np.zeros([args.batch_size, hp.num_mels, 1])`` in the training loop (Tacotron's GO
+        frame, joined to each batch): DataParallel's global batch sized a tensor for the whole
+        batch; each process now holds its share, so the tensor is sized by the share."""
+        if self.context.options.per_process_batch or not self._shapes_tensor(original):
+            return updated
+        sizes = self._training_batch_sizes
+        changed = False
+        args = []
+        for arg in updated.args:
+            value = arg.value
+            if arg.keyword is None and self.context.code(value) in sizes:
+                value, changed = self._local(value), True
+            elif arg.keyword is None and isinstance(value, (cst.List, cst.Tuple)):
+                elements = [e.with_changes(value=self._local(e.value)) if self.context.code(e.value) in sizes else e for e in value.elements]
+                changed |= any(new is not old for new, old in zip(elements, value.elements))
+                value = value.with_changes(elements=elements)
+            args.append(arg.with_changes(value=value))
+        if not changed or not self._in_training_loop(original):
+            return updated
+        self.context.report(
+            original,
+            "DDP409",
+            f"`{self.context.code(original)}` in the training loop is sized by DataParallel's global batch: each "
+            "process holds its share, so it is sized by the share (ddp_local_batch_size)",
+        )
+        return updated.with_changes(args=args)
+
+    def _local(self, size: cst.BaseExpression) -> cst.Call:
+        return cst.Call(func=cst.Name("ddp_local_batch_size"), args=[cst.Arg(size)])
+
+    def _shapes_tensor(self, call: cst.Call) -> bool:
+        names = self.context.qualified(call.func)
+        if any(name.rpartition(".")[0] in ("torch", "numpy") and name.rpartition(".")[2] in TENSOR_MAKERS for name in names):
+            return True
+        return isinstance(call.func, cst.Attribute) and call.func.attr.value in SHAPE_METHODS
+
+    @property
+    def _training_batch_sizes(self) -> set[str]:
+        """The batch_size= (as code) of the training loaders each process now loads a share of."""
+        if not hasattr(self, "_training_size_codes"):
+            self._training_size_codes = set()
+            for call, site in self.facts.loaders.items():
+                divided = site.training or call in self.context.run_time_loaders
+                if not divided or call in self.context.regrouped_loaders:
+                    continue
+                arg = keyword_arg(call, "batch_size")
+                positional = positional_args(call)
+                arg = arg if arg is not None else positional[1] if len(positional) > 1 else None
+                if arg is not None and not isinstance(arg.value, cst.Integer):
+                    self._training_size_codes.add(self.context.code(arg.value))
+        return self._training_size_codes
 
     @property
     def _loader_batch_sizes(self) -> set[str]:

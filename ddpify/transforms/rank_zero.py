@@ -61,8 +61,9 @@ DDP614  ``torch.save(model, path)`` of a whole wrapped model saves the module in
 ``getattr(model, "module", model)``: a pickled DDP wrapper does not load in a process without
 a process group.
 
-DDP615  a ``torch.load`` that every rank runs, in a script that saves checkpoints on rank 0,
-waits at a barrier first (a best-model save under a metric condition has none after it)::
+DDP615  a ``torch.load`` that every rank runs waits at a barrier first: rank 0 may still be
+writing the file (a best-model save under a metric condition has no barrier after it, and the
+save may be in another module: Informer's EarlyStopping, hedwig's trainer)::
 
     model.load_state_dict(torch.load("best.pt"))
     # becomes
@@ -154,7 +155,6 @@ class RankZeroTransform(Transform):
 
     def __init__(self, context) -> None:
         super().__init__(context)
-        self._saves_checkpoints = "torch.save" in context.module.code
         self._made_here: set[cst.CSTNode] = set()  # statements making a rank-0-only tracker
 
     def check(self) -> None:
@@ -562,12 +562,15 @@ class RankZeroTransform(Transform):
         original, updated = pair
         loads = [
             call for call in calls_in(original) if "torch.load" in self.context.qualified(call.func)
-        ] if isinstance(original, cst.SimpleStatementLine) and self._saves_checkpoints else []
+        ] if isinstance(original, cst.SimpleStatementLine) else []
         if not loads or self._under_rank_guard(original) or not self._same_path_on_every_rank(original):
             return [pair]
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original, "DDP615", "every rank waits for rank 0's saves before reading the checkpoint")
-        barrier = cst.parse_statement("dist.barrier()").with_changes(leading_lines=updated.leading_lines)
+        # (the save may be in another module: Informer's EarlyStopping, hedwig's trainer; a
+        # library may run in a script left as it was, with no process group)
+        text = f"if {self.context.world_size} > 1:\n    dist.barrier()\n" if self.context.is_library else "dist.barrier()"
+        barrier = cst.parse_statement(text).with_changes(leading_lines=updated.leading_lines)
         return [(None, barrier), (original, updated.with_changes(leading_lines=[]))]
 
     def _downloads(self, owner: cst.CSTNode, original: cst.BaseStatement | None) -> bool:

@@ -197,6 +197,7 @@ class SamplerTransform(Transform):
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
                 self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
         self._shard_passed_at_run_time(runtime)
+        self.context.run_time_loaders.update(call for site, _ in self._run_time.values() if not site.regrouped for call in site.loaders)
         self.context.run_time_shards.update(
             (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
         )
