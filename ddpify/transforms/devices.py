@@ -10,6 +10,9 @@ DDP701  "cuda:N" device string -> "cuda"::
     # becomes
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+Likewise a GPU by its index: ``torch.device(0)`` and ``torch.device("cuda", 0)`` become
+``torch.device("cuda")``, and ``x.to(1)`` becomes ``x.to("cuda")``.
+
 DDP702  ``.cuda(N)`` -> ``.cuda()``, whatever names the index (``.cuda(gpus_list[0])``,
 ``.cuda(args.gpu)``): each process uses its own GPU; keywords stay::
 
@@ -97,6 +100,17 @@ class DevicesTransform(Transform):
             and len(original_node.args) == 1
         ):
             return self._bare_cuda(original_node, self.context.code(original_node))
+        if "torch.device" in self.context.qualified(func) and self._indexed_device(original_node):
+            # `torch.device(0)`, `torch.device("cuda", 0)` (deeplabv3plus-pytorch): GPU 0 on every rank
+            shown = self.context.code(original_node)
+            self.context.report(original_node, "DDP701", f'{shown} -> torch.device("cuda"): this process\'s GPU, set by ddp_setup()')
+            return updated_node.with_changes(args=[cst.Arg(cst.SimpleString('"cuda"'))])
+        if isinstance(func, cst.Attribute) and func.attr.value == "to" and original_node.args and (
+            original_node.args[0].keyword is None and isinstance(original_node.args[0].value, cst.Integer)
+        ):
+            shown = self.context.code(original_node.args[0].value)
+            self.context.report(original_node, "DDP701", f'.to({shown}) -> .to("cuda"): this process\'s GPU, set by ddp_setup()')
+            return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=cst.SimpleString('"cuda"')), *updated_node.args[1:]])
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
             if args and not _is_module_call(func) and not self._imported_module(func.value):
@@ -119,6 +133,15 @@ class DevicesTransform(Transform):
                 Severity.WARNING,
             )
         return updated_node
+
+    def _indexed_device(self, call: cst.Call) -> bool:
+        """A GPU by its index: `torch.device(0)`, `torch.device("cuda", n)`."""
+        args = call.args
+        if any(arg.keyword is not None or arg.star for arg in args):
+            return False
+        if len(args) == 1:
+            return isinstance(args[0].value, cst.Integer)
+        return len(args) == 2 and _literal(args[0].value) == "cuda"
 
     def _imported_module(self, receiver: cst.BaseExpression) -> bool:
         """`utils.cuda(inputs)` (robot-surgery-segmentation's helper that moves a tensor to the

@@ -135,6 +135,9 @@ SYNC_BN_CALLBACK = "patch_replication_callback"
 MIXED_PRECISION = re.compile(r"(?<![A-Za-z0-9])(?:fp16|amp|apex|half|mixed_precision)(?![A-Za-z0-9])", re.IGNORECASE)
 
 
+GRADIENT_OFF = re.compile(r"\b(no_grad|inference_mode)\b")
+
+
 class WrapModelTransform(Transform):
     CODE_PREFIX = "DDP1"
 
@@ -170,11 +173,24 @@ class WrapModelTransform(Transform):
             if isinstance(node, cst.Call)
             and dotted(node.func) in self.facts.model_names
             and any(arg.keyword is not None for arg in node.args)
+            and not self._without_gradients(node)
         }
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
+
+    def _without_gradients(self, node: cst.CSTNode) -> bool:
+        """Inside `with torch.no_grad():` (or a function decorated with it): ffjord's sampling
+        `model(fixed_z, reverse=True)` never reaches backward, so it switches nothing DDP sees."""
+        node = self.context.parent(node)
+        while node is not None:
+            if isinstance(node, cst.With) and any(GRADIENT_OFF.search(self.context.code(item.item)) for item in node.items):
+                return True
+            if isinstance(node, cst.FunctionDef):
+                return any(GRADIENT_OFF.search(self.context.code(d.decorator)) for d in node.decorators)
+            node = self.context.parent(node)
+        return False
 
     def _idle_models(self) -> list[tuple[str, str]]:
         """Model classes of this file or its project (single-file mode) that this file builds
@@ -420,6 +436,16 @@ class WrapModelTransform(Transform):
                 "whenever the world size is above one (every rank must wrap)",
             )
 
+    def _cuda_move_ungated(self, site: WrapSite, updated: cst.Call) -> bool:
+        """The wrap's `.cuda()` ran under a guard that tested for CUDA, and that guard now
+        lets every rank through."""
+        if not (isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "cuda" and not updated.args):
+            return False
+        return any(
+            guard.node in self.guard_rewrites and re.search(r"cuda|gpu|device", self.context.code(guard.node.test), re.IGNORECASE)
+            for guard in site.guards
+        )
+
     def _reads_only(self, test: cst.BaseExpression, counts: list[cst.CSTNode]) -> bool:
         """Is `test` about the GPU count alone (``n_gpu > 1``, ``device_count() > 1 and True``)?"""
         inside = {id(node) for count in counts for node in walk(count)}
@@ -477,6 +503,11 @@ class WrapModelTransform(Transform):
             )
         # `DP(m).cuda()` keeps its move on the module; ddp_wrap puts it on this process's device.
         placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module))) if site.move is not None else module
+        if site.move is not None and self._cuda_move_ungated(site, updated):
+            # `if cuda: model = DP(model).cuda()` (ffjord): the wrap now also runs where the
+            # guard's CUDA test was false; this process's device is the CPU there
+            placed = cst.Call(func=cst.Attribute(value=_atom(module), attr=cst.Name("to")), args=[cst.Arg(cst.parse_expression("ddp_device()"))])
+            self.context.use_helper("ddp_device")
         dropped = [arg.keyword.value if arg.keyword else f"argument {i + 1}" for i, arg in enumerate(dp_call.args)]
         dropped = [name for name in dropped if name not in ("module", "argument 1")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
