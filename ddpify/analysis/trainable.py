@@ -15,6 +15,8 @@ part of the model the wrap sees: nothing to follow.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis.facts import Facts
@@ -26,7 +28,7 @@ def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cs
     wraps = [(facts.contexts[site.call].function, position(site.call)) for site in facts.wraps if site.call in facts.contexts]
     found = []
     for node in walk(module):
-        if not _changes_trainable_set(node):
+        if not _changes_trainable_set(node, facts):
             continue
         function = _function_of(node, facts)
         if function is not None and function.name.value == "__init__":
@@ -37,10 +39,48 @@ def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cs
     return found
 
 
-def _changes_trainable_set(node: cst.CSTNode) -> bool:
+def _changes_trainable_set(node: cst.CSTNode, facts: Facts) -> bool:
     if isinstance(node, cst.AssignTarget) and (dotted(node.target) or "").endswith(".requires_grad"):
+        return _may_be_parameters(node.target.value, facts)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_":
+        return _may_be_parameters(node.func.value, facts)
+    return False
+
+
+# What parameters come from: a model's parameters()/modules(), a weight or bias.
+PARAMETER_SOURCES = re.compile(r"parameters|modules|children|\.weight|\.bias|\bparam")
+
+
+def _may_be_parameters(owner: cst.BaseExpression, facts: Facts) -> bool:
+    """Does ``owner.requires_grad_()`` change what a model trains? Not for a batch drawn from
+    the data (WGAN-GP's ``real.requires_grad_(True)``, AlphaPose's input) or a tensor made
+    here (``torch.randn(...).requires_grad_()``); yes for ``model.fc.weight``, a loop over
+    ``model.parameters()``, or a name this file cannot trace."""
+    code = cst.Module([]).code_for_node(owner)
+    if isinstance(owner, cst.Attribute) or PARAMETER_SOURCES.search(code):
         return True
-    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_"
+    if isinstance(owner, cst.Call):
+        return False
+    if not isinstance(owner, cst.Name):
+        return True
+    scopes = facts.analyzer.scopes
+    bindings = [getattr(a, "node", None) for a in scopes.assignments_of(owner)]
+    sources = []
+    for node in bindings:
+        value, _ = scopes.assigned_value(node) if node is not None else (None, None)
+        loop = _loop_binding(node, scopes.parent) if node is not None and value is None else None
+        source = value if value is not None else loop.iter if loop is not None else None
+        if source is None:
+            return True  # a parameter of a function, an import: cannot tell
+        sources.append(cst.Module([]).code_for_node(source))
+    return not sources or any(PARAMETER_SOURCES.search(source) for source in sources)
+
+
+def _loop_binding(node: cst.CSTNode, parent_of) -> cst.For | None:
+    """The for loop whose target binds ``node``."""
+    while node is not None and not isinstance(node, (cst.For, cst.FunctionDef, cst.Module, cst.BaseStatement)):
+        node = parent_of(node)
+    return node if isinstance(node, cst.For) else None
 
 
 def _function_of(node: cst.CSTNode, facts: Facts) -> cst.FunctionDef | None:

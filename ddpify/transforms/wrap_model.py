@@ -84,9 +84,15 @@ DDP110  the wrapped name is also assigned a checkpoint's entry (``net = checkpoi
 mixup-style resume): the checkpoint may hold a pickled DataParallel, so its ``module`` is
 wrapped (``getattr(net, "module", net)``), never a wrapper inside a wrapper.
 
-DDP111  (refuses) a gradient penalty (``torch.autograd.grad(..., create_graph=True)`` and a
-backward through it): DDP does not support a double backward through its forward; the
-conversion is left to a person.
+DDP111  (warning) a gradient penalty (``torch.autograd.grad(..., create_graph=True)``,
+WGAN-GP) added to the loss of a backward() that also takes a model output directly:
+converted. ``autograd.grad`` with respect to the inputs fills no parameter gradient, so DDP's
+hooks do not fire there; the penalty's gradient reaches the parameters in that backward(),
+where DDP averages it with the rest (each process's penalty is the mean over its share of the
+batch, as the loss is). (refuses) a penalty with a backward() of its own (style-based-gan-
+pytorch's ``grad_penalty.backward()``): through DDP it reaches the parameters only by the
+double backward of a forward whose gradients are not reduced there, and DDP stops at the next
+step ("Expected to have finished reduction").
 
 DDP112  (refuses) only a submodule is wrapped (``model.encoder = DP(model.encoder)``, or
 ``self.features = DP(self.features)`` inside an ``nn.Module``, as torchvision's AlexNet/VGG
@@ -265,13 +271,82 @@ class WrapModelTransform(Transform):
             if isinstance(node, cst.Call) and "torch.autograd.grad" in self.context.qualified(node.func):
                 create_graph = keyword_arg(node, "create_graph")
                 if create_graph is not None and self.context.code(create_graph.value) != "False":
-                    self.context.report_unsound(
-                        node,
-                        "DDP111",
-                        "a gradient of a gradient (torch.autograd.grad(..., create_graph=True), e.g. a WGAN-GP "
-                        "penalty): DDP all-reduces only first-order gradients and waits for parameters the penalty "
-                        "never reaches, so the ranks stop or drift apart; convert this loss by hand",
-                    )
+                    self._report_penalty(node)
+
+    def _report_penalty(self, node: cst.Call) -> None:
+        """A gradient penalty converts where its loss goes into the same backward() as a model
+        output used directly (WGAN-GP's ``(d_real + 10 * penalty).backward()``). A backward of
+        the penalty alone (style-based-gan-pytorch's ``grad_penalty.backward()``) reaches the
+        parameters only through the double backward of a forward DDP already counted: DDP stops
+        at the next step ("Expected to have finished reduction")."""
+        alone = self._penalty_backward_alone(node)
+        if alone is not None:
+            self.context.report_unsound(
+                alone,
+                "DDP111",
+                "a gradient penalty (torch.autograd.grad(..., create_graph=True)) has a backward() of its own: "
+                "through DDP it reaches the parameters only by the double backward of a forward whose gradients "
+                "DDP does not reduce there, and the next step stops (\"Expected to have finished reduction\"); "
+                "add the penalty to the loss of a backward() that also takes a model output directly",
+            )
+            return
+        self.context.report(
+            node,
+            "DDP111",
+            "a gradient of a gradient (torch.autograd.grad(..., create_graph=True), a WGAN-GP penalty): the penalty's "
+            "gradient reaches the parameters in the backward() that also takes a model output, where DDP averages "
+            "it with the rest (each process's penalty is the mean over its share of the batch, as the loss is)",
+            Severity.WARNING,
+        )
+
+    def _penalty_backward_alone(self, grad_call: cst.Call) -> cst.CSTNode | None:
+        """The backward() whose loss holds the penalty and no model output outside it."""
+        body = self.context.module
+        assigns = [n for n in walk(body) if isinstance(n, cst.Assign)]
+        models = self.facts.model_names
+        # a helper that returns the penalty (AlacGAN's calc_gradient_penalty()): its calls are penalties
+        scope = self.facts.contexts.get(grad_call)
+        helper = scope.function.name.value if scope is not None and scope.function is not None else None
+
+        def outside_grad(expr: cst.CSTNode) -> list[cst.CSTNode]:
+            if isinstance(expr, cst.Call) and "torch.autograd.grad" in self.context.qualified(expr.func):
+                return []
+            return [expr, *(n for child in expr.children for n in outside_grad(child))]
+
+        def spread(seed) -> set[str]:
+            names: set[str] = set()
+            grown = True
+            while grown:
+                grown = False
+                for assign in assigns:
+                    if seed(assign.value, names):
+                        for target in assign.targets:
+                            for name in walk(target.target):
+                                if isinstance(name, cst.Name) and name.value not in names:
+                                    names.add(name.value)
+                                    grown = True
+            return names
+
+        def has_penalty(expr, names) -> bool:
+            return any(
+                n is grad_call or isinstance(n, cst.Name) and n.value in names
+                or isinstance(n, cst.Call) and helper is not None and dotted(n.func) == helper
+                for n in walk(expr)
+            )
+
+        def has_output(expr, names) -> bool:
+            return any(
+                isinstance(n, cst.Call) and dotted(n.func) in models or isinstance(n, cst.Name) and n.value in names
+                for n in outside_grad(expr)
+            )
+
+        penalty, outputs = spread(has_penalty), spread(has_output)
+        for call in walk(body):
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+                loss = call.func.value
+                if has_penalty(loss, penalty) and not has_output(loss, outputs - penalty):
+                    return call
+        return None
 
     def _check_submodule(self, site: WrapSite) -> None:
         """``model.encoder = DP(model.encoder)``: the rest of ``model`` trains outside DDP."""
