@@ -18,6 +18,13 @@ DDP702  ``.cuda(N)`` -> ``.cuda()``, whatever names the index (``.cuda(gpus_list
 
     x = x.cuda(0)        ->   x = x.cuda()
 
+DDP706  a read of ``os.environ["CUDA_VISIBLE_DEVICES"]`` after DDP703 removed its assignment
+(liif counts its GPUs from it) gets the removed value as its default::
+
+    n_gpus = len(os.environ['CUDA_VISIBLE_DEVICES'].split(','))
+    # becomes
+    n_gpus = len(os.environ.get("CUDA_VISIBLE_DEVICES", str(args.gpu)).split(','))
+
 DDP703  in-script ``CUDA_VISIBLE_DEVICES`` removed; GPUs are chosen on the launch line::
 
     os.environ["CUDA_VISIBLE_DEVICES"] = "0,3"
@@ -49,6 +56,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from ddpify.analysis import walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
@@ -57,6 +65,52 @@ CUDA_INDEX = re.compile(r"cuda:\d+")
 
 class DevicesTransform(Transform):
     CODE_PREFIX = "DDP7"
+
+    def check(self) -> None:
+        # the CUDA_VISIBLE_DEVICES assignments edit_block removes: what reads of it fall back to
+        self._removed_visible: list[tuple[cst.SimpleStatementLine, str, bool]] = []
+        for node in walk(self.context.module):
+            found = self._visible_devices_value(node) if isinstance(node, cst.SimpleStatementLine) else None
+            if found is not None:
+                self._removed_visible.append((node, *found))
+
+    def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
+        """``len(os.environ['CUDA_VISIBLE_DEVICES'].split(','))`` after ddpify removed the
+        assignment (liif): read with the removed value as its default, not a KeyError."""
+        if not self._removed_visible or not self._reads_visible_devices(original_node):
+            return updated_node
+        default = self._visible_default(original_node)
+        self.context.report(
+            original_node,
+            "DDP706",
+            f"os.environ['CUDA_VISIBLE_DEVICES'] is read after its assignment was removed (DDP703): "
+            f"os.environ.get('CUDA_VISIBLE_DEVICES', {default}), the launch line's value when it sets one",
+        )
+        return cst.parse_expression(f'os.environ.get("CUDA_VISIBLE_DEVICES", {default})')
+
+    def _reads_visible_devices(self, node: cst.Subscript) -> bool:
+        parent = self.context.parent(node)
+        if isinstance(parent, (cst.AssignTarget, cst.Del)) or "os.environ" not in self.context.qualified(node.value):
+            return False
+        key = node.slice[0].slice if len(node.slice) == 1 else None
+        return isinstance(key, cst.Index) and _literal(key.value) == "CUDA_VISIBLE_DEVICES"
+
+    def _visible_default(self, read: cst.Subscript) -> str:
+        """The removed value where it can be read here (a literal, or an expression of the same
+        function or of module-level names), else "0"."""
+        statement, value, literal = self._removed_visible[0]
+        if literal:
+            return repr(value)
+        here, there = self._function_of(read), self._function_of(statement)
+        if here is there or there is None:
+            return f"str({value})"
+        return '"0"'
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        node = self.context.parent(node)
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.context.parent(node)
+        return node
 
     def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
         value = original_node.evaluated_value
