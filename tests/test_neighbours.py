@@ -491,3 +491,42 @@ def test_a_function_that_writes_through_another_writer_of_its_module_runs_on_ran
     project(tmp_path, {"utilities.py": PANNS_UTILS, "main.py": script})
     found = read_neighbours(str(tmp_path / "main.py"), script)
     assert {"create_folder", "create_logging"} <= found.writers
+
+
+SR3_NETWORKS = '''import torch.nn as nn
+
+
+def define_G(opt):
+    return nn.DataParallel(nn.Linear(2, 1))
+'''
+SR3_MODEL = '''import torch
+import model.networks as networks
+
+
+class DDPM:
+    def __init__(self, opt):
+        self.netG = networks.define_G(opt)
+        self.optG = torch.optim.Adam(self.netG.parameters())
+
+    def optimize_parameters(self, x):
+        self.optG.zero_grad()
+        self.netG(x).sum().backward()
+        self.optG.step()
+'''
+SR3 = '''import torch
+import model as Model
+
+diffusion = Model.create_model(None)
+train_loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)
+for train_data in train_loader:
+    diffusion.optimize_parameters(train_data)
+'''
+
+
+def test_a_wrap_a_few_imports_down_is_found_and_names_folder_mode(tmp_path):
+    # SR3 (Image-Super-Resolution-via-Iterative-Refinement): sr.py -> model/__init__ ->
+    # model/model.py -> model/networks.py wraps; sr.py trains through a project object
+    init = "def create_model(opt):\n    from .model import DDPM as M\n    return M(opt)\n"
+    project(tmp_path, {"model/__init__.py": init, "model/model.py": SR3_MODEL, "model/networks.py": SR3_NETWORKS, "sr.py": SR3})
+    result = convert_file(tmp_path / "sr.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed

@@ -94,7 +94,11 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
         return None
     # (TransUNet's train.py trains nothing itself: it calls trainer.py's trainer_synapse(),
     # which wraps and trains; an evaluation script that calls neither is not refused)
-    if not trains_here and not any(len(re.findall(rf"\b{re.escape(name)}\b", source)) > 1 for name in found.trainers):
+    # (SR3's sr.py: `for _, train_data in enumerate(train_loader): diffusion.optimize_parameters()`,
+    # a method of a project object, trains)
+    loops_training_data = re.search(r"^\s*for .+ in .*\btrain\w*", source, re.MULTILINE) is not None
+    calls_trainer = any(len(re.findall(rf"\b{re.escape(name)}\b", source)) > 1 for name in found.trainers)
+    if not trains_here and not calls_trainer and not loops_training_data:
         return None
     script = Path(path).parent
     common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))
@@ -130,7 +134,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             summary = _summary(module)
             # `from drqa import reader`: names that are submodules of a package are modules too
             submodules = [_module_file([module.parent], alias.name, 0, module.parent) for alias in node.names] if module.name == "__init__.py" else []
-            if summary.wraps or any(sub is not None and _summary(sub).wraps for sub in submodules):
+            if summary.wraps or any(sub is not None and _summary(sub).wraps for sub in submodules) or _wraps_deeper(module, folders):
                 wrapping.append(node.module or ".")
                 files.append(module)
             elif summary.names_data_parallel:
@@ -168,7 +172,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 if module is None:
                     continue
                 summary = _summary(module)
-                if summary.wraps:
+                if summary.wraps or _wraps_deeper(module, folders):
                     wrapping.append(alias.name)
                     files.append(module)
                 elif summary.names_data_parallel:
@@ -214,6 +218,31 @@ def _instance_trainers(tree: ast.Module, classes: dict[str, dict]) -> dict[str, 
                 for method, params in classes[made].items():
                     found[f"{ast.unparse(node.targets[0])}.{method}"] = (made, params)
     return found
+
+
+def _wraps_deeper(module: Path, folders: list[Path], depth: int = 3, seen: set | None = None) -> bool:
+    """A module whose own project imports wrap a model in DataParallel, a few imports down
+    (SR3's sr.py -> model/__init__ -> model/model.py -> model/networks.py's define_G)."""
+    seen = set() if seen is None else seen
+    if depth == 0 or module in seen:
+        return False
+    seen.add(module)
+    try:
+        tree = ast.parse(module.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            targets = [(node.module or "", node.level)] + [(f"{node.module}.{a.name}" if node.module else a.name, node.level) for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [(alias.name, 0) for alias in node.names]
+        else:
+            continue
+        for dotted, level in targets:
+            found = _module_file([module.parent, *folders], dotted, level, module.parent)
+            if found is not None and found != module and (_summary(found).wraps or _wraps_deeper(found, folders, depth - 1, seen)):
+                return True
+    return False
 
 
 def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
