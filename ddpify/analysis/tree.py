@@ -6,6 +6,8 @@ analysis walk, one per file), and nothing needs metadata.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 DEVICE_COUNT = "torch.cuda.device_count"
@@ -157,8 +159,15 @@ def batch_length(value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.Call) and dotted(value.func) == "len"
 
 
+SCALER_NAME = re.compile(r"scaler|step", re.IGNORECASE)
+
+
 def is_training_call(call: cst.Call) -> bool:
-    """``loss.backward()``, ``optimizer.step()``; not ``scheduler.step()``."""
+    """``loss.backward()``, ``optimizer.step()``; not ``scheduler.step()``; a step helper handed
+    the loss and the optimizer (timm's NativeScaler: ``loss_scaler(loss, optimizer, ...)``,
+    Uformer), which runs both."""
+    if _steps_with(call):
+        return True
     if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in TRAINING_METHODS:
         return False
     if call.func.attr.value == "backward":
@@ -167,6 +176,14 @@ def is_training_call(call: cst.Call) -> bool:
     if call.args and not any(word in receiver for word in OPTIMIZER_WORDS):
         return False  # votenet's `ap_calculator.step(preds, labels)`: a metric's step, given data
     return not any(word in receiver for word in SCHEDULER_WORDS)
+
+
+def _steps_with(call: cst.Call) -> bool:
+    """``loss_scaler(loss, optimizer, ...)``: a callable given a loss and an optimizer by name."""
+    names = [(dotted(arg.value) or "").lower() for arg in call.args if arg.keyword is None]
+    if len(names) < 2 or not isinstance(call.func, cst.Name) or not SCALER_NAME.search(call.func.value):
+        return False
+    return "loss" in names[0] and any(word in names[1] for word in OPTIMIZER_WORDS)
 
 
 def is_backward(call: cst.Call) -> bool:
