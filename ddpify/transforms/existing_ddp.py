@@ -67,6 +67,44 @@ class ExistingDdpTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.local_rank = self._argument(*LOCAL_RANK_FLAGS)
+        # `--local_rank` declared in another module (BERT-NER-Pytorch's get_argparse()): the
+        # statement here that parses it, and the name it binds
+        self.parsed_elsewhere = self._parsed_elsewhere() if self.local_rank is None else None
+
+    def _parsed_elsewhere(self) -> tuple[cst.SimpleStatementLine, str] | None:
+        code = self.context.module.code
+        for node in walk(self.context.module):
+            if not (isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 and isinstance(node.body[0], cst.Assign)):
+                continue
+            assign = node.body[0]
+            value = assign.value
+            if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "parse_args"):
+                continue
+            target = assign.targets[0].target
+            if len(assign.targets) == 1 and isinstance(target, cst.Name) and f"{target.value}.local_rank" in code:
+                return node, target.value
+        return None
+
+    def edit_block(self, owner: cst.CSTNode, block):
+        if self.parsed_elsewhere is None or self.context.launch_command is None:
+            return block
+        if 'local_rank = int(os.environ.get("LOCAL_RANK"' in self.context.module.code:
+            return block  # converted already
+        statement, name = self.parsed_elsewhere
+        result = []
+        for original, updated in block:
+            result.append((original, updated))
+            if original is statement:
+                self.context.add_import("os")
+                self.context.report(
+                    original,
+                    "DDP006",
+                    f"the script has its own DDP path, selected by --local_rank (declared in another module): "
+                    f"{name}.local_rank now also reads torchrun's LOCAL_RANK, so under torchrun the DDP branch runs",
+                )
+                line = f'{name}.local_rank = int(os.environ.get("LOCAL_RANK", {name}.local_rank))\n'
+                result.append((None, cst.parse_statement(line)))
+        return result
 
     def _argument(self, *flags: str) -> cst.Call | None:
         """The ``parser.add_argument(...)`` call that declares one of `flags`."""
@@ -205,7 +243,7 @@ class ExistingDdpTransform(Transform):
             )
             return
         switches = self._switches()
-        if self.local_rank is not None or switches:
+        if self.local_rank is not None or self.parsed_elsewhere is not None or switches:
             for switch in switches:
                 self._report_flag(switch)
             self.context.launch_command = " ".join(["torchrun --standalone --nproc-per-node=gpu", path, *switches])
