@@ -530,3 +530,66 @@ def test_a_wrap_a_few_imports_down_is_found_and_names_folder_mode(tmp_path):
     project(tmp_path, {"model/__init__.py": init, "model/model.py": SR3_MODEL, "model/networks.py": SR3_NETWORKS, "sr.py": SR3})
     result = convert_file(tmp_path / "sr.py")
     assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed
+
+
+LIIF_UTILS = '''import os
+import shutil
+
+
+def ensure_path(path):
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path)
+
+
+def set_save_path(save_path):
+    ensure_path(save_path)
+    log_file = os.path.join(save_path, "log.txt")
+
+    def log(text):
+        with open(log_file, "a") as f:
+            print(text, file=f)
+
+    return log, log_file
+'''
+LIIF = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import utils
+
+
+def main():
+    log, log_file = utils.set_save_path("save")
+    model = nn.DataParallel(nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    for epoch in range(2):
+        for (x,) in loader:
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        log("epoch %d" % epoch)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_project_function_that_writes_and_returns_its_loggers_runs_on_rank_zero(tmp_path):
+    # liif: `log, writer = utils.set_save_path(save_path)` clears and remakes the run folder
+    from conftest import run_launched
+
+    project(tmp_path, {"utils.py": LIIF_UTILS, "train.py": LIIF})
+    result = convert_file(tmp_path / "train.py")
+    assert "if dist.get_rank() == 0 else (DdpNoOp(), DdpNoOp())" in result.output, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    for run in range(2):  # the second run clears the folder the first one made
+        for _ in range(3):  # a run lost to gloo's exit abort is repeated
+            launched = run_launched(command, attempts=1, cwd=tmp_path, timeout=240)
+            if launched.returncode == 0:
+                break
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        assert (tmp_path / "save" / "log.txt").read_text().splitlines() == ["epoch 0", "epoch 1"]

@@ -46,6 +46,10 @@ other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 
     writer = SummaryWriter("runs")  ->  writer = SummaryWriter("runs") if dist.get_rank() == 0 else DdpNoOp()
 
+(Single-file mode) a project function that writes files and returns values (liif's
+``log, writer = utils.set_save_path(path)``, which clears and remakes the run folder) runs on
+rank 0 only too; the other ranks get one stand-in per returned value.
+
 DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
 ranks build it after rank 0 is done (no two processes write the same files)::
 
@@ -431,6 +435,8 @@ class RankZeroTransform(Transform):
         elif isinstance(value, cst.Call) and self._tracker_made(value):
             what = self.context.code(value.func)
             code, message = "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)"
+        elif isinstance(value, cst.Call) and self._project_writer_values(original_node):
+            return self._writer_values_on_rank_zero(original_node, updated_node)
         else:
             return updated_node
         if self._under_rank_guard(original_node):
@@ -445,6 +451,39 @@ class RankZeroTransform(Transform):
             self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _project_writer_values(self, assign: cst.Assign) -> list[cst.BaseExpression] | None:
+        """``log, writer = utils.set_save_path(save_path)`` (liif): a project function that
+        writes files (clears and makes the run folder, opens a log and a SummaryWriter) and
+        returns what the script logs with. The names it binds, when each is plain."""
+        name = dotted(assign.value.func)
+        neighbours = self.context.neighbours
+        if name not in neighbours.writers or name in neighbours.writer_classes or len(assign.targets) != 1:
+            return None
+        target = assign.targets[0].target
+        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
+        if not names or not all(isinstance(n, (cst.Name, cst.Attribute)) for n in names):
+            return None
+        return names if not self._under_rank_guard(assign) else None
+
+    def _writer_values_on_rank_zero(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        names = self._project_writer_values(original)
+        what = dotted(original.value.func)
+        if any(self._escapes(name, original, "DDP606", f"{what}()'s value") for name in names):
+            return updated
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.use_helper("DdpNoOp")
+        self.context.report(
+            original,
+            "DDP606",
+            f"{what}() writes files (a function of the project): it runs on rank 0 only, and the other ranks get "
+            "stand-ins that do nothing for what it returns",
+        )
+        self._made_here.add(self.context.parent(original))
+        target = original.targets[0].target
+        stand_in = "(" + ", ".join("DdpNoOp()" for _ in names) + ")" if isinstance(target, (cst.Tuple, cst.List)) else "DdpNoOp()"
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated.value)
+        return updated.with_changes(value=on_rank_zero)
 
     def _escapes(self, target: cst.BaseExpression, made: cst.CSTNode, code: str, what: str) -> bool:
         """Does a value taken from the rank-0 object bound to ``target`` leave a guard? Then
