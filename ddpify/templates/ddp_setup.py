@@ -26,7 +26,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 def ddp_setup():
     """Join the process group of torchrun or srun, or form a world of one."""
-    import functools, subprocess, sys, warnings  # noqa: E401 (here: the script may bind these names)
+    import atexit, functools, logging, subprocess, sys, warnings  # noqa: E401 (here: the script may bind these names)
 
     env = os.environ
     if dist.is_initialized():
@@ -308,6 +308,8 @@ class DdpSameRandom:
 
 def ddp_first_slurm_host(nodelist):
     """The first host of a Slurm node list: "gpu[03-05,09],cpu1" -> "gpu03"."""
+    import re
+
     return re.sub(r"\[(\d+)[^\]]*\]", r"\1", nodelist).split(",")[0]
 
 

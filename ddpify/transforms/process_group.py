@@ -41,11 +41,8 @@ from ddpify.analysis import walk
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.transforms.base import HELPERS_PLACEHOLDER, Block, Pair, Transform, is_header, is_import
 
-TEMPLATE_IMPORTS = (
-    ("atexit", None, None),
-    ("logging", None, None),
+TEMPLATE_IMPORTS = (  # (atexit, logging and re are imported inside the helpers: a script may bind those names)
     ("os", None, None),
-    ("re", None, None),
     ("torch", None, None),
     ("torch.distributed", None, "dist"),
 )
@@ -96,9 +93,6 @@ RESERVED = {
     "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
     "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
     "os": "os",
-    "re": "re",
-    "logging": "logging",
-    "atexit": "atexit",
     "torch": "torch",
 }
 BEGIN, END = "# ddpify:begin", "# ddpify:end"

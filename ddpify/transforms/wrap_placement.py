@@ -31,6 +31,8 @@ from ddpify.transforms.base import Block, Transform
 
 # Methods that change a module's parameters, dtype or structure in place.
 # (Freezing, `requires_grad_`, is followed by the wrap instead: see trainable.py.)
+# What a function given to apply() may call and still leave the model as DDP saw it.
+MODE_METHODS = {"eval", "train", "find", "startswith", "endswith", "lower"}
 CHANGING_METHODS = {"apply", "half", "float", "double", "bfloat16", "reset_parameters", "init_weights"}
 
 
@@ -125,12 +127,32 @@ class WrapPlacementTransform(Transform):
                 return True
         return False
 
+    def _sets_modes_only(self, call: cst.Call) -> bool:
+        """``apply(fn)`` with ``fn`` a function of this file that only switches modes (calls
+        ``eval()``/``train()``, reads class names): no weight, dtype or layer changes, which DDP
+        would need to see before it is built."""
+        fn = self.facts.analyzer.scopes.module_functions.get(dotted(call.args[0].value) or "") if call.args else None
+        if fn is None:
+            return False
+        for node in walk(fn.body):
+            if isinstance(node, (cst.AugAssign, cst.AssignTarget)) and isinstance(getattr(node, "target", None), cst.Attribute):
+                return False
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                name = node.func.attr.value
+                if name not in MODE_METHODS:
+                    return False
+            elif isinstance(node, cst.Call) and dotted(node.func) not in ("isinstance", "getattr", "hasattr", "str", "type"):
+                return False
+        return True
+
     def _changes(self, statement: cst.BaseStatement, target: str) -> bool:
         """Does this statement change the model's weights, dtype, structure or trainable set?"""
         for node in walk(statement):
             if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
                 owner = dotted(node.func.value) or ""
                 if node.func.attr.value in CHANGING_METHODS and (owner == target or owner.startswith(f"{target}.")):
+                    if node.func.attr.value == "apply" and self._sets_modes_only(node):
+                        continue  # Deep_Metric's `model.apply(set_bn_eval)`: eval() on BatchNorm layers
                     return True
             if isinstance(node, cst.Call) and "init" in (dotted(node.func) or "").lower():
                 if any(self._mentions(arg.value, target) for arg in node.args):
