@@ -593,3 +593,59 @@ def test_a_project_function_that_writes_and_returns_its_loggers_runs_on_rank_zer
                 break
         assert launched.returncode == 0, launched.stderr[-3000:]
         assert (tmp_path / "save" / "log.txt").read_text().splitlines() == ["epoch 0", "epoch 1"]
+
+
+SCAN_CONFIG = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_train_dataloader(p, dataset):
+    return DataLoader(TensorDataset(torch.arange(8.0).unsqueeze(1)), batch_size=4, shuffle=True, drop_last=True)
+'''
+SCAN_TRAIN = '''import os
+
+
+def scan_train(train_loader, model, optimizer, epoch):
+    for i, (x,) in enumerate(train_loader):
+        with open("seen_%d.txt" % os.getpid(), "a") as f:
+            f.write(" ".join(str(int(v)) for v in x.flatten()) + "\\n")
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+SCAN = '''import torch
+import torch.nn as nn
+from utils.common_config import get_train_dataloader
+from utils.train_utils import scan_train
+
+model = nn.DataParallel(nn.Linear(1, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+train_dataloader = get_train_dataloader(None, None)
+for epoch in range(2):
+    scan_train(train_dataloader, model, optimizer, epoch)
+'''
+
+
+def test_a_loader_from_a_project_builder_handed_to_a_project_trainer_is_sharded_in_the_call(tmp_path):
+    # Unsupervised-Classification's scan.py: both the builder and the training function are
+    # in utils/; the call's argument is sharded at run time (refused with DDP309 before)
+    from conftest import run_launched
+
+    project(tmp_path, {"utils/__init__.py": "", "utils/common_config.py": SCAN_CONFIG, "utils/train_utils.py": SCAN_TRAIN, "scan.py": SCAN})
+    result = convert_file(tmp_path / "scan.py")
+    assert "scan_train(ddp_shard(train_dataloader), model, optimizer, epoch)" in result.output, result.diagnostics
+    (tmp_path / "scan.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "scan.py"]
+    for _ in range(3):  # a run lost to gloo's exit abort is repeated
+        for seen in tmp_path.glob("seen_*.txt"):
+            seen.unlink()
+        launched = run_launched(command, attempts=1, cwd=tmp_path, timeout=240)
+        if launched.returncode == 0:
+            break
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    per_rank = [seen.read_text().splitlines() for seen in tmp_path.glob("seen_*.txt")]
+    assert len(per_rank) == 2 and all(len(lines) == 4 for lines in per_rank)  # 2 epochs x 2 steps of 2 samples
+    for epoch in range(2):
+        drawn = [v for lines in per_rank for line in lines[2 * epoch: 2 * epoch + 2] for v in line.split()]
+        assert sorted(drawn, key=int) == [str(i) for i in range(8)]  # each sample once per epoch

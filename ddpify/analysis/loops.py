@@ -143,6 +143,15 @@ class TrainingLoops(Room):
                     argument = positional[index].value
                 argument = self.loaders.through_progress_variable(argument) if argument is not None else None
                 found = self.loaders.loaders_for(argument, context, depth=0) if argument is not None else []
+                raw = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+                if raw is None and index < len(positional):
+                    raw = positional[index].value
+                if not found and isinstance(raw, (cst.Name, cst.Attribute, cst.Subscript)):
+                    # a loader from a builder of another module (SCAN's get_train_dataloader()):
+                    # sharded in the call's argument at run time, or stopped there with a clear error
+                    self.facts.sharded_parameter_calls.add(name)
+                    self.facts.passed_loaders[raw] = (call, (), context.function)
+                    continue
                 if not found:
                     self.scopes.problem(
                         call,
@@ -152,8 +161,6 @@ class TrainingLoops(Room):
                     )
                     continue
                 self.facts.sharded_parameter_calls.add(name)
-                raw = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
-                raw = raw if raw is not None else positional[index].value
                 self.facts.passed_loaders[raw] = (call, tuple(found), context.function)
                 for loader in found:
                     self.facts.loaders[loader].training = True

@@ -209,6 +209,9 @@ class SamplerTransform(Transform):
         loader). It is sharded in the call's argument; a loader that reaches training some
         other way is refused, never left whole."""
         covered = {call for site, _ in self._run_time.values() for call in site.loaders}
+        for argument, (trainer, loaders, function) in self.facts.passed_loaders.items():
+            if not loaders and argument not in self._run_time:
+                self._run_time[argument] = (DataSite(trainer, argument, (), function), "it does not come from a DataLoader call of this file")
         for call, reason in runtime.items():
             if call in covered:
                 continue
