@@ -649,3 +649,14 @@ def test_a_loader_from_a_project_builder_handed_to_a_project_trainer_is_sharded_
     for epoch in range(2):
         drawn = [v for lines in per_rank for line in lines[2 * epoch: 2 * epoch + 2] for v in line.split()]
         assert sorted(drawn, key=int) == [str(i) for i in range(8)]  # each sample once per epoch
+
+
+def test_an_evaluation_of_the_project_that_compares_samples_is_not_a_batch_mining_loss(tmp_path):
+    # Towards-Realtime-MOT: test.test_emb() (a label-equality matrix, under no_grad) in the epoch loop
+    evaluation = "import torch\n\n\ndef test_emb(model, x, y):\n    same = y == y.T\n    return same.float().mean()\n"
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "import test\n")
+    script = script.split("io = ")[0] + "model = " + script.split("model = ")[1].split("    io.cprint")[0]
+    script += "    with torch.no_grad():\n        test.test_emb(model, x, y)\n"
+    project(tmp_path, {"test.py": evaluation, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "DDP117" not in str(result.diagnostics) and result.changed, result.diagnostics

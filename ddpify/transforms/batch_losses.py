@@ -62,6 +62,9 @@ PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
 IN_PLACE = re.compile(r"\.(index_copy_|index_add_|copy_|mul_|add_|sub_|div_|fill_|index_fill_|scatter_|zero_)\(")
 
 
+EVALUATION_NAME = re.compile(r"^(test|eval|valid|evaluate|validate)", re.IGNORECASE)
+
+
 class BatchLossesTransform(Transform):
     CODE_PREFIX = "DDP11"
 
@@ -110,7 +113,7 @@ class BatchLossesTransform(Transform):
             for call in calls_in(loop.body):
                 name = dotted(call.func)
                 made = name if name in pairwise else instances.get(name)
-                if made is None:
+                if made is None or self._evaluates(call, name):
                     continue
                 self.context.report_unsound(
                     call,
@@ -121,6 +124,18 @@ class BatchLossesTransform(Transform):
                     "(torch.distributed.nn.functional.all_gather) by hand",
                 )
                 return
+
+    def _evaluates(self, call: cst.Call, name: str) -> bool:
+        """An evaluation the epoch loop runs (Towards-Realtime-MOT's ``test.test_emb(...)``):
+        named so, or under ``torch.no_grad()``; it takes no training step."""
+        if EVALUATION_NAME.search(name.rpartition(".")[2]):
+            return True
+        node = self.context.parent(call)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, cst.With) and any("no_grad" in self.context.code(item.item) for item in node.items):
+                return True
+            node = self.context.parent(node)
+        return False
 
     def _check_unwrapped_trained(self) -> None:
         wrapped = {name for site in self.facts.wraps for name in (site.target, dotted(site.module_arg) if site.module_arg else None) if name}
