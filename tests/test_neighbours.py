@@ -660,3 +660,42 @@ def test_an_evaluation_of_the_project_that_compares_samples_is_not_a_batch_minin
     project(tmp_path, {"test.py": evaluation, "train.py": script})
     result = convert_file(tmp_path / "train.py")
     assert "DDP117" not in str(result.diagnostics) and result.changed, result.diagnostics
+
+
+BANK = '''import torch
+import torch.nn as nn
+from torch.autograd import Function
+
+
+class LinearAverageOp(Function):
+    @staticmethod
+    def forward(ctx, x, y, memory):
+        ctx.save_for_backward(x, memory, y)
+        return torch.mm(x, memory.t())
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, memory, y = ctx.saved_tensors
+        memory.index_copy_(0, y, x.detach())
+        return torch.mm(grad_output, memory), None, None
+
+
+class LinearAverage(nn.Module):
+    def __init__(self, size, n):
+        super().__init__()
+        self.register_buffer("memory", torch.randn(n, size))
+
+    def forward(self, x, y):
+        return LinearAverageOp.apply(x, y, self.memory)
+'''
+
+
+def test_a_project_memory_bank_updated_while_training_is_named_and_refused(tmp_path):
+    # lemniscate.pytorch: the NCE memory bank is updated in a custom backward with each rank's samples
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from lib.LinearAverage import LinearAverage\n")
+    script = script.split("io = ")[0] + "bank = LinearAverage(1, 8)\nmodel = " + script.split("model = ")[1].split("    io.cprint")[0]
+    script = script.replace("        loss = ((model(x) - y) ** 2).mean()\n", "        loss = bank(model(x), y.long().flatten()).mean()\n")
+    project(tmp_path, {"lib/__init__.py": "", "lib/LinearAverage.py": BANK, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.changed and [d.code for d in result.diagnostics if d.severity.name == "ERROR"] == ["DDP118"], result.diagnostics
+    assert "LinearAverage" in str(result.diagnostics)

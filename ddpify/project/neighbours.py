@@ -80,6 +80,9 @@ class Neighbours:
     # segmentation's utils.train saves the model and appends to a log): read, not rewritten,
     # so every rank writes them
     writing_trainers: frozenset[str] = frozenset()
+    # classes that keep a buffer they update in place while training (lemniscate's
+    # LinearAverage memory bank, SpCL's HybridMemory), as bound here
+    memory_banks: frozenset[str] = frozenset()
 
 
 def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
@@ -126,6 +129,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     naming: list[str] = []
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
     writing: set[str] = set()  # trainer functions and classes that write files, as bound here
+    banks: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -142,6 +146,10 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
+                if alias.name in summary.memory_banks:
+                    banks.add(alias.asname or alias.name)
+                elif alias.name == "*":
+                    banks.update(summary.memory_banks)
                 if alias.name == "*":
                     reexports.update(summary.torch_aliases)
                     writers.update(summary.writers)
@@ -186,12 +194,13 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
                 trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
                 writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
+                banks.update(f"{bound}.{name}" for name in summary.memory_banks)
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
-        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)),
+        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
     )
 
 
@@ -322,6 +331,7 @@ class ModuleSummary:
     # class -> its methods that train (directly or through other methods) -> loader parameters
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = field(default_factory=dict)
     writing_trainers: frozenset[str] = frozenset()  # trainers and trainer classes that write files
+    memory_banks: frozenset[str] = frozenset()  # classes that update a buffer of theirs in place
     names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
 
 
@@ -372,9 +382,10 @@ def _summary(path: Path) -> ModuleSummary:
         node.name for node in tree.body
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and (node.name in trainers or node.name in trainer_classes) and _writes(node)
     )
+    banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
-        writing, names
+        writing, banks, names
     )
 
 
@@ -513,6 +524,23 @@ def _writes(node: ast.AST) -> bool:
             return True
         if name == "basicConfig" and any(k.arg == "filename" for k in call.keywords):
             return True  # logging to a file
+    return False
+
+
+def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
+    """The class registers a buffer that its module updates in place (``memory.index_copy_(0,
+    y, w)`` in a custom backward, ``self.lut[y] = ...``): a memory bank each rank would keep apart."""
+    buffers = [
+        node.args[0].value for node in ast.walk(cls)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_buffer"
+        and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+    ]
+    for buffer in buffers:
+        word = re.escape(buffer)
+        if re.search(rf"\b{word}(\.data)?\.(index_copy_|index_add_|index_fill_|scatter_|copy_|mul_|add_)\(", source) or re.search(
+            rf"\.{word}\[[^\]]*\]\s*=[^=]", source
+        ):
+            return True
     return False
 
 

@@ -98,32 +98,50 @@ class BatchLossesTransform(Transform):
 
     def _check_neighbour_pairwise(self) -> None:
         """Single-file mode: a class or function of the script's project modules that compares
-        the samples of the batch (triplet-reid's BatchHardTripletSelector), called in a
-        training loop, directly or through an instance made here."""
-        pairwise = self.context.neighbours.pairwise
-        if not pairwise:
+        the samples of the batch (triplet-reid's BatchHardTripletSelector), or keeps a memory
+        bank it updates in place (lemniscate's LinearAverage), called in a training loop,
+        directly or through an instance made here."""
+        neighbours = self.context.neighbours
+        found = self._called_in_training(neighbours.pairwise)
+        if found is not None:
+            call, made = found
+            self.context.report_unsound(
+                call,
+                "DDP117",
+                f"`{made}` (a module of this project) compares the samples of the batch with each other: "
+                "DataParallel gathered the whole global batch for it, each DDP process would see only its "
+                "share (other triplets, other negatives); gather every rank's outputs first "
+                "(torch.distributed.nn.functional.all_gather) by hand",
+            )
             return
+        found = self._called_in_training(neighbours.memory_banks)
+        if found is not None:
+            call, made = found
+            self.context.report_unsound(
+                call,
+                "DDP118",
+                f"`{made}` (a module of this project) keeps a memory bank it updates in place while training: each "
+                "process would update its own copy with its own share of the samples, and the copies would drift "
+                "apart (DDP synchronises gradients, not buffers); gather every rank's features and indices before "
+                "the update (torch.distributed.all_gather), by hand",
+            )
+
+    def _called_in_training(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
+        if not names:
+            return None
         instances = {
             dotted(target.target): dotted(node.value.func)
             for node in walk(self.context.module)
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in pairwise
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
             for target in node.targets
         }
         for loop in self.facts.training_loops:
             for call in calls_in(loop.body):
                 name = dotted(call.func)
-                made = name if name in pairwise else instances.get(name)
-                if made is None or self._evaluates(call, name):
-                    continue
-                self.context.report_unsound(
-                    call,
-                    "DDP117",
-                    f"`{made}` (a module of this project) compares the samples of the batch with each other: "
-                    "DataParallel gathered the whole global batch for it, each DDP process would see only its "
-                    "share (other triplets, other negatives); gather every rank's outputs first "
-                    "(torch.distributed.nn.functional.all_gather) by hand",
-                )
-                return
+                made = name if name in names else instances.get(name)
+                if made is not None and not self._evaluates(call, name):
+                    return call, made
+        return None
 
     def _evaluates(self, call: cst.Call, name: str) -> bool:
         """An evaluation the epoch loop runs (Towards-Realtime-MOT's ``test.test_emb(...)``):
