@@ -659,6 +659,17 @@ class WrapModelTransform(Transform):
         self.context.add_import("torch.distributed", None, "dist")
         return cst.parse_expression(self.context.world_size)
 
+    def _follows_a_guard(self, node: cst.If | cst.IfExp) -> bool | None:
+        """Whether the wrap ran in the true branch of the guard whose test ``node`` repeats, if
+        ``node`` picks `.module` or a `module.` key in a branch."""
+        if not hasattr(self, "_guard_codes"):
+            self._guard_codes = {self.context.code(guard.test): when for guard, when in self.guard_rewrites.items()}
+        code = self.context.code(node.test)
+        if code not in self._guard_codes or any(node is guard for guard in self.guard_rewrites):
+            return None
+        branches = self.context.code(node.body) + (self.context.code(node.orelse) if node.orelse is not None else "")
+        return self._guard_codes[code] if re.search(r"\.module\b|['\"]module\.", branches) else None
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         return self._world_size_decides(original_node, updated_node)
 
@@ -667,12 +678,24 @@ class WrapModelTransform(Transform):
 
     def _world_size_decides(self, original_node, updated_node):
         """``if flag:`` around the wrap -> ``if dist.get_world_size() > 1 or flag:`` (the wrap in
-        the else branch: ``if dist.get_world_size() == 1 and flag:``)."""
-        if original_node not in self.guard_rewrites:
-            return updated_node
+        the else branch: ``if dist.get_world_size() == 1 and flag:``). The same test elsewhere,
+        choosing between the wrapped model's ``.module`` and the model (PatchDrop's
+        ``agent.module.state_dict() if args.parallel else agent.state_dict()``, CTR-GCN's
+        ``module.`` prefix on reload), asks whether the model is wrapped: it follows the wrap."""
+        wraps_when_true = self.guard_rewrites.get(original_node)
+        if wraps_when_true is None:
+            wraps_when_true = self._follows_a_guard(original_node)
+            if wraps_when_true is None:
+                return updated_node
+            self.context.report(
+                original_node.test,
+                "DDP103",
+                f"`{self.context.code(original_node.test)}` chose between the wrapped model's `.module` and the model "
+                "like the wrap's guard: it follows the wrap now (the world size decides too)",
+            )
         test = updated_node.test
         loose = (cst.IfExp, cst.Lambda, cst.NamedExpr)
-        if self.guard_rewrites[original_node]:
+        if wraps_when_true:
             needs_parens = isinstance(test, loose)
             template = self.context.world_size + " > 1 or {}"
         else:
