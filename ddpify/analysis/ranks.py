@@ -17,7 +17,7 @@ from libcst.metadata import Assignment, ScopeProvider
 from ddpify.analysis.facts import Function
 from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dotted, is_main_guard, names_in, root_name, walk
-from ddpify.names import RANK_WORDS
+from ddpify.names import DATA_PARALLEL, RANK_WORDS
 
 # Calls whose results are the same on every rank inside a condition (same_on_every_rank).
 UNIFORM_CALLS = {"len", "range", "int", "min", "max", "bool", "float", "str", "abs", "round", "isinstance", "hasattr", "getattr"}
@@ -161,7 +161,10 @@ class Collectives(Room):
     def call_is_unsafe(self, call: cst.Call, local_params: set[str]) -> bool:
         """Does this call (maybe) run a model forward/backward or a collective?"""
         func = call.func
-        if any(name.startswith("torch.distributed") for name in self.scopes.qualified(func)):
+        qualified = self.scopes.qualified(func)
+        if any(name.startswith("torch.distributed") for name in qualified):
+            return True
+        if qualified & DATA_PARALLEL:  # it becomes a DDP construction: a collective (ClariNet's averaged copy)
             return True
         name = dotted(func)
         if name in self.facts.model_names or (isinstance(func, cst.Name) and func.value in local_params):
