@@ -434,9 +434,43 @@ def idle_parts(tree: ast.Module) -> dict[str, str]:
         }
         unused = [attr for attr in made if attr not in used]
         dropped = _dropped_results(methods["forward"])
-        if unused or dropped:
-            found[cls.name] = f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read"
+        switched = _used_only_under_a_switch(made, methods)
+        if unused or dropped or switched:
+            found[cls.name] = (
+                f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read" if dropped
+                else f"self.{switched[0]} is used only under `{switched[1]}` (a configuration switch)"
+            )
     return found
+
+
+def _used_only_under_a_switch(made: list[str], methods: dict[str, ast.FunctionDef]) -> tuple[str, str] | None:
+    """A submodule the model calls only under an ``if`` on a setting (GMA's
+    ``if self.args.position_only: ... self.pos_emb(...)``): with the setting off its
+    parameters get no gradient (a test of ``self.training`` is not a setting: training takes it)."""
+    for attr in made:
+        uses, tests = 0, []
+        for name, method in methods.items():
+            if name == "__init__":
+                continue
+            parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+            for node in ast.walk(method):
+                if not (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
+                        and node.value.id == "self" and isinstance(node.ctx, ast.Load)):
+                    continue
+                uses += 1
+                parent, child = parents.get(node), node
+                while parent is not None and not (isinstance(parent, ast.If) and child in parent.body + parent.orelse):
+                    parent, child = parents.get(parent), parent
+                if parent is None:
+                    break
+                tests.append(ast.unparse(parent.test))
+            else:
+                continue
+            break
+        else:
+            if uses and len(tests) == uses and not any("training" in test for test in tests):
+                return attr, tests[0]
+    return None
 
 
 def _dropped_results(forward: ast.FunctionDef) -> str | None:
