@@ -34,6 +34,13 @@ its RandomSampler)::
         if hasattr(train_dataloader.sampler, "set_epoch"):
             train_dataloader.sampler.set_epoch(_)
 
+DDP012  an evaluation loader of the script's own DDP path that samples with a
+DistributedSampler (HF-era ``eval_sampler = SequentialSampler(d) if args.local_rank == -1
+else DistributedSampler(d)``, then metrics on rank 0 only: albert_pytorch) reads the whole
+set::
+
+    else DistributedSampler(eval_dataset)  ->  else SequentialSampler(eval_dataset)
+
 DDP011  (warning) the script's own DDP path needs CUDA (the NCCL backend, or
 ``torch.cuda.set_device`` of the local rank): it is launched on a machine with GPUs only; no
 launch line on the CPU is printed.
@@ -126,6 +133,7 @@ class ExistingDdpTransform(Transform):
             self._report_per_process_batch(anchor)
         self._plan_set_epoch(anchor)
         self._report_cuda_only(anchor)
+        self._eval_samplers = self._evaluation_samplers()
 
     def _divides_batch_size(self) -> bool:
         """pytorch/examples imagenet: ``args.batch_size = int(args.batch_size / ngpus_per_node)``."""
@@ -179,6 +187,24 @@ class ExistingDdpTransform(Transform):
                 "call it at the top of the epoch loop",
                 Severity.WARNING,
             )
+
+    def _evaluation_samplers(self) -> set[cst.Call]:
+        """``DistributedSampler(eval_dataset)`` of a loader no training loop draws from
+        (albert_pytorch, HF run_* scripts): evaluation on a shard, its metrics from 1/N of the set."""
+        found = set()
+        for call, site in self.facts.loaders.items():
+            sampler = keyword_arg(call, "sampler")
+            if site.training or sampler is None:
+                continue
+            values = [sampler.value]
+            if isinstance(sampler.value, cst.Name):
+                scope = self.context.metadata.get_metadata(ScopeProvider, sampler.value, None)
+                values = [self.facts.analyzer.scopes.assigned_value(a.node)[0] for a in (scope[sampler.value.value] if scope else ())
+                          if getattr(a, "node", None) is not None]
+            for value in values:
+                found.update(n for n in walk(value) if isinstance(n, cst.Call) and dotted(n.func) in ("DistributedSampler", "torch.utils.data.distributed.DistributedSampler")
+                             and n.args)
+        return found
 
     def _samples_distributed(self, call: cst.Call) -> bool:
         """``sampler=DistributedSampler(...)``, or a name bound to an expression that makes one
@@ -378,7 +404,24 @@ class ExistingDdpTransform(Transform):
             "(the DataParallel branch is then unreachable)",
         )
 
+    def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.BaseExpression:
+        """``SequentialSampler(d) if args.local_rank == -1 else SequentialSampler(d)``: one."""
+        if any(n in getattr(self, "_eval_samplers", ()) for n in walk(original_node.orelse)) and (
+            self.context.code(updated_node.body) == self.context.code(updated_node.orelse)
+        ):
+            return updated_node.body
+        return updated_node
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if original_node in getattr(self, "_eval_samplers", ()):
+            self.context.add_import("torch.utils.data", "SequentialSampler")
+            self.context.report(
+                original_node,
+                "DDP012",
+                "an evaluation loader of the script's own DDP path sampled a shard (DistributedSampler): it reads the "
+                "whole set in order (SequentialSampler), so its metrics are those of the whole set, as DataParallel's",
+            )
+            return updated_node.with_changes(func=cst.Name("SequentialSampler"), args=[updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
         if original_node is not self.local_rank:
             return updated_node
         spellings = {getattr(arg.value, "evaluated_value", None) for arg in original_node.args if arg.keyword is None}
