@@ -348,6 +348,14 @@ class DdpModel(DistributedDataParallel):
         return super().load_state_dict(state_dict, strict=strict, **kwargs)
 
 
+def ddp_broadcast_weights(model):
+    """Rank 0's weights and buffers on every rank, in place: a change made to the model after
+    DDP was built (a checkpoint loaded, an init applied) is the same everywhere."""
+    if dist.get_world_size() > 1:
+        for tensor in getattr(model, "module", model).state_dict().values():
+            dist.broadcast(tensor, 0)
+
+
 def ddp_wrap_every_parameter(module):
     """ddp_wrap for a model whose parameters are frozen or unfrozen after the wrap: DDP
     registers every parameter and skips those without a gradient."""

@@ -67,6 +67,7 @@ TEMPLATE_NAMES = (
     "ddp_device",
     "ddp_wrap",
     "DdpModel",
+    "ddp_broadcast_weights",
     "ddp_wrap_every_parameter",
     "ddp_local_batch_size",
     "ddp_mean",

@@ -17,9 +17,22 @@ DDP105  the wrap moved below the changes, just before the optimizer is built::
     netG = DistributedDataParallel(netG.to(ddp_device()), device_ids=ddp_device_ids())
     optimizerG = optim.Adam(netG.parameters(), lr=2e-4)
 
-DDP106  (error; a warning with ``--allow-partial``) the model changes after the wrap and the
-wrap cannot move: no optimizer is built from it below in the same block, or a statement in
-between uses ``.module`` or loads a state dict whose keys depend on the wrap.
+DDP106  (error; a warning with ``--allow-partial``) the model's dtype or layers change after
+the wrap and the wrap cannot move: no optimizer is built from it below in the same block, or
+a statement in between uses ``.module`` or loads a state dict whose keys depend on the wrap.
+
+DDP128  the model's weights change in place after the wrap (a checkpoint loaded, an init
+applied: vnet.pytorch's resume) and the wrap cannot move: rank 0's weights and buffers are
+sent to every rank right after the last change, so every rank trains the same model::
+
+    model = nn.DataParallel(model)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume)["state_dict"])
+    # becomes
+    model = ddp_wrap(model)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume, map_location=ddp_device())["state_dict"])
+    ddp_broadcast_weights(model)
 """
 
 from __future__ import annotations
@@ -32,6 +45,8 @@ from ddpify.transforms.base import Block, Transform
 # Methods that change a module's parameters, dtype or structure in place.
 # (Freezing, `requires_grad_`, is followed by the wrap instead: see trainable.py.)
 # What a function given to apply() may call and still leave the model as DDP saw it.
+# Changes of the weights' values only, in place (a broadcast of rank 0's weights repairs them).
+VALUE_METHODS = {"apply", "reset_parameters", "init_weights"}
 MODE_METHODS = {"eval", "train", "find", "startswith", "endswith", "lower"}
 CHANGING_METHODS = {"apply", "half", "float", "double", "bfloat16", "reset_parameters", "init_weights"}
 
@@ -42,6 +57,8 @@ class WrapPlacementTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._moves: dict[cst.BaseStatement, cst.BaseStatement] = {}  # wrap statement -> goes before this one
+        # the last value-only change after a wrap that cannot move -> the wrapped model's name
+        self._broadcast_after: dict[cst.BaseStatement, str] = {}
         self._split: set[cst.BaseStatement] = set()  # `net = DP(Net())`: build stays, wrap moves
 
     def _first_line(self, statement: cst.BaseStatement) -> str:
@@ -75,6 +92,19 @@ class WrapPlacementTransform(Transform):
             reason = "no optimizer is built from it below" if optimizer is None else (
                 f"`{self._first_line(blocked[0])}` needs the wrapped model"
             )
+            if all(not self._changes(s, name, values_only=False) for s in changes for name in names):
+                # weights loaded or initialised in place (vnet.pytorch's resume, a seeded init):
+                # the same values reach every rank from rank 0, right after the last of them
+                last = [s for s in before_optimizer if s in changes or s in blocked][-1]
+                self._broadcast_after[last] = site.target
+                self.context.use_helper("ddp_broadcast_weights")
+                self.context.report(
+                    site.call,
+                    "DDP128",
+                    f"the model's weights change after the wrap (`{what}`), which cannot move below it ({reason}): "
+                    f"rank 0's weights and buffers are sent to every rank after `{self._first_line(last)}`",
+                )
+                return
             self.context.report_unsound(
                 site.call,
                 "DDP106",
@@ -145,16 +175,19 @@ class WrapPlacementTransform(Transform):
                 return False
         return True
 
-    def _changes(self, statement: cst.BaseStatement, target: str) -> bool:
-        """Does this statement change the model's weights, dtype, structure or trainable set?"""
+    def _changes(self, statement: cst.BaseStatement, target: str, values_only: bool = True) -> bool:
+        """Does this statement change the model's weights, dtype, structure or trainable set?
+        (``values_only=False``: only its dtype or structure, what a broadcast of the weights
+        cannot repair.)"""
         for node in walk(statement):
             if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
                 owner = dotted(node.func.value) or ""
                 if node.func.attr.value in CHANGING_METHODS and (owner == target or owner.startswith(f"{target}.")):
                     if node.func.attr.value == "apply" and self._sets_modes_only(node):
                         continue  # Deep_Metric's `model.apply(set_bn_eval)`: eval() on BatchNorm layers
-                    return True
-            if isinstance(node, cst.Call) and "init" in (dotted(node.func) or "").lower():
+                    if values_only or node.func.attr.value not in VALUE_METHODS:
+                        return True
+            if values_only and isinstance(node, cst.Call) and "init" in (dotted(node.func) or "").lower():
                 if any(self._mentions(arg.value, target) for arg in node.args):
                     return True
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)):
@@ -171,6 +204,7 @@ class WrapPlacementTransform(Transform):
         return f"{target}.module" in code or ("load_state_dict" in code and self._mentions(statement, target))
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
+        block = self._broadcasts(block)
         moving = [pair for pair in block if pair[0] in self._moves]
         if not moving:
             return block
@@ -188,6 +222,14 @@ class WrapPlacementTransform(Transform):
                 result.insert(at, (None, self._wrap_of_built(updated)))
             else:
                 result.insert(at, (original, updated.with_changes(leading_lines=[])))
+        return result
+
+    def _broadcasts(self, block: Block) -> Block:
+        result: Block = []
+        for original, updated in block:
+            result.append((original, updated))
+            if original in self._broadcast_after:
+                result.append((None, cst.parse_statement(f"ddp_broadcast_weights({self._broadcast_after[original]})")))
         return result
 
     def _built(self, original, updated):
