@@ -699,3 +699,37 @@ def test_a_project_memory_bank_updated_while_training_is_named_and_refused(tmp_p
     result = convert_file(tmp_path / "train.py")
     assert not result.changed and [d.code for d in result.diagnostics if d.severity.name == "ERROR"] == ["DDP118"], result.diagnostics
     assert "LinearAverage" in str(result.diagnostics)
+
+
+LATE_LOGGER = '''import os
+
+
+class Train_Logger:
+    def __init__(self, save_path, name):
+        self.path, self.name = save_path, name
+        self.rows = []
+
+    def update(self, epoch, log):
+        self.rows.append((epoch, log))
+        with open(os.path.join(self.path, self.name + ".csv"), "w") as f:
+            f.write("\\n".join(str(row) for row in self.rows))
+'''
+
+
+def test_a_project_logger_that_writes_in_its_methods_is_made_on_rank_zero(tmp_path):
+    # 3DUNet-Pytorch: Train_Logger writes its CSV on update(), not in its constructor
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from logger import Train_Logger\n")
+    script = script.replace('io = IOStream("run.log")\n', 'log = Train_Logger(".", "train_log")\n')
+    script = script.replace('    io.cprint("epoch %d" % epoch)\n', "    log.update(epoch, loss.item())\n")
+    project(tmp_path, {"logger.py": LATE_LOGGER, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert 'log = Train_Logger(".", "train_log") if dist.get_rank() == 0 else DdpNoOp()' in result.output, result.diagnostics
+
+
+def test_a_wrap_with_the_sync_batchnorm_callback_in_an_imported_trainer_names_folder_mode(tmp_path):
+    # first-order-model: run.py calls train(), which wraps in DataParallelWithCallback
+    trainer = "from sync_batchnorm import DataParallelWithCallback\n\n\ndef train(config, generator, optimizer):\n    generator_full = DataParallelWithCallback(generator)\n    loss = generator_full(1).sum()\n    loss.backward()\n    optimizer.step()\n"
+    run = "import torch\nfrom train import train\n\nmodel = torch.nn.Linear(2, 1)\ntrain(None, model, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+    project(tmp_path, {"train.py": trainer, "run.py": run})
+    result = convert_file(tmp_path / "run.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed

@@ -360,7 +360,8 @@ def _summary(path: Path) -> ModuleSummary:
             writers.add(node.name)
             classes.add(node.name)
     writers |= _calling_writers(tree, writers)
-    wraps = re.search(r"(?<!Distributed)DataParallel\(", source) is not None
+    # (DataParallelWithCallback of Synchronized-BatchNorm: first-order-model's train())
+    wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", source) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
         wraps = any(
             _summary(sub).wraps
@@ -537,11 +538,14 @@ def _only_writes(function: ast.FunctionDef) -> bool:
 
 
 def _keeps_files(cls: ast.ClassDef) -> bool:
-    """A logger-like class: its constructor opens a file for writing (or a writer), and none
-    of its methods trains or synchronises."""
+    """A logger-like class: it opens files for writing (or a writer) in its constructor or
+    its methods (3DUNet-Pytorch's Train_Logger writes its CSV when it is updated), and none of
+    its methods trains or synchronises."""
     text = ast.unparse(cls)
-    init = next((item for item in cls.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"), None)
-    return init is not None and _writes(init) and not EVERY_RANK_WORDS.search(text)
+    methods = [item for item in cls.body if isinstance(item, ast.FunctionDef)]
+    if any(method.name in ("__getitem__", "__iter__", "forward") for method in methods):
+        return False  # a dataset or a model that also writes files: every rank needs it
+    return any(_writes(method) for method in methods) and not EVERY_RANK_WORDS.search(text)
 
 
 def _writes(node: ast.AST) -> bool:
