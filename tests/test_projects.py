@@ -99,8 +99,10 @@ def test_a_refused_module_leaves_the_whole_project_untouched(tmp_path: Path) -> 
     project = tmp_path / "factory"
     shutil.copytree(FIXTURES / "projects" / "factory", project)
     factory = project / "models" / "__init__.py"
-    # A gradient penalty in the factory's module: refused (DDP111), so nothing may change.
-    factory.write_text(factory.read_text() + "\n\ndef penalty(d, x):\n    return torch.autograd.grad(d(x).sum(), x, create_graph=True)\n")
+    # A gradient penalty with a backward of its own in the factory's module: refused (DDP111),
+    # so nothing may change.
+    penalty = "\n\ndef penalty(d, x):\n    g = torch.autograd.grad(d(x).sum(), x, create_graph=True)[0]\n    g.pow(2).mean().backward()\n"
+    factory.write_text(factory.read_text() + penalty)
     results = convert_tree(project)
     assert all(not r.changed for r in results.values())
     assert results["train.py"].error and "DDP210" in {d.code for d in results["train.py"].diagnostics}
