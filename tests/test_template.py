@@ -554,3 +554,21 @@ def test_the_wrapped_model_loads_checkpoints_with_and_without_the_module_prefix(
     result = _torchrun(tmp_path, BARE_KEYS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("loaded both") == 1  # rank 1 is quiet; its asserts held (rc 0)
+
+
+ANY = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_any, ddp_setup
+
+ddp_setup()
+assert ddp_any(torch.tensor(dist.get_rank() == 1)) is True  # one rank's NaN: every rank skips
+assert ddp_any(False) is False
+print("agreed")
+"""
+
+
+def test_a_skip_is_decided_alike_on_every_rank(tmp_path):
+    result = _torchrun(tmp_path, ANY)
+    assert result.returncode == 0, result.stderr
+    assert "agreed" in result.stdout

@@ -397,6 +397,16 @@ def ddp_sum(value, mean=False):
     return total.item() if mean or isinstance(value, float) else int(total.item())
 
 
+def ddp_any(flag):
+    """True on every rank when it is true on any (every process calls it): a training loop's
+    skip decided alike everywhere, so no rank waits in an all-reduce the others skipped."""
+    if dist.get_world_size() == 1:
+        return bool(flag)
+    agreed = torch.tensor(float(bool(flag)), device=ddp_device())
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
+
+
 def ddp_no_sync(model, accumulating):
     """``model.no_sync()`` while gradients only accumulate, on a DDP model."""
     return model.no_sync() if accumulating and hasattr(model, "no_sync") else contextlib.nullcontext()

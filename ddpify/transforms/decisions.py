@@ -29,10 +29,19 @@ value DataParallel saw::
 
     if train_loss < 0.5:   ->   if ddp_mean(train_loss) < 0.5:
 
-DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition
-(``if loss.isnan(): continue``, ``except RuntimeError:`` around ``backward()``): one rank
-then skips a backward the others run, and DDP's all-reduce waits for it forever (a hang).
-Make the decision the same on every rank (all-reduce the condition) or remove it.
+DDP806  a training loop skips an iteration on what this rank computed (``if loss.isnan():
+continue``, CAIN's ``if loss > 10 * first_loss: continue`` after backward()): one rank would
+skip a backward or a step the others take (a hang, or ranks that drift apart). Every rank
+reaches the test, so it is decided alike: every rank skips when any does::
+
+    if loss.isnan():        ->   if ddp_any(loss.isnan()):
+        continue                     continue
+
+DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition that
+not every rank reaches (under another per-rank condition), or an ``except`` around
+``backward()``: one rank then skips a backward the others run, and DDP's all-reduce waits for
+it forever (a hang). Make the decision the same on every rank (all-reduce the condition) or
+remove it.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ class DecisionsTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._averaged_tests: dict[cst.If, set[str]] = {}  # early stops decided on the mean
+        self._agreed_tests: set[cst.If] = set()  # per-rank skips decided alike on every rank
 
     def check(self) -> None:
         # Training loops, and epoch loops around them (`for epoch ...: train(...)`), where an
@@ -70,6 +80,8 @@ class DecisionsTransform(Transform):
                     metrics = self._epoch_metrics(loop, node) if loop in self.facts.epoch_hooks else None
                     if metrics:
                         self._averaged_tests[node] = metrics
+                    elif loop in self.facts.training_loops and same_path_on_every_rank(node, self.context.parent):
+                        self._agreed_tests.add(node)
                     else:
                         self._hang_risk(node, f"`if {self.context.code(node.test)}:` skips an iteration")
             if isinstance(node, cst.Try) and node.handlers and any(
@@ -114,6 +126,15 @@ class DecisionsTransform(Transform):
         }
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node in self._agreed_tests:
+            self.context.use_helper("ddp_any")
+            self.context.report(
+                original_node,
+                "DDP806",
+                f"`if {self.context.code(original_node.test)}:` skips a training step on what this rank computed: "
+                "every rank skips when any does (ddp_any), so all take the same steps",
+            )
+            return updated_node.with_changes(test=cst.Call(func=cst.Name("ddp_any"), args=[cst.Arg(updated_node.test)]))
         metrics = self._averaged_tests.get(original_node)
         if not metrics:
             return updated_node

@@ -72,6 +72,7 @@ TEMPLATE_NAMES = (
     "ddp_local_batch_size",
     "ddp_mean",
     "ddp_sum",
+    "ddp_any",
     "ddp_no_sync",
     "ddp_rank",
     "ddp_world_size",
