@@ -89,6 +89,11 @@ class CallGraph(Room):
         value = self.argument_for(function, param, call)
         if value is None and param.default is not None:
             value = param.default
+        if isinstance(trains_when, tuple):  # `if mode == 'train':` (self-supervised-depth-completion)
+            operator, literal = trains_when
+            if not isinstance(value, cst.SimpleString):
+                return True
+            return (value.evaluated_value == literal) == (operator == "==")
         if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
             return True
         return (value.value == "True") == trains_when
@@ -117,6 +122,9 @@ class CallGraph(Room):
                     return test.value, True
                 if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not) and isinstance(test.expression, cst.Name):
                     return test.expression.value, False
+                compared = _compared_with_literal(test)
+                if compared is not None:
+                    return compared
             node, parent = parent, self.scopes.parent(parent)
         return None
 
@@ -137,3 +145,18 @@ class CallGraph(Room):
         if name and name.startswith("self.") and name.count(".") == 1 and isinstance(call.func, cst.Attribute):
             return cst.Attribute(value=call.func.value, attr=cst.Name(name.split(".", 1)[1]))
         return None
+
+
+def _compared_with_literal(test: cst.BaseExpression) -> tuple[str, tuple[str, str]] | None:
+    """``mode == 'train'`` -> ("mode", ("==", "train")); ``phase != 'val'`` likewise."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not isinstance(test.left, cst.Name):
+        return None
+    target = test.comparisons[0]
+    literal = target.comparator
+    if not isinstance(literal, cst.SimpleString) or not isinstance(literal.evaluated_value, str):
+        return None
+    if isinstance(target.operator, cst.Equal):
+        return test.left.value, ("==", literal.evaluated_value)
+    if isinstance(target.operator, cst.NotEqual):
+        return test.left.value, ("!=", literal.evaluated_value)
+    return None
