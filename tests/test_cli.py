@@ -147,7 +147,11 @@ def test_pyproject_sets_the_convert_default(tmp_path):
 
 
 def test_unsharded_training_data_refuses_unless_allow_partial(tmp_path):
-    text = (FIXTURES / "loaders" / "unfed_loop.py").read_text()
+    # the second loop makes its batches itself, step by step: nothing to split between the ranks
+    text = (FIXTURES / "loaders" / "unfed_loop.py").read_text().replace(
+        "    extra = [torch.randn(4, 2) for _ in range(3)]\n    for x in extra:\n",
+        "    for step in range(3):\n        x = torch.randn(4, 2)\n",
+    )
     path = write(tmp_path, "train.py", text)
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 3 and "DDP304" in result.output and "launch" not in result.output
@@ -167,7 +171,7 @@ def test_output_is_written_even_when_there_is_nothing_to_convert(tmp_path):
 
 
 def test_a_refused_file_writes_no_output(tmp_path):
-    source = write(tmp_path, "train.py", (FIXTURES / "loaders" / "unfed_loop.py").read_text())
+    source = write(tmp_path, "train.py", (FIXTURES / "wrap" / "changed_after_wrap_refused.py").read_text())
     result = runner.invoke(app, ["convert", str(source), "-o", str(tmp_path / "out.py")])
     assert result.exit_code == 3 and not (tmp_path / "out.py").exists()
 

@@ -426,10 +426,39 @@ def test_options_are_kept(monkeypatch):
     assert [batch[0].tolist() for batch in sharded] == [[10, 30, 50], [70, 90, 110]]
 
 
-def test_what_cannot_be_sharded_stops(monkeypatch):
-    _as_rank(monkeypatch, 0)
-    with pytest.raises(RuntimeError, match="the training data is a list"):
-        template.ddp_shard([torch.zeros(2)])
+def test_a_list_of_batches_is_split_batch_by_batch_on_every_pass(monkeypatch):
+    # SpanBERT's pre-built list of batches: each rank takes its share of every batch, as
+    # DataParallel's scatter did; a list is drawn anew on each pass
+    batches = [(torch.arange(4), ["a", "b", "c", "d"]), (torch.arange(4, 7), ["e", "f", "g"])]
+    shares = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        split = template.ddp_shard(batches)
+        shares.append([[x.tolist() for x, _ in split] for _ in range(2)])
+    assert shares[0][0] == shares[0][1] == [[0, 1], [4, 5]] and shares[1][0] == [[2, 3], [6]]
+    assert [tags for _, tags in template.ddp_shard(batches)][0] == ["a", "b", "c", "d"]  # not a tensor: whole
+
+
+def test_a_generator_of_batches_is_drawn_alike_on_every_rank_and_split(monkeypatch):
+    # UER-py's / ModelsGenesis' own batch generators (random draws), NER-BERT's next(data_iterator)
+    import random
+
+    import numpy
+
+    def batches():
+        while True:
+            yield torch.randperm(8)[:4], numpy.random.rand(4, 2), random.random()
+
+    drawn = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        torch.manual_seed(rank)  # the ranks' own states differ: the draws must not
+        iterator = template.ddp_shard(batches())
+        drawn.append([next(iterator) for _ in range(2)])
+    for step in range(2):
+        (x0, a0, r0), (x1, a1, r1) = drawn[0][step], drawn[1][step]
+        assert len(set(x0.tolist() + x1.tolist())) == 4 and len(x0) == len(x1) == 2  # one batch, split
+        assert a0.shape == a1.shape == (2, 2) and r0 == r1  # arrays split too; a number is whole
 
 
 def test_a_loader_built_anew_each_epoch_still_moves_to_the_next_epoch(monkeypatch):
@@ -454,8 +483,9 @@ def test_a_subclass_that_passes_its_arguments_on_is_rebuilt_as_itself(monkeypatc
     _as_rank(monkeypatch, 0)
     sharded = template.ddp_shard(PassThroughLoader(INDICES, batch_size=4))
     assert type(sharded) is PassThroughLoader and [b[0].tolist() for b in sharded][0] == [100, 102]
-    with pytest.raises(RuntimeError, match="OwnConstructorLoader, which cannot be split"):
-        template.ddp_shard(OwnConstructorLoader(INDICES, 4))
+    # a subclass whose constructor cannot be repeated: its batches are split as they come
+    split = template.ddp_shard(OwnConstructorLoader(INDICES, 4))
+    assert type(split) is template.DdpSplit and [b[0].tolist() for b in split][0] == [0, 1]
 
 
 class EndlessBatches:

@@ -43,7 +43,10 @@ def test_converted_fixture_passes_every_check(case: Path):
     assert report.exit_code == 0, reasons(report)
     found = verdicts(report)
     assert found["every rank finishes"] == found["weights identical across ranks"] == "PASS"
-    assert found["each training sample once per epoch"] == found["same weights as the original run"] == "PASS"
+    assert found["same weights as the original run"] == "PASS"
+    # (batches split at run time from a list or a generator: no loader whose samples verify could count)
+    no_loader = "e2e: no loader" in case.read_text()
+    assert found["each training sample once per epoch"] == ("SKIP" if no_loader else "PASS")
     assert found["no line printed by more than one rank"] == "PASS"
     assert [row["rank"] for row in report.ranks] == [0, 1]
     if "shuffle=True" in case.read_text():

@@ -158,7 +158,11 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
     if "builtins.zip" in names:
         return [found for value in positional for found in _data_expressions(value, analyzer)]
     wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] == "tqdm" for n in names)  # trange(n): a count
-    return _data_expressions(positional[0], analyzer) if wraps and positional else []
+    if wraps and positional:
+        return _data_expressions(positional[0], analyzer)
+    # a generator function of this file yielding the batches (UER-py's batch_loader(...))
+    function = analyzer.scopes.local_function(expr.func)
+    return [expr] if function is not None and any(isinstance(node, cst.Yield) for node in walk(function.body)) else []
 
 
 def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:

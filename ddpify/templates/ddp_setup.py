@@ -164,7 +164,8 @@ class DdpNextEpochSampler(DistributedSampler):
 
 def ddp_shard(loader, global_batch=True):
     """A training DataLoader rebuilt once with each rank drawing its share of every epoch
-    (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch."""
+    (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch.
+    Anything else the loop draws batches from is split batch by batch (DdpSplit)."""
     if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
@@ -182,11 +183,9 @@ def ddp_rebuilt(loader, global_batch):
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
     if not ddp_rebuildable(loader) or isinstance(loader.dataset, IterableDataset):
-        raise RuntimeError(
-            f"ddpify: the training data is a {type(loader).__name__}, which cannot be split across the ranks "
-            "at run time (only torch's DataLoader over a map-style dataset can): every rank would train on "
-            "all of it; give it a DistributedSampler by hand"
-        )
+        # not a DataLoader that can be rebuilt (a list of batches, a generator, a project's own
+        # loader class, a stream): every rank draws its batches alike, and takes its share of each
+        return DdpSplit(loader)
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
     batches, make, dataset = loader.batch_sampler, type(loader), loader.dataset
@@ -201,6 +200,51 @@ def ddp_rebuilt(loader, global_batch):
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
+
+
+class DdpSplit:
+    """Batches from a source that is not a rebuildable DataLoader, drawn alike on every rank
+    (its random generators swapped for a state shared by the ranks while it draws), each rank
+    taking its share of every tensor's and array's first dimension, as DataParallel's scatter
+    split each batch. A list is drawn anew on each pass; an iterator goes on where it was."""
+
+    def __init__(self, source):
+        self.source, self.same = source, DdpSameRandom(0)
+        self.ddp_sharded = True
+        self.ongoing = ddp_draw_by_draw(source, self.same) if hasattr(source, "__next__") else None
+
+    def __iter__(self):
+        draws = self.ongoing if self.ongoing is not None else ddp_draw_by_draw(self.source, self.same)
+        return (ddp_scatter(item) for item in draws)
+
+    def __next__(self):
+        if self.ongoing is None:
+            self.ongoing = ddp_draw_by_draw(self.source, self.same)
+        return ddp_scatter(next(self.ongoing))
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getattr__(self, name):  # the source's own attributes (`loader.dataset`)
+        return getattr(self.source, name)
+
+
+def ddp_scatter(item):
+    """This rank's share of a batch: every tensor (and numpy array) split along its first
+    dimension, tuples, lists and dicts walked into, anything else whole, as DataParallel's scatter."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if torch.is_tensor(item):
+        return item.tensor_split(world)[rank] if item.dim() > 0 else item
+    if type(item).__module__ == "numpy" and getattr(item, "ndim", 0) > 0:
+        import numpy
+
+        return numpy.array_split(item, world)[rank]
+    if isinstance(item, dict):
+        return type(item)((key, ddp_scatter(value)) for key, value in item.items())
+    if isinstance(item, (list, tuple)):
+        parts = [ddp_scatter(value) for value in item]
+        return type(item)(*parts) if hasattr(item, "_fields") else type(item)(parts)
+    return item
 
 
 def ddp_rebuildable(loader):

@@ -58,6 +58,8 @@ TEMPLATE_NAMES = (
     "DdpNextEpochSampler",
     "ddp_shard",
     "ddp_rebuilt",
+    "DdpSplit",
+    "ddp_scatter",
     "ddp_rebuildable",
     "DdpShard",
     "ddp_same_draw",

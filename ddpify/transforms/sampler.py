@@ -196,11 +196,30 @@ class SamplerTransform(Transform):
                 self._run_time[site.expr] = (site, why)
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
                 self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
+            elif not site.loaders:
+                # a list of batches made here (SpanBERT): each batch split between the ranks
+                self._run_time[site.expr] = (site, "it is a list of batches made here, not a DataLoader: each of its batches is split between the ranks, as DataParallel split it")
+        self._split_drawn_batches()
         self._shard_passed_at_run_time(runtime)
         self.context.run_time_loaders.update(call for site, _ in self._run_time.values() if not site.regrouped for call in site.loaders)
         self.context.run_time_shards.update(
             (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
         )
+
+    def _split_drawn_batches(self) -> None:
+        """A training loop that draws its batches with ``next(it)`` from an iterator of its own
+        (NER-BERT's ``next(data_iterator)``, a generator of the project): every rank draws
+        alike and takes its share of each batch (ddp_shard splits what is not a DataLoader)."""
+        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()}
+        for loop in self.facts.training_loops:
+            if loop in fed or not _calls_backward(loop):
+                continue
+            context = self.facts.contexts[loop]
+            for call in calls_in(loop.body):
+                if dotted(call.func) == "next" and call.args and isinstance(call.args[0].value, (cst.Name, cst.Attribute)):
+                    source = call.args[0].value
+                    reason = "it is an iterator of the script's own, not a DataLoader: every rank draws its batches alike and takes its share of each, as DataParallel split it"
+                    self._run_time.setdefault(source, (DataSite(loop, source, (), context.function), reason))
 
     def _shard_passed_at_run_time(self, runtime: dict[cst.Call, str]) -> None:
         """A training loader that cannot be sharded where it is built and that no loop here
