@@ -92,6 +92,15 @@ class SummedLossesTransform(Transform):
                 for target in node.targets
                 if dotted(target.target)
             }
+            # every name a statement binds -> its value (`out, loss_c, loss_s = network(x)`)
+            self._origins = {
+                name.value: node.value
+                for node in walk(loop.body)
+                if isinstance(node, cst.Assign)
+                for target in node.targets
+                for name in walk(target.target)
+                if isinstance(name, cst.Name)
+            }
             for call in calls_in(loop.body):
                 func = call.func
                 if isinstance(func, cst.Attribute) and func.attr.value == "backward":
@@ -99,6 +108,16 @@ class SummedLossesTransform(Transform):
                     if self._summed_by_hand(value) and value not in found:
                         found.append(value)
         return found
+
+    def _from_the_model(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
+        """Does ``expr`` call the wrapped model, or read a name bound from such a value in the
+        training loop (StyTR-2's ``loss = loss_c + loss_s`` of ``out, loss_c, loss_s = network(...)``:
+        the losses each replica returned, which DataParallel gathered)?"""
+        if any(dotted(inner.func) in self.facts.model_names for inner in calls_in(expr)):
+            return True
+        origins = getattr(self, "_origins", {})
+        names = {n.value for n in walk(expr) if isinstance(n, cst.Name)}
+        return depth < 4 and any(name in origins and self._from_the_model(origins[name], depth + 1) for name in names)
 
     def _summed_by_hand(self, value: cst.BaseExpression) -> bool:
         """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over an expression
@@ -117,7 +136,7 @@ class SummedLossesTransform(Transform):
             summed = value.func.value
         else:
             return False
-        return any(dotted(inner.func) in self.facts.model_names for inner in calls_in(summed))
+        return self._from_the_model(summed)
 
     def _a_metric(self, call: cst.Call) -> bool:
         """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
