@@ -733,3 +733,40 @@ def test_a_wrap_with_the_sync_batchnorm_callback_in_an_imported_trainer_names_fo
     project(tmp_path, {"train.py": trainer, "run.py": run})
     result = convert_file(tmp_path / "run.py")
     assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed
+
+
+POSE_UTILS = '''import os
+
+
+def create_logger(cfg, phase):
+    final_output_dir = os.path.join("output", phase)
+    os.makedirs(final_output_dir, exist_ok=True)
+    log_file = open(os.path.join(final_output_dir, "log.txt"), "a")
+    return log_file, final_output_dir
+'''
+
+
+def test_a_project_writer_whose_returned_value_every_rank_uses_is_left_on_every_rank(tmp_path):
+    # multiview-human-pose-estimation: `logger, final_output_dir = create_logger(...)`; the
+    # folder is a path every rank passes on (a stand-in there crashed rank 1)
+    script = LIIF.replace("import utils\n", "import utils\nimport os\n").replace(
+        '    log, log_file = utils.set_save_path("save")\n', '    logger, final_output_dir = utils.create_logger(None, "train")\n'
+    ).replace('        log("epoch %d" % epoch)\n', '        print(os.path.join(final_output_dir, "x"))\n        logger.write("epoch")\n')
+    project(tmp_path, {"utils.py": POSE_UTILS, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "DdpNoOp(), DdpNoOp()" not in result.output, result.diagnostics
+
+
+def test_a_project_function_that_runs_the_model_through_another_is_not_a_writer(tmp_path):
+    # InsightFace-v2: lfw_test(model) calls evaluate(model) (the model runs there), then writes
+    # a figure: under a rank-0 guard DDP's buffer broadcast would wait for the other ranks
+    from ddpify.project.neighbours import read_neighbours
+
+    evaluation = (
+        "import matplotlib.pyplot as plt\n\n\ndef evaluate(model):\n    return model(1)\n\n\n"
+        "def visualize():\n    plt.savefig('theta.png')\n\n\ndef lfw_test(model):\n    evaluate(model)\n    visualize()\n"
+    )
+    script = "from lfw_eval import lfw_test, visualize\nlfw_test(None)\n"
+    project(tmp_path, {"lfw_eval.py": evaluation, "train.py": script})
+    found = read_neighbours(str(tmp_path / "train.py"), script)
+    assert "visualize" in found.writers and "lfw_test" not in found.writers

@@ -360,6 +360,7 @@ def _summary(path: Path) -> ModuleSummary:
             writers.add(node.name)
             classes.add(node.name)
     writers |= _calling_writers(tree, writers)
+    writers -= _reaching_the_model(tree)
     # (DataParallelWithCallback of Synchronized-BatchNorm: first-order-model's train())
     wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", source) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
@@ -580,6 +581,23 @@ def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
         ):
             return True
     return False
+
+
+def _reaching_the_model(tree: ast.Module) -> set[str]:
+    """Functions of the module that run a model step or a collective themselves, or through
+    another function of the module (InsightFace-v2's lfw_test(model) calls evaluate(model),
+    which runs the model): never on rank 0 alone."""
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    found = {name for name, function in functions.items() if EVERY_RANK_WORDS.search(ast.unparse(function))}
+    grown = True
+    while grown:
+        grown = False
+        for name, function in functions.items():
+            called = {n.func.id for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            if name not in found and called & found:
+                found.add(name)
+                grown = True
+    return found
 
 
 def _calling_writers(tree: ast.Module, writers: set[str]) -> set[str]:

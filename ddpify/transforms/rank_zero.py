@@ -104,6 +104,8 @@ and a warning says so::
 
 from __future__ import annotations
 
+import re
+
 import sys
 
 import libcst as cst
@@ -150,6 +152,8 @@ OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codec
 # pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
 # (save_pretrained: Hugging Face models and tokenizers write a folder)
 PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary", "to_json_file", "to_csv")
+# A method that writes what it is called on to a file, given the path.
+SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$")
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
 PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
 
@@ -197,7 +201,22 @@ class RankZeroTransform(Transform):
             return call  # a function of the script's project that only writes files (save_args, create_exp_dir)
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
+        if isinstance(call.func, cst.Attribute) and SAVE_METHOD.match(call.func.attr.value) and call.args \
+                and call.func.attr.value not in self._methods_here:
+            # `image.save(path)` (PIL), Darknet's `cur_model.save_weights(path)`: a file written
+            # by a method (the model's own methods are reached through DdpModel)
+            return call
         return None
+
+    @property
+    def _methods_here(self) -> set[str]:
+        """Methods of this file's classes: their own writes are guarded inside them."""
+        if not hasattr(self, "_method_names"):
+            self._method_names = {
+                item.name.value for node in walk(self.context.module) if isinstance(node, cst.ClassDef)
+                for item in node.body.body if isinstance(item, cst.FunctionDef)
+            }
+        return self._method_names
 
     def _shows_output(self, call: cst.Call) -> bool:
         """A print to the terminal, ``sys.stdout.write``, ``tqdm.write``: shown by rank 0 only
@@ -462,9 +481,27 @@ class RankZeroTransform(Transform):
             return None
         target = assign.targets[0].target
         names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
-        if not names or not all(isinstance(n, (cst.Name, cst.Attribute)) for n in names):
+        if not names or not all(isinstance(n, cst.Name) for n in names):
             return None
+        if not all(self._only_called(name, assign) for name in names):
+            return None  # a plain value every rank goes on using (multiview-pose's output folder)
         return names if not self._under_rank_guard(assign) else None
+
+    def _only_called(self, name: cst.Name, binding: cst.Assign) -> bool:
+        """Is every other use of ``name`` a call of it or of one of its methods (``log(...)``,
+        ``writer.add_scalar(...)``)? Only such an object can be a stand-in elsewhere."""
+        bound = {id(n) for n in walk(binding)}
+        for node in walk(self.context.module):
+            if not isinstance(node, cst.Name) or node.value != name.value or id(node) in bound:
+                continue
+            parent = self.context.parent(node)
+            if isinstance(parent, cst.Call) and parent.func is node:
+                continue
+            if isinstance(parent, cst.Attribute) and parent.value is node and isinstance(self.context.parent(parent), cst.Call) \
+                    and self.context.parent(parent).func is parent:
+                continue
+            return False
+        return True
 
     def _writer_values_on_rank_zero(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         names = self._project_writer_values(original)
