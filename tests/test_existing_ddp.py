@@ -70,3 +70,15 @@ def test_the_scripts_own_sampler_moves_to_the_next_epoch_and_its_dataparallel_pa
     assert run.stdout.count("sampler epoch 1") == 2  # the last of 2 epochs, on each rank
     single = run_launched([sys.executable, "train.py"], attempts=1, cwd=tmp_path, env=env, timeout=300)
     assert single.returncode == 0 and "sampler epoch none" in single.stdout, single.stderr  # RandomSampler: no set_epoch
+
+
+def test_a_training_loader_drawn_through_cycle_keeps_its_distributed_sampler():
+    # CodeBERT: `train_dataloader = cycle(train_dataloader)` then next() each step; only an
+    # evaluation loader's DistributedSampler becomes a SequentialSampler (DDP012)
+    source = (FIXTURES / "existing_ddp" / "local_rank_elsewhere.py").read_text().replace(
+        "    for epoch in range(2):\n        for x, y in train_dataloader:\n",
+        "    batches = cycle(train_dataloader)\n    for epoch in range(2):\n        for step in range(4):\n            x, y = next(batches)\n",
+    ).replace("import torch\n", "from itertools import cycle\n\nimport torch\n", 1)
+    result = convert_source(source, path="train.py")
+    assert "else DistributedSampler(train_data)" in result.output, result.diagnostics
+    assert "eval_sampler = SequentialSampler(eval_dataset)\n" in result.output

@@ -27,6 +27,10 @@ from ddpify.analysis.loaders import ITERABLE_WRAPPERS
 from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, walk
 from ddpify.names import DATA_LOADER
 
+# Calls that count steps rather than draw data.
+COUNTS = {"range", "trange", "xrange", "count", "arange", "repeat", "len", "list", "sorted", "reversed", "items", "keys", "values"}
+# A batch cut into parts (chunked_backward's `x.chunk(n)`): the batch was drawn already.
+TENSOR_PARTS = {"chunk", "split", "tensor_split", "unbind", "narrow", "view", "reshape", "t", "transpose", "permute", "flatten"}
 # What a data expression may be bound to in this file that is surely not a DataLoader.
 NOT_A_LOADER = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp, cst.Dict, cst.DictComp, cst.Integer, cst.SimpleString)
 
@@ -160,9 +164,13 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
     wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] == "tqdm" for n in names)  # trange(n): a count
     if wraps and positional:
         return _data_expressions(positional[0], analyzer)
-    # a generator function of this file yielding the batches (UER-py's batch_loader(...))
-    function = analyzer.scopes.local_function(expr.func)
-    return [expr] if function is not None and any(isinstance(node, cst.Yield) for node in walk(function.body)) else []
+    # a generator function of this file yielding the batches (UER-py's batch_loader(...)), or
+    # any other call whose result the loop draws batches from (PoseFormer's
+    # train_generator.next_epoch()): split at run time (ddp_shard); a count is not data
+    name = (dotted(expr.func) or "").rpartition(".")[2]
+    if name in COUNTS or name in TENSOR_PARTS or names & DATA_LOADER:
+        return []
+    return [expr]
 
 
 def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:

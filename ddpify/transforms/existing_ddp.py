@@ -64,6 +64,8 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword_arg
 
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+# An evaluation loader names its data so (eval_dataset, dev_sampler, test_data, valid_...).
+EVALUATION_DATA = re.compile(r"\b(eval|dev|val|valid|test)\w*", re.IGNORECASE)
 # what a batch size divided by it is divided among: GPUs, processes, nodes
 COUNT_OF_PROCESSES = re.compile(r"gpu|world|node|nproc|process|replica|device", re.IGNORECASE)
 
@@ -194,8 +196,8 @@ class ExistingDdpTransform(Transform):
         found = set()
         for call, site in self.facts.loaders.items():
             sampler = keyword_arg(call, "sampler")
-            if site.training or sampler is None:
-                continue
+            if site.training or sampler is None or not EVALUATION_DATA.search(self.context.code(call)):
+                continue  # (a training loader drawn with next(cycle(loader)) is not found training: CodeBERT)
             values = [sampler.value]
             if isinstance(sampler.value, cst.Name):
                 scope = self.context.metadata.get_metadata(ScopeProvider, sampler.value, None)

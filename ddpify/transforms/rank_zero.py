@@ -152,6 +152,9 @@ OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codec
 # pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
 # (save_pretrained: Hugging Face models and tokenizers write a folder)
 PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary", "to_json_file", "to_csv")
+# Shell commands that write files (a copy of the code into the run folder).
+SHELL_CALLS = {"os.system", "subprocess.getstatusoutput", "subprocess.getoutput", "subprocess.call", "subprocess.run", "subprocess.check_call"}
+SHELL_WRITES = re.compile(r"\s*(cp|mv|rm|mkdir|rsync|tar|zip|ln|touch|scp)\b")
 # A method that writes what it is called on to a file, given the path.
 SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$")
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
@@ -201,12 +204,26 @@ class RankZeroTransform(Transform):
             return call  # a function of the script's project that only writes files (save_args, create_exp_dir)
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
+        if self.context.qualified(call.func) & SHELL_CALLS and call.args and SHELL_WRITES.match(self._literal_start(call.args[0].value)):
+            return call  # `os.system("cp -r ...")`, Chexpert's subprocess.getstatusoutput('cp -R ...')
         if isinstance(call.func, cst.Attribute) and SAVE_METHOD.match(call.func.attr.value) and call.args \
                 and call.func.attr.value not in self._methods_here:
             # `image.save(path)` (PIL), Darknet's `cur_model.save_weights(path)`: a file written
             # by a method (the model's own methods are reached through DdpModel)
             return call
         return None
+
+    def _literal_start(self, value: cst.BaseExpression) -> str:
+        """The literal text a command starts with (a string, an f-string, a `+` or `%` of one)."""
+        while isinstance(value, cst.BinaryOperation):
+            value = value.left
+        if isinstance(value, cst.SimpleString):
+            return str(value.evaluated_value or "")
+        if isinstance(value, cst.FormattedString):
+            return "".join(part.value for part in value.parts if isinstance(part, cst.FormattedStringText))
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+            return self._literal_start(value.func.value)
+        return ""
 
     @property
     def _methods_here(self) -> set[str]:
