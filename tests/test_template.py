@@ -602,3 +602,29 @@ def test_a_skip_is_decided_alike_on_every_rank(tmp_path):
     result = _torchrun(tmp_path, ANY)
     assert result.returncode == 0, result.stderr
     assert "agreed" in result.stdout
+
+
+class DataIterator:
+    """ShuffleNet-Series' DataIterator: `.next()` only, re-walking its loader when it runs out."""
+
+    def __init__(self, loader):
+        self.loader, self.iterator = loader, iter(loader)
+
+    def next(self):
+        try:
+            return next(self.iterator)
+        except StopIteration:
+            self.iterator = iter(self.loader)
+            return next(self.iterator)
+
+
+def test_a_python_2_style_iterator_is_drawn_alike_and_split(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4, shuffle=True)
+    drawn = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        torch.manual_seed(rank)
+        provider = DataIterator(loader)
+        drawn.append([template.ddp_shard(provider).next()[0].tolist() for _ in range(3)])
+    for step in range(3):
+        assert len(set(drawn[0][step] + drawn[1][step])) == 4 and len(drawn[0][step]) == 2

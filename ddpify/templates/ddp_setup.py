@@ -211,7 +211,9 @@ class DdpSplit:
     def __init__(self, source):
         self.source, self.same = source, DdpSameRandom(0)
         self.ddp_sharded = True
-        self.ongoing = ddp_draw_by_draw(source, self.same) if hasattr(source, "__next__") else None
+        self.ongoing = None
+        if hasattr(source, "__next__") or (hasattr(source, "next") and not hasattr(source, "__iter__")):
+            self.ongoing = self.drawing(getattr(source, "__next__", None) or source.next)  # ShuffleNet's .next()
 
     def __iter__(self):
         draws = self.ongoing if self.ongoing is not None else ddp_draw_by_draw(self.source, self.same)
@@ -221,6 +223,17 @@ class DdpSplit:
         if self.ongoing is None:
             self.ongoing = ddp_draw_by_draw(self.source, self.same)
         return ddp_scatter(next(self.ongoing))
+
+    next = __next__  # Python 2's spelling, as the script calls it
+
+    def drawing(self, step):
+        while True:
+            with self.same:
+                try:
+                    item = step()
+                except StopIteration:
+                    return
+            yield item
 
     def __len__(self):
         return len(self.source)

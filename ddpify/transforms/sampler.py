@@ -218,8 +218,12 @@ class SamplerTransform(Transform):
             for call in calls_in(loop.body):
                 if self._innermost_loop(call) is not loop or self._without_gradients(call):
                     continue  # a validation pass inside the epoch loop draws its own batches whole
+                source = None
                 if dotted(call.func) == "next" and call.args and isinstance(call.args[0].value, (cst.Name, cst.Attribute)):
                     source = call.args[0].value
+                elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("next", "__next__") and not call.args:
+                    source = call.func.value  # `args.train_dataprovider.next()` (ShuffleNet-Series)
+                if source is not None and isinstance(source, (cst.Name, cst.Attribute)):
                     reason = "it is an iterator of the script's own, not a DataLoader: every rank draws its batches alike and takes its share of each, as DataParallel split it"
                     self._run_time.setdefault(source, (DataSite(loop, source, (), context.function), reason))
 
