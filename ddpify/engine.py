@@ -195,6 +195,10 @@ class FileConversion:
 
 def _transforms_for(context: ConversionContext) -> tuple:
     facts = context.facts
+    if facts.existing_ddp and context.role == SCRIPT and facts.wraps:
+        # a script with its own DDP path beside DataParallel takes that path, also when it
+        # hands its loader to a project function (TransGAN: its DDP branch was switched off)
+        return EXISTING_DDP
     if context.model_elsewhere or facts.loader_functions or facts.sharded_parameter_calls or facts.loader_parameters:
         # trains a model wrapped elsewhere, builds or passes loaders trained on elsewhere
         return TRANSFORMS

@@ -770,3 +770,17 @@ def test_a_project_function_that_runs_the_model_through_another_is_not_a_writer(
     project(tmp_path, {"lfw_eval.py": evaluation, "train.py": script})
     found = read_neighbours(str(tmp_path / "train.py"), script)
     assert "visualize" in found.writers and "lfw_test" not in found.writers
+
+
+def test_a_script_with_its_own_ddp_path_that_hands_its_loader_to_a_project_trainer_takes_that_path(tmp_path):
+    # TransGAN: mp.spawn DDP path beside DataParallel; the loader goes to functions.train()
+    trainer = "def train(args, model, optimizer, train_loader):\n    for (x,) in train_loader:\n        model(x).mean().backward()\n        optimizer.step()\n"
+    script = (Path(__file__).parent.parent / "fixtures" / "existing_ddp" / "spawns.py").read_text().replace(
+        "import torch.nn as nn\n", "import torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\nimport functions\n"
+    ).replace(
+        "    loss = model(torch.randn(4, 2).cuda()).mean()\n    loss.backward()\n    optimizer.step()\n",
+        "    train_loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)\n    functions.train(args, model, optimizer, train_loader)\n",
+    )
+    project(tmp_path, {"functions.py": trainer, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "DDP007" in {d.code for d in result.diagnostics} and "dist.get_world_size() == 1" not in result.output, result.diagnostics
