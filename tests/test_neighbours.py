@@ -784,3 +784,12 @@ def test_a_script_with_its_own_ddp_path_that_hands_its_loader_to_a_project_train
     project(tmp_path, {"functions.py": trainer, "train.py": script})
     result = convert_file(tmp_path / "train.py")
     assert "DDP007" in {d.code for d in result.diagnostics} and "dist.get_world_size() == 1" not in result.output, result.diagnostics
+
+
+def test_a_script_that_runs_a_trainer_object_of_a_wrapping_project_names_folder_mode(tmp_path):
+    # BERT4Rec-VAE: trainer = trainer_factory(args, model, ...); trainer.train() (the wrap is in the trainer)
+    trainers = "import torch.nn as nn\n\n\nclass Trainer:\n    def __init__(self, model):\n        self.model = nn.DataParallel(model)\n\n    def train(self):\n        pass\n\n\ndef trainer_factory(model):\n    return Trainer(model)\n"
+    script = "import torch.nn as nn\nfrom trainers import trainer_factory\n\ntrainer = trainer_factory(nn.Linear(2, 1))\ntrainer.train()\n"
+    project(tmp_path, {"trainers.py": trainers, "main.py": script})
+    result = convert_file(tmp_path / "main.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed

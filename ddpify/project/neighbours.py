@@ -101,7 +101,9 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     # a method of a project object, trains)
     loops_training_data = re.search(r"^\s*for .+ in .*\btrain\w*", source, re.MULTILINE) is not None
     calls_trainer = any(len(re.findall(rf"\b{re.escape(name)}\b", source)) > 1 for name in found.trainers)
-    if not trains_here and not calls_trainer and not loops_training_data:
+    # (BERT4Rec-VAE: `trainer = trainer_factory(...)`, then `trainer.train()`)
+    runs_a_trainer = re.search(r"\b\w*trainer\w*\.(train|fit|run)\(", source, re.IGNORECASE) is not None
+    if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer:
         return None
     script = Path(path).parent
     common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))
@@ -646,7 +648,8 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
         return None
     module, folder = found
     message = (
-        f"this script trains a model that the module it imports, `{module}`, wraps in DataParallel: converting "
+        f"this script trains a model that the module it imports, `{module}` (or a module imported from there), "
+        "wraps in DataParallel: converting "
         f"this file alone would leave that wrap; convert the folder that holds both (`ddpify convert {folder}`), "
         "which converts the script and that module together"
     )
