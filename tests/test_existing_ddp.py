@@ -60,16 +60,18 @@ def test_the_scripts_own_sampler_moves_to_the_next_epoch_and_its_dataparallel_pa
     result = convert_source((FIXTURES / "existing_ddp" / "local_rank.py").read_text(), path="train.py")
     assert 'if hasattr(train_dataloader.sampler, "set_epoch"):' in result.output
     shown = 'print("distributed:", torch.distributed.is_initialized())'
-    probe = 'print("sampler epoch", getattr(train_sampler, "epoch", "none"))'
+    # each rank writes its own file (two ranks' prints can interleave)
+    probe = 'open("epoch_%s.txt" % os.environ.get("RANK", "solo"), "w").write(str(getattr(train_sampler, "epoch", "none")))'
     (tmp_path / "train.py").write_text(result.output.replace(shown, probe))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
     run = run_launched(command, cwd=tmp_path, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.count("sampler epoch 1") == 2  # the last of 2 epochs, on each rank
+    assert [(tmp_path / f"epoch_{rank}.txt").read_text() for rank in (0, 1)] == ["1", "1"]  # the last of 2 epochs
     single = run_launched([sys.executable, "train.py"], attempts=1, cwd=tmp_path, env=env, timeout=300)
-    assert single.returncode == 0 and "sampler epoch none" in single.stdout, single.stderr  # RandomSampler: no set_epoch
+    assert single.returncode == 0, single.stderr
+    assert (tmp_path / "epoch_solo.txt").read_text() == "none"  # RandomSampler: no set_epoch
 
 
 def test_a_training_loader_drawn_through_cycle_keeps_its_distributed_sampler():
