@@ -66,12 +66,14 @@ from ddpify.analysis.tree import (
     calls_in,
     dotted,
     first_positional,
+    innermost_loop,
     is_backward,
     is_main_guard,
     is_training_call,
     names_in,
     root_name,
     walk,
+    without_gradients,
 )
 from ddpify.analysis.visitor import Analyzer
 from ddpify.analysis.wraps import ALREADY_DISTRIBUTED, DATA_PARALLEL_INTERNALS, FORWARDING_METHODS, subclass_blocker
@@ -85,8 +87,8 @@ __all__ = [
     "DEVICE_COUNT", "EpochHook", "FORWARDING_METHODS", "Facts", "ForeignLoader", "Function", "Guard", "HARMLESS_METHODS",
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
-    "calls_in", "dotted", "first_positional", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
-    "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk",
+    "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
+    "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk", "without_gradients",
 ]
 
 

@@ -203,3 +203,28 @@ def backwards_per_pass(node: cst.CSTNode) -> int:
 
 def _count_backwards(node: cst.CSTNode) -> int:
     return sum(1 for found in walk(node) if isinstance(found, cst.Call) and is_backward(found))
+
+
+# A context or decorator that turns gradients off.
+GRADIENT_OFF = re.compile(r"\b(no_grad|inference_mode)\b")
+
+
+def without_gradients(node: cst.CSTNode, parent_of, code_of) -> bool:
+    """Inside ``with torch.no_grad():`` (or a function decorated with it): nothing there
+    reaches a backward()."""
+    node = parent_of(node)
+    while node is not None and not isinstance(node, cst.Module):
+        if isinstance(node, cst.With) and any(GRADIENT_OFF.search(code_of(item.item)) for item in node.items):
+            return True
+        if isinstance(node, cst.FunctionDef):
+            return any(GRADIENT_OFF.search(code_of(d.decorator)) for d in node.decorators)
+        node = parent_of(node)
+    return False
+
+
+def innermost_loop(node: cst.CSTNode, parent_of) -> cst.CSTNode | None:
+    """The loop right around ``node`` in its function (or the function, or the module)."""
+    node = parent_of(node)
+    while node is not None and not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+        node = parent_of(node)
+    return node

@@ -452,29 +452,25 @@ def _used_only_under_a_switch(made: list[str], methods: dict[str, ast.FunctionDe
     ``if self.args.position_only: ... self.pos_emb(...)``): with the setting off its
     parameters get no gradient (a test of ``self.training`` is not a setting: training takes it)."""
     for attr in made:
-        uses, tests = 0, []
-        for name, method in methods.items():
-            if name == "__init__":
-                continue
-            parents = {child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
-            for node in ast.walk(method):
-                if not (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
-                        and node.value.id == "self" and isinstance(node.ctx, ast.Load)):
-                    continue
-                uses += 1
-                parent, child = parents.get(node), node
-                while parent is not None and not (isinstance(parent, ast.If) and child in parent.body + parent.orelse):
-                    parent, child = parents.get(parent), parent
-                if parent is None:
-                    break
-                tests.append(ast.unparse(parent.test))
-            else:
-                continue
-            break
-        else:
-            if uses and len(tests) == uses and not any("training" in test for test in tests):
-                return attr, tests[0]
+        tests = [
+            _test_around(node, parents)
+            for name, method in methods.items() if name != "__init__"
+            for parents in [{child: node for node in ast.walk(method) for child in ast.iter_child_nodes(node)}]
+            for node in ast.walk(method)
+            if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
+            and node.value.id == "self" and isinstance(node.ctx, ast.Load)
+        ]
+        if tests and None not in tests and not any("training" in test for test in tests):
+            return attr, tests[0]
     return None
+
+
+def _test_around(node: ast.AST, parents: dict) -> str | None:
+    """The test of the nearest ``if`` whose branch holds ``node``; None when there is none."""
+    parent, child = parents.get(node), node
+    while parent is not None and not (isinstance(parent, ast.If) and child in parent.body + parent.orelse):
+        parent, child = parents.get(parent), parent
+    return ast.unparse(parent.test) if parent is not None else None
 
 
 def _dropped_results(forward: ast.FunctionDef) -> str | None:
@@ -589,31 +585,33 @@ def _reaching_the_model(tree: ast.Module) -> set[str]:
     """Functions of the module that run a model step or a collective themselves, or through
     another function of the module (InsightFace-v2's lfw_test(model) calls evaluate(model),
     which runs the model): never on rank 0 alone."""
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    found = {name for name, function in functions.items() if EVERY_RANK_WORDS.search(ast.unparse(function))}
-    grown = True
-    while grown:
-        grown = False
-        for name, function in functions.items():
-            called = {n.func.id for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-            if name not in found and called & found:
-                found.add(name)
-                grown = True
-    return found
+    functions = _module_functions(tree)
+    return _callers(functions, {name for name, function in functions.items() if EVERY_RANK_WORDS.search(ast.unparse(function))})
 
 
 def _calling_writers(tree: ast.Module, writers: set[str]) -> set[str]:
     """Functions of the module that write through its other writers (panns' create_logging
-    calls create_folder, then opens its log file), and run no model step or collective."""
-    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    found, grown = set(), True
+    calls create_folder, then opens its log file); those that also reach the model are taken
+    out by the caller (_reaching_the_model)."""
+    return _callers(_module_functions(tree), writers) - writers
+
+
+def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+
+def _callers(functions: dict[str, ast.FunctionDef], start: set[str]) -> set[str]:
+    """``start`` and every function of ``functions`` that calls one of them, directly or
+    through the others."""
+    called = {
+        name: {n.func.id for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        for name, function in functions.items()
+    }
+    found, grown = set(start), True
     while grown:
         grown = False
-        for name, function in functions.items():
-            if name in writers or name in found or EVERY_RANK_WORDS.search(ast.unparse(function)):
-                continue
-            called = {n.func.id for n in ast.walk(function) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-            if called & (writers | found):
+        for name, names in called.items():
+            if name not in found and names & found:
                 found.add(name)
                 grown = True
     return found

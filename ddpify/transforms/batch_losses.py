@@ -52,7 +52,7 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, walk
+from ddpify.analysis import calls_in, dotted, walk, without_gradients
 from ddpify.transforms.base import Transform
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
@@ -146,14 +146,9 @@ class BatchLossesTransform(Transform):
     def _evaluates(self, call: cst.Call, name: str) -> bool:
         """An evaluation the epoch loop runs (Towards-Realtime-MOT's ``test.test_emb(...)``):
         named so, or under ``torch.no_grad()``; it takes no training step."""
-        if EVALUATION_NAME.search(name.rpartition(".")[2]):
-            return True
-        node = self.context.parent(call)
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.With) and any("no_grad" in self.context.code(item.item) for item in node.items):
-                return True
-            node = self.context.parent(node)
-        return False
+        return bool(EVALUATION_NAME.search(name.rpartition(".")[2])) or without_gradients(
+            call, self.context.parent, self.context.code
+        )
 
     def _check_unwrapped_trained(self) -> None:
         wrapped = {name for site in self.facts.wraps for name in (site.target, dotted(site.module_arg) if site.module_arg else None) if name}

@@ -70,10 +70,7 @@ class BatchSizeTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node not in self.context.sharded_loaders:
             return self._per_step_shape(original_node, updated_node)
-        arg = keyword_arg(updated_node, "batch_size")
-        positional = positional_args(updated_node)
-        if arg is None and len(positional) > 1:
-            arg = positional[1]
+        arg = _batch_size_arg(updated_node)
         shown = self.context.code(arg.value) if arg else "1"
         if original_node in self.context.regrouped_loaders:
             return updated_node  # the step's batch is cut from it later (DDP406)
@@ -190,30 +187,24 @@ class BatchSizeTransform(Transform):
     def _training_batch_sizes(self) -> set[str]:
         """The batch_size= (as code) of the training loaders each process now loads a share of."""
         if not hasattr(self, "_training_size_codes"):
-            self._training_size_codes = set()
-            for call, site in self.facts.loaders.items():
-                divided = site.training or call in self.context.run_time_loaders
-                if not divided or call in self.context.regrouped_loaders:
-                    continue
-                arg = keyword_arg(call, "batch_size")
-                positional = positional_args(call)
-                arg = arg if arg is not None else positional[1] if len(positional) > 1 else None
-                if arg is not None and not isinstance(arg.value, cst.Integer):
-                    self._training_size_codes.add(self.context.code(arg.value))
+            divided = [
+                call for call, site in self.facts.loaders.items()
+                if (site.training or call in self.context.run_time_loaders) and call not in self.context.regrouped_loaders
+            ]
+            self._training_size_codes = self._sizes_of(divided)
         return self._training_size_codes
 
     @property
     def _loader_batch_sizes(self) -> set[str]:
         """The batch_size= of this file's DataLoader calls, as code."""
         if not hasattr(self, "_batch_size_codes"):
-            self._batch_size_codes = set()
-            for call in self.facts.loaders:
-                arg = keyword_arg(call, "batch_size")
-                positional = positional_args(call)
-                arg = arg if arg is not None else positional[1] if len(positional) > 1 else None
-                if arg is not None and not isinstance(arg.value, cst.Integer):
-                    self._batch_size_codes.add(self.context.code(arg.value))
+            self._batch_size_codes = self._sizes_of(self.facts.loaders)
         return self._batch_size_codes
+
+    def _sizes_of(self, loaders) -> set[str]:
+        """The batch sizes of these DataLoader calls that are not a literal, as code."""
+        args = [_batch_size_arg(call) for call in loaders]
+        return {self.context.code(arg.value) for arg in args if arg is not None and not isinstance(arg.value, cst.Integer)}
 
     def _counts_batch(self, node: cst.BaseExpression) -> bool:
         """``x.size(0)``, ``len(x)``, or a name bound to one (``now_batch_size, c, h, w = inputs.shape``)."""
@@ -308,3 +299,10 @@ class BatchSizeTransform(Transform):
         return updated.with_changes(
             args=[a.with_changes(value=per_gpu) if a.keyword and a.keyword.value == "num_workers" else a for a in updated.args]
         )
+
+
+def _batch_size_arg(call: cst.Call) -> cst.Arg | None:
+    """``batch_size=`` of a DataLoader call, by keyword or as its second positional argument."""
+    arg = keyword_arg(call, "batch_size")
+    positional = positional_args(call)
+    return arg if arg is not None else positional[1] if len(positional) > 1 else None

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import batch_length, calls_in, dotted, first_positional, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
+from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
 
@@ -73,7 +73,7 @@ class DecisionsTransform(Transform):
             name.value for name in walk(loop.target) if isinstance(name, cst.Name)
         } if isinstance(loop, cst.For) else set()
         for node in walk(loop.body):
-            if self._innermost_loop(node) is not loop:
+            if innermost_loop(node, self.context.parent) is not loop:
                 continue  # checked with its own loop's counters
             if isinstance(node, cst.If) and self._may_differ(loop, node, loop_names):
                 if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
@@ -113,7 +113,7 @@ class DecisionsTransform(Transform):
         return {
             name
             for node in walk(loop.body)
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and self._innermost_loop(node) is loop
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and innermost_loop(node, self.context.parent) is loop
             for target in node.targets
             for name in [dotted(target.target)]
             if name
@@ -177,12 +177,6 @@ class DecisionsTransform(Transform):
         if not hasattr(self, "_conditionals"):
             self._conditionals = [node for node in walk(self.context.module) if isinstance(node, (cst.If, cst.While))]
         return self._conditionals
-
-    def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        parent = self.context.parent(node)
-        while parent is not None and not isinstance(parent, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
-            parent = self.context.parent(parent)
-        return parent
 
     def _hang_risk(self, node: cst.CSTNode, what: str) -> None:
         self.context.report(

@@ -57,7 +57,6 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import dotted, first_positional, walk
 from ddpify.diagnostics import Severity
@@ -195,15 +194,9 @@ class ExistingDdpTransform(Transform):
         (albert_pytorch, HF run_* scripts): evaluation on a shard, its metrics from 1/N of the set."""
         found = set()
         for call, site in self.facts.loaders.items():
-            sampler = keyword_arg(call, "sampler")
-            if site.training or sampler is None or not EVALUATION_DATA.search(self.context.code(call)):
+            if site.training or not EVALUATION_DATA.search(self.context.code(call)):
                 continue  # (a training loader drawn with next(cycle(loader)) is not found training: CodeBERT)
-            values = [sampler.value]
-            if isinstance(sampler.value, cst.Name):
-                scope = self.context.metadata.get_metadata(ScopeProvider, sampler.value, None)
-                values = [self.facts.analyzer.scopes.assigned_value(a.node)[0] for a in (scope[sampler.value.value] if scope else ())
-                          if getattr(a, "node", None) is not None]
-            for value in values:
+            for value in self._sampler_values(call):
                 found.update(n for n in walk(value) if isinstance(n, cst.Call) and dotted(n.func) in ("DistributedSampler", "torch.utils.data.distributed.DistributedSampler")
                              and n.args)
         return found
@@ -211,17 +204,18 @@ class ExistingDdpTransform(Transform):
     def _samples_distributed(self, call: cst.Call) -> bool:
         """``sampler=DistributedSampler(...)``, or a name bound to an expression that makes one
         (``RandomSampler(d) if args.local_rank == -1 else DistributedSampler(d)``)."""
+        return any("DistributedSampler(" in self.context.code(value) for value in self._sampler_values(call))
+
+    def _sampler_values(self, call: cst.Call) -> list[cst.BaseExpression]:
+        """The loader's ``sampler=`` expression, or what the name given there is bound to."""
         sampler = keyword_arg(call, "sampler")
         if sampler is None:
-            return False
-        if "DistributedSampler(" in self.context.code(sampler.value):
-            return True
+            return []
         if not isinstance(sampler.value, cst.Name):
-            return False
-        scope = self.context.metadata.get_metadata(ScopeProvider, sampler.value, None)
-        values = [self.facts.analyzer.scopes.assigned_value(a.node)[0] for a in (scope[sampler.value.value] if scope else ())
-                  if getattr(a, "node", None) is not None]
-        return any(value is not None and "DistributedSampler(" in self.context.code(value) for value in values)
+            return [sampler.value]
+        scopes = self.facts.analyzer.scopes
+        values = [scopes.assigned_value(a.node)[0] for a in scopes.assignments_of(sampler.value) if getattr(a, "node", None) is not None]
+        return [value for value in values if value is not None]
 
     def _report_cuda_only(self, anchor: cst.CSTNode) -> None:
         """The script's own DDP path hard-codes NCCL or the CUDA device: no CPU launch."""

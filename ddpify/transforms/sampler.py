@@ -66,7 +66,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, walk
+from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.data_sites import DataSite, data_sites, surely_not_a_loader, training_condition
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
@@ -216,7 +216,7 @@ class SamplerTransform(Transform):
                 continue
             context = self.facts.contexts[loop]
             for call in calls_in(loop.body):
-                if self._innermost_loop(call) is not loop or self._without_gradients(call):
+                if innermost_loop(call, self.context.parent) is not loop or without_gradients(call, self.context.parent, self.context.code):
                     continue  # a validation pass inside the epoch loop draws its own batches whole
                 source = None
                 if dotted(call.func) == "next" and call.args and isinstance(call.args[0].value, (cst.Name, cst.Attribute)):
@@ -226,20 +226,6 @@ class SamplerTransform(Transform):
                 if source is not None and isinstance(source, (cst.Name, cst.Attribute)):
                     reason = "it is an iterator of the script's own, not a DataLoader: every rank draws its batches alike and takes its share of each, as DataParallel split it"
                     self._run_time.setdefault(source, (DataSite(loop, source, (), context.function), reason))
-
-    def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        node = self.context.parent(node)
-        while node is not None and not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
-            node = self.context.parent(node)
-        return node
-
-    def _without_gradients(self, node: cst.CSTNode) -> bool:
-        node = self.context.parent(node)
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.With) and any("no_grad" in self.context.code(item.item) for item in node.items):
-                return True
-            node = self.context.parent(node)
-        return False
 
     def _shard_passed_at_run_time(self, runtime: dict[cst.Call, str]) -> None:
         """A training loader that cannot be sharded where it is built and that no loop here

@@ -120,7 +120,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk
+from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk, without_gradients
 from ddpify.diagnostics import Severity
 from ddpify.analysis.trainable import trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
@@ -139,9 +139,6 @@ MODULE_METHODS = {
 SYNC_BN_CALLBACK = "patch_replication_callback"
 # `opt.fp16`, `args.amp`, `use_apex`: a guard that reads one picks between wrap sites
 MIXED_PRECISION = re.compile(r"(?<![A-Za-z0-9])(?:fp16|amp|apex|half|mixed_precision)(?![A-Za-z0-9])", re.IGNORECASE)
-
-
-GRADIENT_OFF = re.compile(r"\b(no_grad|inference_mode)\b")
 
 
 class WrapModelTransform(Transform):
@@ -179,24 +176,13 @@ class WrapModelTransform(Transform):
             if isinstance(node, cst.Call)
             and dotted(node.func) in self.facts.model_names
             and any(arg.keyword is not None for arg in node.args)
-            and not self._without_gradients(node)
+            # ffjord's sampling `model(fixed_z, reverse=True)` under no_grad switches nothing DDP sees
+            and not without_gradients(node, self.context.parent, self.context.code)
         }
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
-
-    def _without_gradients(self, node: cst.CSTNode) -> bool:
-        """Inside `with torch.no_grad():` (or a function decorated with it): ffjord's sampling
-        `model(fixed_z, reverse=True)` never reaches backward, so it switches nothing DDP sees."""
-        node = self.context.parent(node)
-        while node is not None:
-            if isinstance(node, cst.With) and any(GRADIENT_OFF.search(self.context.code(item.item)) for item in node.items):
-                return True
-            if isinstance(node, cst.FunctionDef):
-                return any(GRADIENT_OFF.search(self.context.code(d.decorator)) for d in node.decorators)
-            node = self.context.parent(node)
-        return False
 
     def _idle_models(self) -> list[tuple[str, str]]:
         """Model classes of this file or its project (single-file mode) that this file builds
