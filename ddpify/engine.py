@@ -12,6 +12,7 @@ import libcst (a third of a second on its own).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -102,6 +103,14 @@ class FileConversion:
             self._neighbours = read_neighbours(self.path, self.source)
         return self._neighbours
 
+    def _dp_classes(self) -> dict:
+        """The DataParallel subclasses of the project modules this file imports whose wraps
+        convert (Wave-U-Net's `model_utils.DataParallel`, CPM's `BalancedDataParallel`), as
+        bound here; read only for a file that calls a class named so."""
+        if not re.search(r"\w+DataParallel\w*\(|\.DataParallel\(", self.source):
+            return {}
+        return self.neighbours.dp_classes
+
     def _single_file_links(self) -> ProjectLinks:
         """A file converted on its own: the training functions of the project modules it
         imports, read from disk, stand in for what project mode would link."""
@@ -118,7 +127,7 @@ class FileConversion:
         training_calls = training_calls | self.step_calls
         walk = (names, reexports, training_calls)
         if walk != self._walked_for:
-            self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls)
+            self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls, self._dp_classes())
             self._walked_for, self._resolved_for = walk, None
         parameter_loaders = project.parameter_loaders if links is not None or project.parameter_loaders else None
         resolution = (loader_functions, parameter_loaders_key, links is None)
@@ -171,7 +180,7 @@ class FileConversion:
             role=role,
             model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
             trains_elsewhere=project.trains_elsewhere,
-            neighbours=self.neighbours if links is None else Neighbours(),
+            neighbours=self.neighbours if links is None else self.neighbours.about_models() if facts.wraps else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)

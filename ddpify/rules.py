@@ -71,14 +71,16 @@ RULES: dict[str, Rule] = {
             "DDP121",
             "data-parallel-subclass",
             "DataParallel subclass or fork: its scatter/gather/chunk_sizes logic has no DDP form "
-            "(attribute forwarding converts)",
+            "(attribute forwarding and scattering-only subclasses convert)",
             "A project's DataParallel subclass (`class CustomDataParallel(nn.DataParallel)`) or a fork of its "
             "code (a class named *DataParallel* with its own scatter, gather, replicate or parallel_apply) still "
             "runs one process that splits each batch across GPUs. `ddpify convert` rebases a subclass that only "
-            "forwards attribute reads (`__getattr__`) onto DistributedDataParallel. Uneven `chunk_sizes`, a "
-            "lighter master GPU or a custom gather have no meaning under DDP, where every process holds its "
-            "own batch and nothing is gathered: replace the class with DistributedDataParallel by hand and "
-            "give each process its share of the batch through a DistributedSampler.",
+            "forwards attribute reads (`__getattr__`) onto DistributedDataParallel, and turns the wraps of a "
+            "subclass that only changes how a batch is split (uneven `chunk_sizes`, a lighter master GPU) into "
+            "DDP (DDP129): under DDP every process holds its own share and nothing is gathered. A custom gather "
+            "or a forward that computes changes what the model returns: replace the class with "
+            "DistributedDataParallel by hand and give each process its share of the batch through a "
+            "DistributedSampler.",
             "class BalancedDataParallel(nn.DataParallel):\n"
             "    def scatter(self, inputs, kwargs, device_ids):\n"
             "        ...  # gpu0 gets a smaller chunk\n"

@@ -515,7 +515,10 @@ def test_convert_finds_the_dataparallel_variants_check_finds():
 
     torch_root = Path(pytest.importorskip("torch").__file__).parent
     sources = {name: source for name, (source, _) in SELECTIVE_WALK_CASES.items()} | VARIANT_CASES
-    inputs = [path for path in sorted(FIXTURES.rglob("*.py")) if not path.name.endswith(".ddp.py") and ".ddp" not in path.parent.name]
+    inputs = [
+        path for path in sorted(FIXTURES.rglob("*.py"))
+        if not path.name.endswith(".ddp.py") and not any(part.endswith(".ddp") for part in path.parts)  # inputs only
+    ]
     for path in [*inputs, torch_root / "nn" / "parallel" / "data_parallel.py"]:  # torch's own DataParallel: a fork
         sources[str(path)] = path.read_text(encoding="utf-8")
     compared = found = 0

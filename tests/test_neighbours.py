@@ -793,3 +793,65 @@ def test_a_script_that_runs_a_trainer_object_of_a_wrapping_project_names_folder_
     project(tmp_path, {"trainers.py": trainers, "main.py": script})
     result = convert_file(tmp_path / "main.py")
     assert [d.code for d in result.diagnostics] == ["DDP214"] and not result.changed
+
+
+BALANCED = '''from torch.nn.parallel import DataParallel
+
+
+class BalancedDataParallel(DataParallel):
+    def __init__(self, gpu0_bsz, *args, **kwargs):
+        self.gpu0_bsz = gpu0_bsz
+        super().__init__(*args, **kwargs)
+
+    def forward(self, *inputs, **kwargs):
+        if not self.device_ids:
+            return self.module(*inputs, **kwargs)
+        inputs, kwargs = self.scatter(inputs, kwargs, self.device_ids)
+        replicas = self.replicate(self.module, self.device_ids[:len(inputs)])
+        outputs = self.parallel_apply(replicas, self.device_ids, inputs, kwargs)
+        return self.gather(outputs, self.output_device)
+
+    def scatter(self, inputs, kwargs, device_ids):
+        return super().scatter(inputs, kwargs, device_ids)
+'''
+GATHERING = '''import torch.nn as nn
+
+
+class SummingDataParallel(nn.DataParallel):
+    def gather(self, outputs, output_device):
+        return sum(output.to(output_device) for output in outputs)
+'''
+BALANCED_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from data_parallel import BalancedDataParallel
+
+model = nn.Linear(4, 1)
+if torch.cuda.device_count() > 1:
+    model = BalancedDataParallel(2, model, dim=0).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+for epoch in range(2):
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_project_subclass_that_only_scatters_becomes_ddp(tmp_path):
+    # CPM's BalancedDataParallel(gpu0_bsz, model): a smaller share of each batch on GPU 0
+    project(tmp_path, {"data_parallel.py": BALANCED, "train.py": BALANCED_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error, result.error
+    assert "    model = ddp_wrap(model.to(ddp_device()))\n" in result.output
+    assert "DDP129" in {d.code for d in result.diagnostics}
+
+
+def test_a_project_subclass_that_gathers_its_own_way_is_refused(tmp_path):
+    project(tmp_path, {"data_parallel.py": GATHERING, "train.py": BALANCED_TRAIN.replace(
+        "from data_parallel import BalancedDataParallel", "from data_parallel import SummingDataParallel").replace(
+        "BalancedDataParallel(2, model, dim=0)", "SummingDataParallel(model)")})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP122" in result.error

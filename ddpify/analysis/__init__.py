@@ -65,6 +65,7 @@ from ddpify.analysis.tree import (
     bound_names,
     calls_in,
     dotted,
+    argument_in_slot,
     first_positional,
     innermost_loop,
     is_backward,
@@ -87,7 +88,7 @@ __all__ = [
     "DEVICE_COUNT", "EpochHook", "FORWARDING_METHODS", "Facts", "ForeignLoader", "Function", "Guard", "HARMLESS_METHODS",
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
-    "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
+    "argument_in_slot", "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
     "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk", "without_gradients",
 ]
 
@@ -97,7 +98,8 @@ class Analysis:
 
     ``project_names``, ``reexports`` and ``training_calls`` (project mode: the names the
     module binds from other project modules, the library names they pass on, the calls of
-    their functions that train) shape the walk; ``resolve`` takes what may change while a
+    their functions that train) and ``dp_classes`` (the DataParallel subclasses of project
+    modules whose wraps convert, as bound here) shape the walk; ``resolve`` takes what may change while a
     project is converted: ``loader_functions`` (this module's functions whose returned
     loaders another module trains on) and ``parameter_loaders`` (None: a file on its own).
     """
@@ -108,10 +110,12 @@ class Analysis:
         project_names: frozenset[str] = frozenset(),
         reexports: dict[str, str] | None = None,
         training_calls: frozenset[str] = frozenset(),
+        dp_classes: dict | None = None,
     ) -> None:
         self.subtrees = Subtrees()
         activate(self.subtrees)  # filled by the analyzer's walk
         walked = Facts(project_names=project_names, reexports=dict(reexports or {}), training_calls=training_calls)
+        walked.dp_classes.update(dp_classes or {})  # the project's DataParallel subclasses that convert
         # Resolved once and kept readable after the walk: transforms ask the analyzer whether
         # a call reaches the model.
         self.analyzer = Analyzer(walked, wrapper.resolve_many(PROVIDERS), self.subtrees)

@@ -75,7 +75,7 @@ def data_sites(facts: Facts) -> list[DataSite]:
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer.loaders.through_progress_variable(expr)
-            if id(expr) in seen or _counts_steps(expr, analyzer):
+            if id(expr) in seen or _counts_steps(expr, analyzer) or part_of_a_model(expr, loop):
                 continue
             seen.add(id(expr))
             if isinstance(expr, cst.Call):
@@ -100,6 +100,16 @@ def _counts_steps(expr: cst.BaseExpression, analyzer) -> bool:
         isinstance(value, cst.Call) and index is None and (dotted(value.func) or "").rpartition(".")[2] in ("range", "trange")
         for value, index in values
     )
+
+
+def part_of_a_model(expr: cst.BaseExpression, loop: cst.CSTNode) -> bool:
+    """``for inst in model.instruments: output = model(inputs, inst)`` (Wave-U-Net's
+    compute_loss, a backward() per instrument): what the loop iterates belongs to something
+    it calls, the model; its parts are not data."""
+    if not isinstance(expr, (cst.Attribute, cst.Subscript)):
+        return False
+    owner = dotted(expr.value)
+    return owner is not None and any(dotted(call.func) == owner for call in calls_in(loop.body))
 
 
 def _enclosing_loop_binding(loop: cst.CSTNode, name: str, parent_of) -> cst.For | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 if TYPE_CHECKING:
+    from ddpify.analysis.dp_subclasses import SubclassPlan
     from ddpify.analysis.visitor import Analyzer
 
 Loop = cst.For | cst.While
@@ -35,6 +36,9 @@ class WrapSite:
     target: str | None  # "model" / "self.model": what the wrapped model is bound to
     guards: list[Guard] = field(default_factory=list)  # enclosing `if`s that gate the wrap
     device_count: int | None = None  # number of GPUs named by a literal device_ids
+    # where the call passes the model: (position, keyword); a project's DataParallel subclass
+    # may take it later (CPM's `BalancedDataParallel(gpu0_bsz, model)`)
+    module_slot: tuple[int, str] = (0, "module")
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,10 @@ class Facts:
     training_loader_names: set[tuple[Function | None, str]] = field(default_factory=set)
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False
-    dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes  # `from models import *` may bind torch and nn
+    dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes: rebased onto DDP
+    # DataParallel subclasses whose wraps become ddp_wrap (analysis/dp_subclasses.py), as
+    # called here: the project's (read from disk), this file's that only scatter
+    dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)
     # module-level code wraps, trains, or calls a function or class defined here (a script,
     # not an imported helper module)
     module_level_runs: bool = False

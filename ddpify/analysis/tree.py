@@ -144,6 +144,18 @@ def first_positional(call: cst.Call, keyword: str | None = None) -> cst.BaseExpr
     return None
 
 
+def argument_in_slot(call: cst.Call, slot: tuple[int, str]) -> cst.BaseExpression | None:
+    """The argument a call passes at ``slot`` (position, keyword): the model of a wrap."""
+    index, keyword = slot
+    positional = [arg for arg in call.args if arg.keyword is None and arg.star != "**"]
+    for at, arg in enumerate(positional[: index + 1]):
+        if arg.star:
+            return None  # `*args` before it: which one cannot be told
+        if at == index:
+            return arg.value
+    return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == keyword), None)
+
+
 def root_name(node: cst.BaseExpression) -> cst.Name | None:
     while isinstance(node, (cst.Attribute, cst.Call, cst.Subscript)):
         node = node.value if not isinstance(node, cst.Call) else node.func

@@ -23,7 +23,7 @@ from ddpify.analysis.loaders import Loaders
 from ddpify.analysis.loops import TrainingLoops
 from ddpify.analysis.ranks import Collectives
 from ddpify.analysis.scopes import Scopes
-from ddpify.analysis.tree import Subtrees, bound_names, dotted, is_main_guard, is_training_call
+from ddpify.analysis.tree import Subtrees, bound_names, dotted, is_main_guard, is_training_call, without_gradients
 from ddpify.analysis.wraps import Wraps
 from ddpify.names import DATA_LOADER, DATA_PARALLEL, DATA_PARALLEL_FUNCTION, METRIC_SCHEDULERS
 
@@ -112,6 +112,8 @@ class Analyzer(cst.CSTVisitor):
         self.facts.contexts[node] = context
         if names & DATA_PARALLEL or self.wraps.subclass_called(node):
             self.wraps.record_wrap(node)
+        elif (plan := self.wraps.planned_subclass(node)) is not None:
+            self.wraps.record_wrap(node, (plan.index, plan.keyword))
         elif names & DATA_PARALLEL_FUNCTION:
             self.scopes.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
         elif names & DATA_LOADER:
@@ -123,8 +125,13 @@ class Analyzer(cst.CSTVisitor):
         if context.function is None and context.cls is None and self.entry.runs_here(node, names):
             self.facts.module_level_runs = True
             self.facts.import_time_runs |= not self.scopes.in_main_guard
-        if is_training_call(node) or dotted(node.func) in self.facts.training_calls:
+        if is_training_call(node) or dotted(node.func) in self.facts.training_calls and not self._without_gradients(node):
+            # (a function that trains, called under no_grad, evaluates: Wave-U-Net's validate()
+            # calls compute_loss(), whose backward() runs only when asked)
             self.loops.training_step()
+
+    def _without_gradients(self, node: cst.CSTNode) -> bool:
+        return without_gradients(node, self.scopes.parent, cst.Module([]).code_for_node)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.wraps.reference(node)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
+from ddpify.analysis.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
-from ddpify.analysis.tree import DEVICE_COUNT, bound_names, calls_in, first_positional, is_main_guard
+from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, bound_names, calls_in, dotted, is_main_guard
 from ddpify.analysis.scopes import Room, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
@@ -51,10 +52,15 @@ class Wraps(Room):
     def class_bases(self, node: cst.ClassDef) -> None:
         """A DataParallel subclass: one that only forwards attributes works on top of DDP."""
         for base in node.bases:
-            if self.scopes.qualified(base.value) & DATA_PARALLEL:
+            if self.scopes.qualified(base.value) & DATA_PARALLEL or dotted(base.value) in self.facts.dp_classes:
                 reason = subclass_blocker(node)
-                if reason:
-                    self.scopes.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel and {reason}; convert it by hand")
+                plan = plan_from_code(self.scopes.module.code_for_node(node)) if reason else None
+                if isinstance(plan, SubclassPlan):
+                    # Only scatters (or forwards, with a constructor of its own): its calls
+                    # become ddp_wrap(model); the class is left, unused.
+                    self.facts.dp_classes[node.name.value] = plan
+                elif reason:
+                    self.scopes.problem(node, "DDP004", f"class {node.name.value} subclasses DataParallel and {plan}; convert it by hand")
                 else:
                     # Attribute forwarding only: the same class works on top of DDP.
                     self.facts.dp_subclasses[node.name.value] = node
@@ -116,7 +122,12 @@ class Wraps(Room):
             node = self.scopes.parent(node)
         return False
 
-    def record_wrap(self, call: cst.Call) -> None:
+    def planned_subclass(self, call: cst.Call) -> SubclassPlan | None:
+        """``BalancedDataParallel(gpu0_bsz, model)``: a DataParallel subclass whose wraps
+        convert (this file's that only scatter, or a project module's)."""
+        return self.facts.dp_classes.get(dotted(call.func) or "")
+
+    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module")) -> None:
         outer: cst.BaseExpression = call
         move = None
         parent = self.scopes.parent(call)
@@ -124,7 +135,7 @@ class Wraps(Room):
             grand = self.scopes.parent(parent)
             if isinstance(grand, cst.Call) and grand.func is parent:
                 outer, move = grand, grand
-        site = WrapSite(call, outer, move, first_positional(call, "module"), self.scopes.assigned_name(outer))
+        site = WrapSite(call, outer, move, argument_in_slot(call, slot), self.scopes.assigned_name(outer), module_slot=slot)
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
         if site.module_arg is None:

@@ -95,7 +95,11 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
         for info in candidates:  # a DataParallel module no script of the project imports
-            if info.path not in results and info.wraps:
+            if info.path not in results and _wraps_to_evaluate(project, info):
+                # (Wave-U-Net's cog_predict.py: a predictor class a serving tool runs) evaluates
+                # with the project's models as one process, as a script that only evaluates
+                results[info.path] = _left_for_evaluation(info)
+            elif info.path not in results and info.wraps:
                 alone = run.plan(info, SCRIPT, ProjectLinks())
                 run.rewrite([alone])
                 converted = {info.path: alone.result}
@@ -400,6 +404,23 @@ def _route(project: Project, member: ModuleInfo, foreign, builders: dict, conver
         return
     module, function = found
     builders.setdefault(module.path, {}).setdefault(function, set()).add(foreign.index)
+
+
+def _wraps_to_evaluate(project: Project, info: ModuleInfo) -> bool:
+    """A module with no entry point that wraps a model in DataParallel (not only names the
+    class), that no module of the project imports (a serving tool runs it), and that calls no
+    backward(), nor a project function that does."""
+    if info.runs or not WRAP_CALL.search(info.source):
+        return False
+    last = re.escape(info.name.rpartition(".")[2])
+    imported = re.compile(rf"^\s*(from|import)\s.*\b{last}\b", re.MULTILINE)
+    if any(imported.search(source) for path, source in project.sources.items() if path != info.path):
+        return False
+    members = [info, *project.reachable(info)]
+    return not any(BACKWARD.search(member.source) for member in members) or _evaluates_only(project, info, members)
+
+
+WRAP_CALL = re.compile(r"(?<!Distributed)DataParallel\w*\(")
 
 
 def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> FileResult:

@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpify.analysis.dp_subclasses import SubclassPlan, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 
 # Calls (by their last name) that write files or folders, and those that do only when called
@@ -83,6 +84,19 @@ class Neighbours:
     # classes that keep a buffer they update in place while training (lemniscate's
     # LinearAverage memory bank, SpCL's HybridMemory), as bound here
     memory_banks: frozenset[str] = frozenset()
+    # DataParallel subclasses of those modules whose wraps convert (attribute forwarding,
+    # scattering only: analysis/dp_subclasses.py), as bound here -> where the model is passed
+    dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)
+
+    def about_models(self) -> Neighbours:
+        """What project mode keeps of this: the facts about model and loss classes (idle
+        parts, freezing, memory banks, pairwise losses, DataParallel subclasses). Writers,
+        trainers and DataParallel tests are the project's own business there: it converts
+        those modules too."""
+        return Neighbours(
+            freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
+            memory_banks=self.memory_banks, dp_classes=self.dp_classes,
+        )
 
 
 def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
@@ -132,6 +146,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
     writing: set[str] = set()  # trainer functions and classes that write files, as bound here
     banks: set[str] = set()
+    dp_classes: dict[str, SubclassPlan] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -145,6 +160,13 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 files.append(module)
             elif summary.names_data_parallel:
                 naming.append(node.module or ".")
+            for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
+                if sub is not None:  # `from model import utils`: `utils.DataParallel(...)`
+                    dp_classes.update((f"{alias.asname or alias.name}.{name}", plan) for name, plan in _summary(sub).dp_classes.items())
+                if alias.name == "*":
+                    dp_classes.update(summary.dp_classes)
+                elif alias.name in summary.dp_classes:
+                    dp_classes[alias.asname or alias.name] = summary.dp_classes[alias.name]
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -197,12 +219,14 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
                 writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
                 banks.update(f"{bound}.{name}" for name in summary.memory_banks)
+                dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
         tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
+        dp_classes,
     )
 
 
@@ -335,6 +359,7 @@ class ModuleSummary:
     writing_trainers: frozenset[str] = frozenset()  # trainers and trainer classes that write files
     memory_banks: frozenset[str] = frozenset()  # classes that update a buffer of theirs in place
     names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
+    dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)  # DataParallel subclasses that convert
 
 
 @functools.lru_cache(maxsize=256)
@@ -364,7 +389,8 @@ def _summary(path: Path) -> ModuleSummary:
     writers |= _calling_writers(tree, writers)
     writers -= _reaching_the_model(tree)
     # (DataParallelWithCallback of Synchronized-BatchNorm: first-order-model's train())
-    wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", source) is not None
+    # (a class statement that subclasses DataParallel wraps nothing: Wave-U-Net's model/utils.py)
+    wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", re.sub(r"^\s*class .*$", "", source, flags=re.M)) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
         wraps = any(
             _summary(sub).wraps
@@ -378,8 +404,10 @@ def _summary(path: Path) -> ModuleSummary:
     )
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
-    names = not wraps and any(  # in code, not in a docstring or comment
-        isinstance(node, ast.Attribute) and node.attr == "DataParallel" or isinstance(node, ast.Name) and node.id == "DataParallel"
+    bases = {id(part) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases for part in ast.walk(base)}
+    names = not wraps and any(  # in code, not in a docstring or comment, nor a subclass's base
+        (isinstance(node, ast.Attribute) and node.attr == "DataParallel" or isinstance(node, ast.Name) and node.id == "DataParallel")
+        and id(node) not in bases
         for node in ast.walk(tree)
     )
     writing = frozenset(
@@ -389,8 +417,25 @@ def _summary(path: Path) -> ModuleSummary:
     banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
-        writing, banks, names
+        writing, banks, names, _dp_classes(tree, aliases),
     )
+
+
+def _dp_classes(tree: ast.Module, aliases: dict[str, str]) -> dict[str, SubclassPlan]:
+    """The module's DataParallel subclasses whose wraps convert (a subclass of one of them
+    too: CPM's BalancedDataParallel of torch's, imported as DataParallel)."""
+    found: dict[str, SubclassPlan] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for base in node.bases:
+            dotted = ast.unparse(base)
+            torch_class = aliases.get(dotted.split(".")[0], dotted.split(".")[0]) + dotted[len(dotted.split(".")[0]):]
+            if torch_class.endswith(("nn.DataParallel", "parallel.DataParallel")) or dotted in found:
+                plan = subclass_plan(node)
+                if isinstance(plan, SubclassPlan):
+                    found[node.name] = plan
+    return found
 
 
 def _training_methods(cls: ast.ClassDef) -> dict[str, tuple[tuple[int, str], ...]]:
@@ -439,12 +484,27 @@ def idle_parts(tree: ast.Module) -> dict[str, str]:
         unused = [attr for attr in made if attr not in used]
         dropped = _dropped_results(methods["forward"])
         switched = _used_only_under_a_switch(made, methods)
-        if unused or dropped or switched:
+        selected = _selected_by_an_argument(methods["forward"])
+        if unused or dropped or switched or selected:
             found[cls.name] = (
                 f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read" if dropped
-                else f"self.{switched[0]} is used only under `{switched[1]}` (a configuration switch)"
+                else f"self.{switched[0]} is used only under `{switched[1]}` (a configuration switch)" if switched
+                else f"forward() runs only the part `{selected}` picks"
             )
     return found
+
+
+def _selected_by_an_argument(forward: ast.FunctionDef) -> str | None:
+    """``self.waveunets[inst]`` with ``inst`` an argument of forward() (Wave-U-Net's one
+    network per instrument, a head per task): each call trains only the part it picks."""
+    params = {a.arg for a in forward.args.args[2:]}  # not self, not the input
+    for node in ast.walk(forward):
+        if (
+            isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id in params
+            and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) and node.value.value.id == "self"
+        ):
+            return ast.unparse(node)
+    return None
 
 
 def _used_only_under_a_switch(made: list[str], methods: dict[str, ast.FunctionDef]) -> tuple[str, str] | None:

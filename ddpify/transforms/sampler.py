@@ -67,7 +67,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
-from ddpify.analysis.data_sites import DataSite, data_sites, surely_not_a_loader, training_condition
+from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
@@ -135,7 +135,9 @@ class SamplerTransform(Transform):
         # (a loop over a loader parameter is sharded by the callers in other modules; a library's
         # step outside any loop, like an optimizer wrapper's `self._optimizer.step()`, runs in
         # a loop of the module that calls it, which is checked there)
-        library_step_only = self.context.is_library and not self.facts.training_loops
+        # (nor are loops over the model's parts, a backward() each: Wave-U-Net's compute_loss)
+        data_loops = [loop for loop in self.facts.training_loops if not (isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop))]
+        library_step_only = self.context.is_library and not data_loops
         if (
             trains_ddp
             and self.facts.has_training_step
@@ -384,6 +386,8 @@ class SamplerTransform(Transform):
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):
                 continue  # an epoch loop that steps a scheduler: its data comes from inside the calls
+            if isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop):
+                continue  # a backward() per part of the model, on a batch drawn around it
             if loop in fed or any(other in fed for other in walk(loop.body)) or self._inside(loop, fed):
                 continue
             unfed.append(loop)

@@ -63,7 +63,18 @@ output get no gradient, and DDP would stop at the next step; it looks for them i
 A model class of the file (or, in single-file mode, of the project modules it imports) that
 has a part whose parameters get no gradient (a submodule made in ``__init__`` that no method
 uses; a submodule's result that ``forward()`` computes and never reads, Background-Matting's
-``multi_feat = self.model_enc_multi(multi)``) gets the same (DDP127).
+``multi_feat = self.model_enc_multi(multi)``; a part ``forward()`` picks by an argument,
+Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127).
+
+DDP129  a DataParallel subclass of the file or of the project (analysis/dp_subclasses.py)
+that only answers for the model's attributes, or only changes how one process splits each
+batch over its GPUs (CPM's ``BalancedDataParallel``: a smaller share on GPU 0; CenterNet's
+``chunk_sizes``): under DDP each process holds its own share and nothing is gathered, so the
+wrap becomes DDP wherever the class takes the model; the class is left unused::
+
+    model = BalancedDataParallel(args.gpu0_bsz, model, dim=0)   ->   model = ddp_wrap(model)
+
+A subclass with its own ``gather`` or a ``forward`` that computes is refused (DDP004/DDP122).
 
 DDP125  parameters are frozen or unfrozen after the wrap (``param.requires_grad = epoch >
 n`` in the training loop, a whole network frozen per epoch behind a flag, partial BatchNorm
@@ -120,7 +131,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, batch_length, calls_in, dotted, first_positional, names_in, walk, without_gradients
+from ddpify.analysis import DEVICE_COUNT, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, walk, without_gradients
 from ddpify.diagnostics import Severity
 from ddpify.analysis.trainable import trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
@@ -367,7 +378,7 @@ class WrapModelTransform(Transform):
     def _repeatable(self, target: str | None) -> bool:
         """The wrapped module is a plain name or attribute (it appears twice in the result)."""
         site = next((site for site in self.facts.wraps if site.target == target), None)
-        module = first_positional(site.call, "module") if site is not None else None
+        module = site.module_arg if site is not None else None
         return isinstance(module, (cst.Name, cst.Attribute))
 
     def _split_widened_guard(self, original: cst.If, updated: cst.If) -> list:
@@ -498,12 +509,13 @@ class WrapModelTransform(Transform):
             )
 
     def _cuda_move_ungated(self, site: WrapSite, updated: cst.Call) -> bool:
-        """The wrap's `.cuda()` ran under a guard that tested for CUDA, and that guard now
-        lets every rank through."""
+        """The wrap's `.cuda()` ran under a guard that tested for CUDA (a GPU count above one
+        among them), and that guard now lets every rank through."""
         if not (isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "cuda" and not updated.args):
             return False
         return any(
             guard.node in self.guard_rewrites and re.search(r"cuda|gpu|device", self.context.code(guard.node.test), re.IGNORECASE)
+            or any(node in self.device_count_calls for node in walk(guard.node.test))
             for guard in site.guards
         )
 
@@ -542,7 +554,7 @@ class WrapModelTransform(Transform):
 
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
-        module = first_positional(dp_call, "module")
+        module = argument_in_slot(dp_call, site.module_slot)
         if self._maybe_loaded_wrapper(site.module_arg):
             # `net = checkpoint["net"]` may be a pickled DataParallel / DDP: wrap what is inside.
             name = self.context.code(module)
@@ -569,13 +581,15 @@ class WrapModelTransform(Transform):
             # guard's CUDA test was false; this process's device is the CPU there
             placed = cst.Call(func=cst.Attribute(value=_atom(module), attr=cst.Name("to")), args=[cst.Arg(cst.parse_expression("ddp_device()"))])
             self.context.use_helper("ddp_device")
+        index, module_keyword = site.module_slot
         dropped = [arg.keyword.value if arg.keyword else f"argument {i + 1}" for i, arg in enumerate(dp_call.args)]
-        dropped = [name for name in dropped if name not in ("module", "argument 1")]
+        dropped = [name for name in dropped if name not in (module_keyword, f"argument {index + 1}")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
         self.context.report(
             site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
         )
         self.context.add_import(*DDP_IMPORT)
+        self._report_planned_subclass(site)
         subclass = site.call.func.value if isinstance(site.call.func, cst.Name) and site.call.func.value in self.facts.dp_subclasses else None
         if subclass:
             # The project's subclass now builds on DDP (its base is rewritten): keep using it.
@@ -633,6 +647,19 @@ class WrapModelTransform(Transform):
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)
+
+    def _report_planned_subclass(self, site: WrapSite) -> None:
+        name = dotted(site.call.func) or ""
+        plan = self.facts.dp_classes.get(name)
+        if plan is None:
+            return
+        what = (
+            "only answers for the wrapped model's attributes, as the DDP wrapper does"
+            if plan.forwarding
+            else "only changes how one process splits each batch over its GPUs (scatter): under DDP each process holds "
+            "its own share and nothing is gathered"
+        )
+        self.context.report(site.call, "DDP129", f"`{name}`, a DataParallel subclass, {what}: the wrap becomes DDP")
 
     def _reference(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> cst.CSTNode:
         if original_node not in self.facts.dp_references:
