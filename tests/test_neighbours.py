@@ -855,3 +855,37 @@ def test_a_project_subclass_that_gathers_its_own_way_is_refused(tmp_path):
         "BalancedDataParallel(2, model, dim=0)", "SummingDataParallel(model)")})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP122" in result.error
+
+
+BUILDERS = '''import torch.nn as nn
+
+
+def build_las(size):
+    return nn.DataParallel(nn.Linear(size, size))
+
+
+def build_model(config):
+    return build_las(config["size"])
+'''
+RESUME_WRAP_HERE = '''import torch
+import torch.nn as nn
+from builders import build_model
+
+if __name__ == "__main__":
+    if torch.cuda.is_available() and False:  # resume
+        model = nn.DataParallel(torch.load("last.pt"))
+    else:
+        model = build_model({"size": 2})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in torch.randn(3, 4, 2):
+        model(x).sum().backward()
+        optimizer.step()
+'''
+
+
+def test_a_script_calling_a_project_builder_that_wraps_two_calls_down_is_refused_naming_folder_mode(tmp_path):
+    # end2end-asr / kospeech: the fresh model comes wrapped from the project; only the resume
+    # branch wraps here, which alone would have been converted
+    project(tmp_path, {"builders.py": BUILDERS, "train.py": RESUME_WRAP_HERE})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `build_model`" in result.error and "ddpify convert DIR" in result.error

@@ -87,6 +87,10 @@ class Neighbours:
     # DataParallel subclasses of those modules whose wraps convert (attribute forwarding,
     # scattering only: analysis/dp_subclasses.py), as bound here -> where the model is passed
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)
+    # functions and classes of those modules that wrap a model in DataParallel (directly or
+    # through another function of their module: kospeech's build_model -> build_las), as bound
+    # here -> the methods that wrap (empty: calling it wraps)
+    wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
@@ -147,6 +151,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     writing: set[str] = set()  # trainer functions and classes that write files, as bound here
     banks: set[str] = set()
     dp_classes: dict[str, SubclassPlan] = {}
+    wrapping_calls: dict[str, tuple[str, ...]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -165,8 +170,11 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     dp_classes.update((f"{alias.asname or alias.name}.{name}", plan) for name, plan in _summary(sub).dp_classes.items())
                 if alias.name == "*":
                     dp_classes.update(summary.dp_classes)
+                    wrapping_calls.update(summary.wrapping_calls)
                 elif alias.name in summary.dp_classes:
                     dp_classes[alias.asname or alias.name] = summary.dp_classes[alias.name]
+                if alias.name in summary.wrapping_calls:
+                    wrapping_calls[alias.asname or alias.name] = summary.wrapping_calls[alias.name]
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -220,13 +228,14 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
                 banks.update(f"{bound}.{name}" for name in summary.memory_banks)
                 dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
+                wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
         tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
-        dp_classes,
+        dp_classes, wrapping_calls,
     )
 
 
@@ -360,6 +369,7 @@ class ModuleSummary:
     memory_banks: frozenset[str] = frozenset()  # classes that update a buffer of theirs in place
     names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)  # DataParallel subclasses that convert
+    wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see Neighbours
 
 
 @functools.lru_cache(maxsize=256)
@@ -417,8 +427,39 @@ def _summary(path: Path) -> ModuleSummary:
     banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
-        writing, banks, names, _dp_classes(tree, aliases),
+        writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree),
     )
+
+
+def _wrapping_definitions(tree: ast.Module) -> dict[str, tuple[str, ...]]:
+    """Top-level functions that wrap a model in DataParallel, directly or by calling another
+    that does (kospeech's build_model -> build_las -> `return nn.DataParallel(...)`), and
+    classes whose constructor (-> ()) or other methods (-> their names) do."""
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    wrapping = {name for name, function in functions.items() if _calls_data_parallel(function, set())}
+    grown = True
+    while grown:
+        more = {name for name, function in functions.items() if name not in wrapping and _calls_data_parallel(function, wrapping)}
+        wrapping |= more
+        grown = bool(more)
+    found: dict[str, tuple[str, ...]] = {name: () for name in wrapping}
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [m.name for m in cls.body if isinstance(m, ast.FunctionDef) and _calls_data_parallel(m, wrapping)]
+        if methods:
+            found[cls.name] = () if "__init__" in methods else tuple(methods)
+    return found
+
+
+def _calls_data_parallel(node: ast.AST, wrapping: set[str]) -> bool:
+    """A call of DataParallel (or a variant named so), or of one of ``wrapping``."""
+    for call in ast.walk(node):
+        if isinstance(call, ast.Call):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
+            if re.fullmatch(r"\w*DataParallel(WithCallback)?", name) and "Distributed" not in name or name in wrapping:
+                return True
+    return False
 
 
 def _dp_classes(tree: ast.Module, aliases: dict[str, str]) -> dict[str, SubclassPlan]:
@@ -680,6 +721,25 @@ def _callers(functions: dict[str, ast.FunctionDef], start: set[str]) -> set[str]
 def _write_mode(call: ast.Call) -> bool:
     mode = next((k.value for k in call.keywords if k.arg == "mode"), call.args[1] if len(call.args) > 1 else None)
     return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(flag in mode.value for flag in WRITE_MODES)
+
+
+def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileResult | None:
+    """Single-file mode: a script that calls a project function (or makes a project object)
+    that wraps a model in DataParallel (AST's traintest.train, end2end-asr's
+    init_transformer_model), whatever it wraps itself: the wrap out of sight would stay."""
+    for name, methods in neighbours.wrapping_calls.items():
+        if not re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source):
+            continue
+        if methods and not any(re.search(rf"\.{re.escape(method)}\s*\(", source) for method in methods):
+            continue  # a project class whose wrapping method this script never calls
+        what = f"`{name}`" + (f" (its {methods[0]}())" if methods else "")
+        message = (
+            f"{what}, which this script calls, wraps a model in DataParallel in a module of this project: converted "
+            "alone, the script would leave that wrap (no DDP where the model trains); convert the folder that "
+            "holds both (`ddpify convert DIR`), which converts that module with the script"
+        )
+        return _folder_refusal(path, source, message)
+    return None
 
 
 def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:

@@ -495,7 +495,12 @@ class WrapModelTransform(Transform):
                     test,
                     "DDP108",
                     f"the wrap also depends on `{self.context.code(test)}`, left as it is (not a GPU switch); "
-                    "if it switches multi-GPU training off, the run stops at the first step with a clear error",
+                    + (
+                        "if it switches multi-GPU training off, the run stops at the first step with a clear error"
+                        if self.context.options.self_check
+                        else "if it switches multi-GPU training off, each rank trains a model of its own "
+                        "(`ddpify verify` or `--self-check` stops such a run)"
+                    ),
                     Severity.WARNING,
                 )
                 continue
