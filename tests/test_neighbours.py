@@ -889,3 +889,58 @@ def test_a_script_calling_a_project_builder_that_wraps_two_calls_down_is_refused
     project(tmp_path, {"builders.py": BUILDERS, "train.py": RESUME_WRAP_HERE})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP214 `build_model`" in result.error and "ddpify convert DIR" in result.error
+
+
+GET_ARGS = '''import argparse
+import os
+import time
+
+
+def get_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--log_dir", default="logs")
+    args = parser.parse_args()
+    args.log_dir = os.path.join(args.log_dir, "run_%d" % time.time_ns())
+    os.makedirs(args.log_dir, exist_ok=False)
+    return args
+'''
+ARGS_TRAIN = '''import os
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from arguments import get_args
+
+
+def main():
+    args = get_args()
+    model = nn.DataParallel(nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = ((model(x) - y) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    torch.save(model.state_dict(), os.path.join(args.log_dir, "model.pt"))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_project_function_that_makes_a_run_folder_runs_once_and_every_rank_gets_its_values(tmp_path):
+    # SimSiam's get_args(): a timestamped log folder made with exist_ok=False, its name in args
+    from conftest import run_launched
+
+    project(tmp_path, {"arguments.py": GET_ARGS, "train.py": ARGS_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert "args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)" in result.output
+    assert "DDP617" in {d.code for d in result.diagnostics}
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(command, cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    folders = list((tmp_path / "logs").iterdir())
+    assert len(folders) == 1 and (folders[0] / "model.pt").exists()

@@ -50,6 +50,13 @@ other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 ``log, writer = utils.set_save_path(path)``, which clears and remakes the run folder) runs on
 rank 0 only too; the other ranks get one stand-in per returned value.
 
+DDP617  (single-file mode) a project function that writes files and returns plain values
+every rank goes on using (SimSiam's ``args = get_args()``, which makes a timestamped log
+folder; squad's ``get_save_dir()``, a fresh numbered run folder): rank 0 runs it once and
+every rank gets rank 0's values, so the folder is made once and every rank names the same::
+
+    args = get_args()  ->  args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)
+
 DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
 ranks build it after rank 0 is done (no two processes write the same files)::
 
@@ -473,6 +480,8 @@ class RankZeroTransform(Transform):
             code, message = "DDP606", f"{what}(...) made on rank 0 only (a stand-in that does nothing on the others)"
         elif isinstance(value, cst.Call) and self._project_writer_values(original_node):
             return self._writer_values_on_rank_zero(original_node, updated_node)
+        elif isinstance(value, cst.Call) and self._project_writer_values(original_node, plain=True):
+            return self._writer_values_shared(original_node, updated_node)
         else:
             return updated_node
         if self._under_rank_guard(original_node):
@@ -488,10 +497,11 @@ class RankZeroTransform(Transform):
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
-    def _project_writer_values(self, assign: cst.Assign) -> list[cst.BaseExpression] | None:
+    def _project_writer_values(self, assign: cst.Assign, plain: bool = False) -> list[cst.BaseExpression] | None:
         """``log, writer = utils.set_save_path(save_path)`` (liif): a project function that
         writes files (clears and makes the run folder, opens a log and a SummaryWriter) and
-        returns what the script logs with. The names it binds, when each is plain."""
+        returns what the script logs with. The names it binds, when each is plain. With
+        ``plain``: what it returns is only ever read, never called (``args.lr``, a folder)."""
         name = dotted(assign.value.func)
         neighbours = self.context.neighbours
         if name not in neighbours.writers or name in neighbours.writer_classes or len(assign.targets) != 1:
@@ -500,9 +510,39 @@ class RankZeroTransform(Transform):
         names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
         if not names or not all(isinstance(n, cst.Name) for n in names):
             return None
-        if not all(self._only_called(name, assign) for name in names):
+        if plain:
+            if any(self._ever_called(name, assign) for name in names):
+                return None  # an object some code calls (a logger): it may not travel between ranks
+        elif not all(self._only_called(name, assign) for name in names):
             return None  # a plain value every rank goes on using (multiview-pose's output folder)
         return names if not self._under_rank_guard(assign) else None
+
+    def _ever_called(self, name: cst.Name, binding: cst.Assign) -> bool:
+        """Is ``name`` (or a method of it, ``log.info(...)``) called anywhere?"""
+        bound = {id(n) for n in walk(binding)}
+        for node in walk(self.context.module):
+            if not isinstance(node, cst.Name) or node.value != name.value or id(node) in bound:
+                continue
+            parent = self.context.parent(node)
+            if isinstance(parent, cst.Call) and parent.func is node:
+                return True
+            if isinstance(parent, cst.Attribute) and isinstance(self.context.parent(parent), cst.Call) \
+                    and self.context.parent(parent).func is parent:
+                return True
+        return False
+
+    def _writer_values_shared(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+        what = dotted(original.value.func)
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(
+            original,
+            "DDP617",
+            f"{what}() writes files (a function of the project): rank 0 runs it once and every rank gets its values "
+            "(a folder made once, the same name on every rank)",
+        )
+        shared = cst.parse_expression(f"ddp_from_rank_zero(_ if {self._rank_zero} else None)")
+        inner = shared.args[0].value.with_changes(body=updated.value)
+        return updated.with_changes(value=shared.with_changes(args=[shared.args[0].with_changes(value=inner)]))
 
     def _only_called(self, name: cst.Name, binding: cst.Assign) -> bool:
         """Is every other use of ``name`` a call of it or of one of its methods (``log(...)``,
