@@ -1,11 +1,11 @@
 """Which DataParallel subclasses convert, and where their calls pass the model
-(ddpify/analysis/dp_subclasses.py)."""
+(ddpify/project/dp_subclasses.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ddpify.analysis.dp_subclasses import SubclassPlan, plan_from_code
+from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 
 FORWARDING = '''
 class DataParallel(torch.nn.DataParallel):

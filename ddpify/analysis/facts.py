@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 if TYPE_CHECKING:
-    from ddpify.analysis.dp_subclasses import SubclassPlan
+    from ddpify.project.dp_subclasses import SubclassPlan
     from ddpify.analysis.visitor import Analyzer
 
 Loop = cst.For | cst.While
@@ -115,7 +115,7 @@ class Facts:
     existing_ddp: bool = False  # torch.distributed code next to DataParallel
     star_imports: bool = False
     dp_subclasses: dict[str, cst.ClassDef] = field(default_factory=dict)  # that only forward attributes: rebased onto DDP
-    # DataParallel subclasses whose wraps become ddp_wrap (analysis/dp_subclasses.py), as
+    # DataParallel subclasses whose wraps become ddp_wrap (project/dp_subclasses.py), as
     # called here: the project's (read from disk), this file's that only scatter
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)
     # module-level code wraps, trains, or calls a function or class defined here (a script,

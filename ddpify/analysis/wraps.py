@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopeProvider
 
-from ddpify.analysis.dp_subclasses import SubclassPlan, plan_from_code
+from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
 from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, bound_names, calls_in, dotted, is_main_guard
 from ddpify.analysis.scopes import Room, star_imported_torch

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpify.analysis.dp_subclasses import SubclassPlan, subclass_plan
+from ddpify.project.dp_subclasses import SubclassPlan, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 
 # Calls (by their last name) that write files or folders, and those that do only when called
@@ -85,7 +85,7 @@ class Neighbours:
     # LinearAverage memory bank, SpCL's HybridMemory), as bound here
     memory_banks: frozenset[str] = frozenset()
     # DataParallel subclasses of those modules whose wraps convert (attribute forwarding,
-    # scattering only: analysis/dp_subclasses.py), as bound here -> where the model is passed
+    # scattering only: project/dp_subclasses.py), as bound here -> where the model is passed
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)
     # functions and classes of those modules that wrap a model in DataParallel (directly or
     # through another function of their module: kospeech's build_model -> build_las), as bound

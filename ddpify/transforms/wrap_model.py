@@ -66,7 +66,7 @@ uses; a submodule's result that ``forward()`` computes and never reads, Backgrou
 ``multi_feat = self.model_enc_multi(multi)``; a part ``forward()`` picks by an argument,
 Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127).
 
-DDP129  a DataParallel subclass of the file or of the project (analysis/dp_subclasses.py)
+DDP129  a DataParallel subclass of the file or of the project (project/dp_subclasses.py)
 that only answers for the model's attributes, or only changes how one process splits each
 batch over its GPUs (CPM's ``BalancedDataParallel``: a smaller share on GPU 0; CenterNet's
 ``chunk_sizes``): under DDP each process holds its own share and nothing is gathered, so the
