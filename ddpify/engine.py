@@ -166,7 +166,9 @@ class FileConversion:
             role = SCRIPT  # a project's entry script that wraps too: converted as a script
         if role == SCRIPT and not facts.wraps and not facts.dp_references and not facts.problems:
             refusal = variant_refusal(path, source, facts, self.metadata)
-            return refusal or (links is None and wrapped_elsewhere(path, source)) or FileResult(path, source, source)
+            # (ddim's main.py: `runner = Diffusion(args, config); runner.train()`, whose train() wraps)
+            out_of_sight = links is None and wrapped_elsewhere(path, source)
+            return refusal or out_of_sight or FileResult(path, source, source)
         if links is None and (facts.wraps or facts.dp_references):
             # (single-file mode: what the project modules it calls do with DataParallel)
             refusal = wrapped_by_a_call(path, source, self.neighbours) or (facts.wraps and named_elsewhere(path, source, self.neighbours))

@@ -944,3 +944,64 @@ def test_a_project_function_that_makes_a_run_folder_runs_once_and_every_rank_get
     assert run.returncode == 0, run.stderr[-3000:]
     folders = list((tmp_path / "logs").iterdir())
     assert len(folders) == 1 and (folders[0] / "model.pt").exists()
+
+
+PENALTY = '''import torch
+from torch.autograd import grad
+
+
+def r1_penalty(real, critic):
+    real = real.detach().requires_grad_(True)
+    grads = grad(critic(real).sum(), real, create_graph=True)[0]
+    penalty = torch.sum(grads * grads)
+    return penalty
+'''
+GAN_STEP = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import r1_penalty
+
+D = nn.DataParallel(nn.Linear(4, 1))
+optimizer = torch.optim.SGD(D.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)
+for epoch in range(2):
+    for (real,) in loader:
+        d_loss = nn.functional.softplus(-D(real)).mean()
+        penalty = r1_penalty(real, D)
+        d_loss = d_loss + penalty * 5.0
+        optimizer.zero_grad()
+        d_loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_penalty_a_project_function_sums_over_the_batch_is_scaled_by_the_world_size(tmp_path):
+    # StyleGAN_PyTorch's R1Penalty: `torch.sum(grads * grads)` over the batch, in loss/loss.py
+    project(tmp_path, {"losses.py": PENALTY, "train.py": GAN_STEP})
+    result = convert_file(tmp_path / "train.py")
+    assert "penalty = r1_penalty(real, D) * dist.get_world_size()" in result.output
+    assert "DDP116" in {d.code for d in result.diagnostics}
+
+
+RUNNER = '''import torch
+import torch.nn as nn
+
+
+class Runner:
+    def __init__(self, steps):
+        self.steps = steps
+
+    def train(self):
+        model = nn.DataParallel(nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(self.steps):
+            model(torch.randn(4, 2)).sum().backward()
+            optimizer.step()
+'''
+
+
+def test_a_script_that_runs_a_project_class_whose_method_wraps_is_refused_naming_folder_mode(tmp_path):
+    # ddim's main.py: `runner = Diffusion(args, config); runner.train()`, no DataParallel of its own
+    project(tmp_path, {"runner.py": RUNNER, "main.py": "from runner import Runner\n\nif __name__ == '__main__':\n    Runner(3).train()\n"})
+    result = convert_file(tmp_path / "main.py")
+    assert result.error and "DDP214 `Runner` (its train())" in result.error

@@ -359,8 +359,8 @@ def test_library_helper_text_uses_the_tolerant_calls():
 def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
     monkeypatch.setattr(template.dist, "get_world_size", lambda: world)
     monkeypatch.setattr(template.dist, "get_rank", lambda: rank)
-    template.ddp_shard.__dict__.pop("cache", None)
-    template.ddp_shard.__dict__.pop("passes", None)
+    for kept in ("cache", "passes", "splits"):  # each rank is a process of its own
+        template.ddp_shard.__dict__.pop(kept, None)
 
 
 def _passes(loader, monkeypatch, rank: int, passes: int = 2) -> list[list[list[int]]]:
@@ -476,16 +476,19 @@ class PassThroughLoader(torch.utils.data.DataLoader):
 
 class OwnConstructorLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset, batch_size):
-        super().__init__(dataset, batch_size)
+        super().__init__(dataset, batch_size, collate_fn=lambda samples: [torch.stack([s[0] for s in samples]) + 100])
 
 
 def test_a_subclass_that_passes_its_arguments_on_is_rebuilt_as_itself(monkeypatch):
     _as_rank(monkeypatch, 0)
     sharded = template.ddp_shard(PassThroughLoader(INDICES, batch_size=4))
     assert type(sharded) is PassThroughLoader and [b[0].tolist() for b in sharded][0] == [100, 102]
-    # a subclass whose constructor cannot be repeated: its batches are split as they come
-    split = template.ddp_shard(OwnConstructorLoader(INDICES, 4))
-    assert type(split) is template.DdpSplit and [b[0].tolist() for b in split][0] == [0, 1]
+    # a subclass whose constructor cannot be repeated (torch_geometric's DenseDataLoader): a
+    # copy of it samples this rank's share, with its own collate
+    original = OwnConstructorLoader(INDICES, 4)
+    copied = template.ddp_shard(original)
+    assert type(copied) is OwnConstructorLoader and [b[0].tolist() for b in copied][0] == [100, 102]
+    assert [b[0].tolist() for b in original][0] == [100, 101, 102, 103]  # the original is left as it was
 
 
 class EndlessBatches:
@@ -628,3 +631,22 @@ def test_a_python_2_style_iterator_is_drawn_alike_and_split(monkeypatch):
         drawn.append([template.ddp_shard(provider).next()[0].tolist() for _ in range(3)])
     for step in range(3):
         assert len(set(drawn[0][step] + drawn[1][step])) == 4 and len(drawn[0][step]) == 2
+
+
+def test_a_generator_made_anew_each_epoch_draws_a_new_order_each_epoch(monkeypatch):
+    # P4Transformer: `for batch in metric_logger.log_every(loader, ...)` makes a new generator
+    # each epoch over a shuffling loader; each epoch's order must differ, and agree across ranks
+    def log_every(loader):
+        yield from loader
+
+    orders = {}
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        torch.manual_seed(rank)
+        loader = torch.utils.data.DataLoader(INDICES, 4, shuffle=True)
+        orders[rank] = [[b[0].tolist() for b in template.ddp_shard(log_every(loader))] for _ in range(2)]
+    assert orders[0][0] != orders[0][1]
+    assert [len(b) for b in orders[0][0]] == [2] * (len(INDICES) // 4)
+    for epoch in range(2):  # the ranks split the same batches between them
+        for left, right in zip(orders[0][epoch], orders[1][epoch]):
+            assert not set(left) & set(right)

@@ -91,6 +91,10 @@ class Neighbours:
     # through another function of their module: kospeech's build_model -> build_las), as bound
     # here -> the methods that wrap (empty: calling it wraps)
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # functions of those modules that return a sum of everything (StyleGAN's R1Penalty:
+    # `torch.sum(grads * grads)` over the batch), as bound here: a training loss that adds
+    # one is scaled by the world size, as a sum written in the script is (DDP116)
+    summing: frozenset[str] = frozenset()
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
@@ -99,7 +103,7 @@ class Neighbours:
         those modules too."""
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
-            memory_banks=self.memory_banks, dp_classes=self.dp_classes,
+            memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing,
         )
 
 
@@ -132,6 +136,7 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     return found.wrapping_modules[0], folder
 
 
+@functools.lru_cache(maxsize=64)
 def read_neighbours(path: str, source: str) -> Neighbours:
     """The project modules `source` (the file at `path`) imports, summarised; nothing for a
     file that is not on disk."""
@@ -152,6 +157,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     banks: set[str] = set()
     dp_classes: dict[str, SubclassPlan] = {}
     wrapping_calls: dict[str, tuple[str, ...]] = {}
+    summing: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
@@ -175,6 +181,10 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     dp_classes[alias.asname or alias.name] = summary.dp_classes[alias.name]
                 if alias.name in summary.wrapping_calls:
                     wrapping_calls[alias.asname or alias.name] = summary.wrapping_calls[alias.name]
+                if alias.name == "*":
+                    summing.update(summary.summing)
+                elif alias.name in summary.summing:
+                    summing.add(alias.asname or alias.name)
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -229,13 +239,14 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                 banks.update(f"{bound}.{name}" for name in summary.memory_banks)
                 dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
                 wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
+                summing.update(f"{bound}.{name}" for name in summary.summing)
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
         tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
-        dp_classes, wrapping_calls,
+        dp_classes, wrapping_calls, frozenset(summing),
     )
 
 
@@ -370,6 +381,7 @@ class ModuleSummary:
     names_data_parallel: bool = False  # names the class without wrapping: isinstance tests
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)  # DataParallel subclasses that convert
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see Neighbours
+    summing: frozenset[str] = frozenset()  # functions that return a sum of everything
 
 
 @functools.lru_cache(maxsize=256)
@@ -428,7 +440,28 @@ def _summary(path: Path) -> ModuleSummary:
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
         writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree),
+        frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
     )
+
+
+def _returns_a_total_sum(function: ast.FunctionDef) -> bool:
+    """``return torch.sum(x)`` / ``return x.sum()`` (no dimension), or the name last bound to
+    one: a sum over everything, the batch among it."""
+    returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
+    if len(returns) != 1:
+        return False
+    value = returns[0].value
+    if isinstance(value, ast.Name):
+        bound = [node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)]
+        value = bound[-1] if bound else value
+    if not isinstance(value, ast.Call) or value.keywords:
+        return False
+    func = value.func
+    if isinstance(func, ast.Attribute) and func.attr == "sum":
+        total = not value.args if not (isinstance(func.value, ast.Name) and func.value.id == "torch") else len(value.args) == 1
+        return total
+    return False
 
 
 def _wrapping_definitions(tree: ast.Module) -> dict[str, tuple[str, ...]]:
@@ -761,6 +794,10 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
     """Single-file mode: a script that trains a model a module it imports wraps in
     DataParallel (MedicalNet's generate_model, DrQA's model.parallelize()) is refused: this
     file alone cannot be converted, the folder can."""
+    if Path(path).is_file() and re.search(r"\btrain", source):
+        by_call = wrapped_by_a_call(path, source, read_neighbours(path, source))
+        if by_call is not None:
+            return by_call
     found = wrapping_neighbour(path, source)
     if found is None:
         return None

@@ -178,17 +178,21 @@ def ddp_shard(loader, global_batch=True):
 
 def ddp_rebuilt(loader, global_batch):
     """The loader with its sampler (or each batch of its batch sampler) split across the ranks."""
+    import functools
     import inspect
 
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-    if not ddp_rebuildable(loader) or isinstance(loader.dataset, IterableDataset):
-        # not a DataLoader that can be rebuilt (a list of batches, a generator, a project's own
-        # loader class, a stream): every rank draws its batches alike, and takes its share of each
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        # not a DataLoader (a list of batches, a generator, a project's own loader class, a
+        # stream): every rank draws its batches alike, and takes its share of each
         return DdpSplit(loader)
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
-    batches, make, dataset = loader.batch_sampler, type(loader), loader.dataset
+    batches, dataset = loader.batch_sampler, loader.dataset
+    # a subclass whose constructor cannot be repeated (torch_geometric's DenseDataLoader): a copy
+    # of it that samples its share, its own collate and iteration kept
+    make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
     if type(batches) is BatchSampler:
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
         # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
@@ -209,7 +213,10 @@ class DdpSplit:
     split each batch. A list is drawn anew on each pass; an iterator goes on where it was."""
 
     def __init__(self, source):
-        self.source, self.same = source, DdpSameRandom(0)
+        # each one made draws from its own seed (P4Transformer makes one per epoch, of a new
+        # `log_every(loader)` generator: seeded alike, every epoch would replay the first)
+        made = ddp_shard.__dict__["splits"] = ddp_shard.__dict__.get("splits", -1) + 1
+        self.source, self.same = source, DdpSameRandom(made)
         self.ddp_sharded = True
         self.ongoing = None
         if hasattr(source, "__next__") or (hasattr(source, "next") and not hasattr(source, "__iter__")):
@@ -258,6 +265,22 @@ def ddp_scatter(item):
         parts = [ddp_scatter(value) for value in item]
         return type(item)(*parts) if hasattr(item, "_fields") else type(item)(parts)
     return item
+
+
+def ddp_resampled(loader, dataset, batch_size=None, sampler=None, batch_sampler=None, drop_last=False, **options):
+    """A copy of ``loader`` that draws its batches from ``sampler`` (in batches of
+    ``batch_size``) or ``batch_sampler``: what its constructor would have made of them."""
+    import copy
+
+    from torch.utils.data import BatchSampler
+
+    if batch_sampler is None and batch_size is not None:
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+    copied = copy.copy(loader)
+    fields = dict(batch_size=batch_size, drop_last=drop_last, batch_sampler=batch_sampler, _iterator=None)
+    fields["sampler"] = sampler if sampler is not None else loader.sampler
+    copied.__dict__.update(fields)  # (a DataLoader refuses to have these set once it is made)
+    return copied
 
 
 def ddp_rebuildable(loader):

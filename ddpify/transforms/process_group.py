@@ -60,6 +60,7 @@ TEMPLATE_NAMES = (
     "ddp_rebuilt",
     "DdpSplit",
     "ddp_scatter",
+    "ddp_resampled",
     "ddp_rebuildable",
     "DdpShard",
     "ddp_same_draw",

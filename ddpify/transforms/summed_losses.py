@@ -55,6 +55,8 @@ class SummedLossesTransform(Transform):
                     self._scaled[node] = self.context.code(node)
         for value in self._hand_summed():
             self._scaled[value] = self.context.code(value)
+        for call in self._project_sums():
+            self._scaled[call] = self.context.code(call)
 
     # -- what sums ---------------------------------------------------------------------------
 
@@ -107,6 +109,35 @@ class SummedLossesTransform(Transform):
                     value = assigned.get(dotted(func.value), func.value)
                     if self._summed_by_hand(value) and value not in found:
                         found.append(value)
+        return found
+
+    def _project_sums(self) -> list[cst.Call]:
+        """Calls of a project function that returns a sum over everything (StyleGAN's
+        ``R1Penalty(real_img, D)``), in what a training loop's backward() takes: directly, or
+        through the names the loop binds (``d_loss = d_loss + r1_penalty * gamma``)."""
+        summing = self.context.neighbours.summing
+        if not summing:
+            return []
+        found: list[cst.Call] = []
+        for loop in self.facts.training_loops:
+            origins: dict[str, list[cst.BaseExpression]] = {}
+            for node in walk(loop.body):
+                if isinstance(node, (cst.Assign, cst.AugAssign)):
+                    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+                    for target in targets:
+                        for name in walk(target):
+                            if isinstance(name, cst.Name):
+                                origins.setdefault(name.value, []).append(node.value)
+            pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+            seen: set[str] = set()
+            while pending:
+                expr = pending.pop()
+                found += [call for call in calls_in(expr) if dotted(call.func) in summing and call not in found]
+                if isinstance(expr, cst.Call) and dotted(expr.func) in summing and expr not in found:
+                    found.append(expr)
+                for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
+                    seen.add(name)
+                    pending += origins.get(name, [])
         return found
 
     def _from_the_model(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
