@@ -372,7 +372,7 @@ def _mentions_rank(test: ast.AST) -> bool:
 def could_have_findings(source: str) -> bool:
     if _names_data_parallel_variant(source):  # DDP100, DDP121, DDP122, DDP124 (not DDP or FSDP)
         return True
-    if has_word(source, "data_parallel"):  # DDP120 (not fully_sharded_data_parallel)
+    if has_word(source, "data_parallel") or has_word(source, "parallel_apply"):  # DDP120 (not fully_sharded_data_parallel)
         return True
     if "replication_callback" in source or SYNC_BN_LAYER in source:  # DDP123
         return True

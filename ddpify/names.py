@@ -8,6 +8,11 @@ DATA_PARALLEL = {
 DATA_PARALLEL_FUNCTION = {
     "torch.nn.parallel.data_parallel",
     "torch.nn.parallel.data_parallel.data_parallel",
+    # DataParallel written by hand from its parts (wavenet_vocoder's data_parallel_workaround)
+    "torch.nn.parallel.replicate",
+    "torch.nn.parallel.replicate.replicate",
+    "torch.nn.parallel.parallel_apply",
+    "torch.nn.parallel.parallel_apply.parallel_apply",
 }
 DDP = {
     "torch.nn.parallel.DistributedDataParallel",
@@ -50,7 +55,7 @@ def has_word(source: str, word: str) -> bool:
 def mentions_data_parallel(source: str) -> bool:
     """The convert pre-filter: torch's DataParallel, its functional ``data_parallel``, or a
     ``*DataParallel`` variant (reported, not converted; see engine.variant_refusal)."""
-    if has_word(source, "DataParallel") or has_word(source, "data_parallel"):
+    if has_word(source, "DataParallel") or has_word(source, "data_parallel") or has_word(source, "parallel_apply"):
         return True
     return names_data_parallel_variant(source)
 

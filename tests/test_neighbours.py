@@ -1005,3 +1005,30 @@ def test_a_script_that_runs_a_project_class_whose_method_wraps_is_refused_naming
     project(tmp_path, {"runner.py": RUNNER, "main.py": "from runner import Runner\n\nif __name__ == '__main__':\n    Runner(3).train()\n"})
     result = convert_file(tmp_path / "main.py")
     assert result.error and "DDP214 `Runner` (its train())" in result.error
+
+
+HAND_WRITTEN_DP = '''import torch
+import torch.nn as nn
+
+
+def data_parallel_workaround(model, input):
+    device_ids = list(range(torch.cuda.device_count()))
+    replicas = torch.nn.parallel.replicate(model, device_ids)
+    inputs = torch.nn.parallel.scatter(input, device_ids)
+    outputs = torch.nn.parallel.parallel_apply(replicas, inputs)
+    return torch.nn.parallel.gather(outputs, 0)
+
+
+model = nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in torch.randn(3, 4, 2):
+    data_parallel_workaround(model, x).sum().backward()
+    optimizer.step()
+'''
+
+
+def test_dataparallel_written_by_hand_from_its_parts_is_refused_not_passed_through(tmp_path):
+    # wavenet_vocoder's data_parallel_workaround: "nothing to convert" before
+    project(tmp_path, {"train.py": HAND_WRITTEN_DP})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "replicate()" in result.error and "DDP004" in result.error

@@ -115,7 +115,12 @@ class Analyzer(cst.CSTVisitor):
         elif (plan := self.wraps.planned_subclass(node)) is not None:
             self.wraps.record_wrap(node, (plan.index, plan.keyword))
         elif names & DATA_PARALLEL_FUNCTION:
-            self.scopes.problem(node, "DDP004", "functional data_parallel() has no DDP equivalent; convert it by hand")
+            shown = (dotted(node.func) or "data_parallel").rpartition(".")[2]
+            self.scopes.problem(
+                node, "DDP004",
+                f"DataParallel by function ({shown}()) has no DDP equivalent: wrap the model in DDP once where it is "
+                "built and call it directly; convert it by hand",
+            )
         elif names & DATA_LOADER:
             self.loaders.record(node)
         elif names & METRIC_SCHEDULERS and isinstance(assignment := self.scopes.parent(node), cst.Assign):

@@ -480,8 +480,8 @@ def _wrapping_definitions(tree: ast.Module) -> dict[str, tuple[str, ...]]:
         if not isinstance(cls, ast.ClassDef):
             continue
         methods = [m.name for m in cls.body if isinstance(m, ast.FunctionDef) and _calls_data_parallel(m, wrapping)]
-        if methods:
-            found[cls.name] = () if "__init__" in methods else tuple(methods)
+        if methods:  # (a model whose forward() runs data_parallel, WassersteinGAN's DCGAN_G: making it wraps)
+            found[cls.name] = () if "__init__" in methods or "forward" in methods else tuple(methods)
     return found
 
 
@@ -490,7 +490,7 @@ def _calls_data_parallel(node: ast.AST, wrapping: set[str]) -> bool:
     for call in ast.walk(node):
         if isinstance(call, ast.Call):
             name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
-            if re.fullmatch(r"\w*DataParallel(WithCallback)?", name) and "Distributed" not in name or name in wrapping:
+            if re.fullmatch(r"\w*DataParallel(WithCallback)?|data_parallel|parallel_apply", name) and "Distributed" not in name or name in wrapping:
                 return True
     return False
 
