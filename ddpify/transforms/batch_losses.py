@@ -151,6 +151,8 @@ class BatchLossesTransform(Transform):
         )
 
     def _check_unwrapped_trained(self) -> None:
+        if not self.facts.wraps:
+            return  # (DataParallel by function in a model's forward: refused for that)
         wrapped = {name for site in self.facts.wraps for name in (site.target, dotted(site.module_arg) if site.module_arg else None) if name}
         called = {dotted(call.func) for loop in self.facts.training_loops for call in calls_in(loop.body)}
         for node in self.facts.contexts:
@@ -175,7 +177,8 @@ class BatchLossesTransform(Transform):
             bound: dict[str, bool] = {}
             for node in walk(self.context.module):
                 if isinstance(node, cst.Assign):
-                    is_class = isinstance(node.value, cst.Call) and (dotted(node.value.func) or "_").rpartition(".")[2][:1].isupper()
+                    made = _without_moves(node.value)  # `losses.Proxy_Anchor(...).cuda()`
+                    is_class = isinstance(made, cst.Call) and (dotted(made.func) or "_").rpartition(".")[2][:1].isupper()
                     for target in node.targets:
                         name = dotted(target.target)
                         if name:
@@ -190,9 +193,21 @@ class BatchLossesTransform(Transform):
         )
 
     def _trained_modules(self, optimizer: cst.Call) -> list[str]:
-        """``head`` of ``head.parameters()`` in the optimizer's arguments."""
+        """``head`` of ``head.parameters()`` in the optimizer's arguments, or in what a name
+        passed there is made of (Proxy-Anchor's ``param_groups.append({'params':
+        criterion.parameters(), ...})``)."""
         found = []
-        for call in calls_in(optimizer):
+        names = {arg.value.value for arg in optimizer.args if isinstance(arg.value, cst.Name)}
+        sources: list[cst.CSTNode] = [optimizer]
+        for node in walk(self.context.module) if names else ():
+            if isinstance(node, cst.Assign) and any(dotted(t.target) in names for t in node.targets):
+                sources.append(node.value)
+            elif isinstance(node, cst.AugAssign) and dotted(node.target) in names:
+                sources.append(node.value)
+            elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and dotted(node.func.value) in names \
+                    and node.func.attr.value in ("append", "extend", "insert", "add_param_group"):
+                sources.append(node)
+        for call in (found_call for source in sources for found_call in calls_in(source)):
             func = call.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters") and dotted(func.value):
                 found.append(dotted(func.value))
@@ -291,3 +306,10 @@ def _transposed(node: cst.BaseExpression) -> bool:
 def _reads_self(node: cst.BaseExpression) -> bool:
     """Does the operand use an attribute of ``self`` (a weight, a centre table)?"""
     return any(isinstance(n, cst.Name) and n.value == "self" for n in walk(node))
+
+
+def _without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Head(...)`` of ``Head(...).cuda()`` / ``.to(device)``: the object made, not its move."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float", "double", "half"):
+        value = value.func.value
+    return value

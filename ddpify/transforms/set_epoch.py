@@ -83,10 +83,12 @@ class SetEpochTransform(Transform):
             node = parent
         return None
 
-    def _loaders(self, hook: EpochHook) -> list[cst.BaseExpression]:
+    def _loaders(self, hook: EpochHook) -> list[tuple[cst.BaseExpression, bool]]:
+        """The loaders to move to the next epoch at the top of the loop, and whether every
+        DataLoader each may be got a DistributedSampler."""
         sharded = self.context.sharded_loaders
         return [
-            expr for code, (expr, calls) in hook.loaders.items()
+            (expr, all(call in sharded for call in calls)) for code, (expr, calls) in hook.loaders.items()
             if any(call in sharded for call in calls) and (hook.loop, code) not in self._placed
         ]
 
@@ -97,10 +99,10 @@ class SetEpochTransform(Transform):
             return block
         epoch = _epoch_variable(owner)
         statements: Block = []
-        for loader in self._loaders(hook):
+        for loader, every_one in self._loaders(hook):
             sampler = self._sampler_of(loader)
             self.context.report(owner, "DDP501", f"{sampler}.set_epoch() at the top of the epoch loop")
-            statements.append((None, self._set_epoch(sampler, epoch or COUNTER)))
+            statements.append((None, self._set_epoch(sampler, epoch or COUNTER, every_one)))
         if epoch is None:
             statements.append((None, cst.parse_statement(f"{COUNTER} += 1")))
         return [*statements, *block]
@@ -113,14 +115,17 @@ class SetEpochTransform(Transform):
                     continue
                 sampler = self._sampler_of(loader)
                 self.context.report(original, "DDP501", f"{sampler}.set_epoch() right before the statement that uses it")
-                statement, updated = _above(self._set_epoch(sampler, epoch), updated)
+                every_one = all(call in self.context.sharded_loaders for call in calls)
+                statement, updated = _above(self._set_epoch(sampler, epoch, every_one), updated)
                 result.append((None, statement))
             result.append((original, updated))
         return result
 
-    def _set_epoch(self, sampler: str, epoch: str) -> cst.BaseStatement:
-        if self.context.facts.existing_ddp:
-            # the script's own DDP path: its DataParallel path samples with a RandomSampler
+    def _set_epoch(self, sampler: str, epoch: str, every_one: bool = True) -> cst.BaseStatement:
+        if self.context.facts.existing_ddp or not every_one:
+            # the script's own DDP path: its DataParallel path samples with a RandomSampler;
+            # a loader built in two branches, one sharded where it is built, the other where
+            # the loop draws from it (Proxy-Anchor's balanced batch_sampler under --IPC)
             return cst.parse_statement(f'if hasattr({sampler}, "set_epoch"):\n    {sampler}.set_epoch({epoch})\n')
         return cst.parse_statement(f"{sampler}.set_epoch({epoch})")
 
@@ -140,7 +145,7 @@ class SetEpochTransform(Transform):
         result: Block = []
         for original, updated in block:
             hook = self.facts.pass_hooks.get(original)
-            for loader in self._loaders(hook) if hook is not None else []:
+            for loader, _ in self._loaders(hook) if hook is not None else []:
                 code = self.context.code(loader)
                 self.context.report(original, "DDP503", f"each pass over {code} moves its sampler to the next epoch (no epoch loop in sight)")
                 self.context.use_helper("ddp_sampler")
