@@ -105,9 +105,16 @@ pytorch's ``grad_penalty.backward()``): through DDP it reaches the parameters on
 double backward of a forward whose gradients are not reduced there, and DDP stops at the next
 step ("Expected to have finished reduction").
 
-DDP112  (refuses) only a submodule is wrapped (``model.encoder = DP(model.encoder)``, or
-``self.features = DP(self.features)`` inside an ``nn.Module``, as torchvision's AlexNet/VGG
-recipe did): the rest of the model would train unsynchronised.
+DDP112  only a submodule is wrapped (``model.features = DP(model.features)``, the ImageNet
+example's AlexNet/VGG recipe, which spared the classifier's large layers DataParallel's
+copies): where the training calls the whole model (``model(images)``), the whole model is
+wrapped instead, as that example's own DDP path does::
+
+    model.features = torch.nn.DataParallel(model.features)   ->   model = ddp_wrap(model)
+
+(refuses) where the training calls the submodules themselves (``model.classifier(
+model.features(x))``, which would bypass DDP's forward), or inside an ``nn.Module``
+(``self.features = DP(self.features)``): the rest of the model would train unsynchronised.
 
 DDP113  a method of the user's model class called on the wrapped model
 (``model.reverse(...)``, ``model.generate(...)``): DDP does not forward it, so it is called
@@ -262,6 +269,7 @@ class WrapModelTransform(Transform):
         self.trainable_changes = trainable_set_changes(self.context.module, self.facts, self.context.position)
         self.freezing_models = self._freezing_models()
         self.model_fields = self._model_fields()
+        self.whole_model: dict[cst.Call, str] = {}  # submodule wraps made whole-model wraps -> the model
         for site in self.facts.wraps:
             self._check_submodule(site)
         for node in self.facts.contexts:
@@ -357,11 +365,41 @@ class WrapModelTransform(Transform):
         )
         if owner == "self" and not in_module_class:
             return  # a trainer object's model attribute: the whole model
+        if "." not in owner and owner != "self" and self._whole_model_trains(owner, target) and self._assigned_alone(site):
+            self.whole_model[site.call] = owner
+            return
         self.context.report_unsound(
             site.call,
             "DDP112",
             f"only a submodule is wrapped (`{target}`): the other trainable parts of `{owner}` would be trained "
             "outside DDP, never synchronised; wrap the whole model that the optimizer trains",
+        )
+
+    def _whole_model_trains(self, owner: str, target: str) -> bool:
+        """Does a training loop call ``owner(...)`` itself, and never the wrapped part alone?"""
+        calls = [dotted(call.func) for loop in self.facts.training_loops for call in calls_in(loop.body)]
+        return owner in calls and target not in calls
+
+    def _assigned_alone(self, site: WrapSite) -> bool:
+        """``model.features = DP(model.features)`` as a statement of its own."""
+        assign = self.context.parent(site.outer)
+        return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(self.context.parent(assign), cst.SimpleStatementLine)
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        site = next((site for site in self.facts.wraps if site.outer is original_node.value and site.call in self.whole_model), None)
+        if site is None:
+            return updated_node
+        owner = self.whole_model[site.call]
+        self.context.report(
+            site.call,
+            "DDP112",
+            f"only a submodule was wrapped (`{site.target}`), and the training calls the whole `{owner}`: the whole "
+            "model is wrapped in DDP (every part the optimizer trains synchronised)",
+        )
+        self.context.use_helper("ddp_wrap")
+        self.context.add_import(*DDP_IMPORT)
+        return updated_node.with_changes(
+            targets=[cst.AssignTarget(cst.Name(owner))], value=cst.parse_expression(f"ddp_wrap({owner})")
         )
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
