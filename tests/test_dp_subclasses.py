@@ -57,3 +57,17 @@ def test_a_model_after_the_subclass_s_own_arguments_is_found():
 ])
 def test_a_subclass_that_changes_what_the_model_returns_is_refused(code, reason):
     assert plan_from_code(code) == reason
+
+
+SYNC_BN_CALLBACKS = '''
+class DataParallelWithCallback(DataParallel):
+    def replicate(self, module, device_ids):
+        modules = super(DataParallelWithCallback, self).replicate(module, device_ids)
+        execute_replication_callbacks(modules)
+        return modules
+'''
+
+
+def test_a_replicate_that_synchronises_batchnorm_is_refused():
+    # Synchronized-BatchNorm-PyTorch: converted as plain DDP, BatchNorm would stop being synchronised
+    assert "synchronised BatchNorm" in plan_from_code(SYNC_BN_CALLBACKS)

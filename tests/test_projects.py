@@ -248,7 +248,8 @@ def test_a_step_function_of_another_module_makes_the_loop_around_its_call_a_trai
 REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects
     "import functools\nfrom torch.nn.parallel.data_parallel import DataParallel\n\n\n"
     "class DataParallelWithCallback(DataParallel):\n    def replicate(self, module, device_ids):\n"
-    "        modules = super(DataParallelWithCallback, self).replicate(module, device_ids)\n        return modules\n\n\n"
+    "        modules = super(DataParallelWithCallback, self).replicate(module, device_ids)\n"
+    "        execute_replication_callbacks(modules)\n        return modules\n\n\n"
     "def patch_replication_callback(data_parallel):\n    assert isinstance(data_parallel, DataParallel)\n"
 )
 

@@ -46,6 +46,9 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     """The plan for a class that subclasses DataParallel, or why it cannot convert."""
     methods = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
     for name, method in methods.items():
+        if name == "replicate" and not _only_calls(method, {"super", "replicate"}):
+            # (Synchronized-BatchNorm's DataParallelWithCallback: callbacks that sync BatchNorm)
+            return "does more than copy the model in replicate() (synchronised BatchNorm callbacks)"
         if name in FORWARDING or name in SCATTERING:
             continue
         if name == "forward" and _only_plumbing(method):
@@ -57,6 +60,17 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     if slot is None:
         return "passes no model on to DataParallel's constructor that can be told"
     return SubclassPlan(set(methods) <= FORWARDING, *slot)
+
+
+def _only_calls(method: ast.FunctionDef, names: set[str]) -> bool:
+    """Does ``method`` call nothing but ``names`` (by their last name)?"""
+    for node in ast.walk(method):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name not in names:
+                return False
+    return True
 
 
 def _only_plumbing(forward: ast.FunctionDef) -> bool:

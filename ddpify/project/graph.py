@@ -84,8 +84,9 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
             info.runs = True
         elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node)):
             info.dynamic_prefixes.add(prefix)
-    # A flat script (no `__main__` block) runs its loops at the top level.
-    info.runs = info.runs or _loops_at_top_level(tree.body)
+    # A flat script (no `__main__` block) runs its loops at the top level, or parses its
+    # arguments there and hands them to what it imports (hotpot's main.py: `train(config)`).
+    info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings))
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     segment = _segments(source)
     info.functions = {node.name for node in defined}
@@ -136,6 +137,24 @@ def _dynamic_import_prefix(call: ast.Call) -> str | None:
     if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
         return name.value[: name.value.rindex(".") + 1]
     return None
+
+
+def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:
+    """Arguments parsed at the top level, and a call there (or in a top-level ``if``) of a
+    name the module imports: a script without a ``__main__`` block."""
+    parses = any(
+        isinstance(node, (ast.Assign, ast.Expr)) and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr in ("parse_args", "parse_known_args")
+        for node in body
+    )
+    if not parses:
+        return False
+    statements = [node for top in body if isinstance(top, ast.If) for node in ast.walk(top)] + list(body)
+    return any(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+        and node.value.func.id in imported
+        for node in statements
+    )
 
 
 def _loops_at_top_level(body: list[ast.stmt]) -> bool:

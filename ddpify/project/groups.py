@@ -410,8 +410,8 @@ def _wraps_to_evaluate(project: Project, info: ModuleInfo) -> bool:
     """A module with no entry point that wraps a model in DataParallel (not only names the
     class), that no module of the project imports (a serving tool runs it), and that calls no
     backward(), nor a project function that does."""
-    if info.runs or not WRAP_CALL.search(info.source):
-        return False
+    if info.runs or not WRAP_CALL.search(info.source) or RETURNED_WRAP.search(info.source):
+        return False  # (a factory that returns the wrapped model builds it for a trainer elsewhere)
     last = re.escape(info.name.rpartition(".")[2])
     imported = re.compile(rf"^\s*(from|import)\s.*\b{last}\b", re.MULTILINE)
     if any(imported.search(source) for path, source in project.sources.items() if path != info.path):
@@ -421,6 +421,7 @@ def _wraps_to_evaluate(project: Project, info: ModuleInfo) -> bool:
 
 
 WRAP_CALL = re.compile(r"(?<!Distributed)DataParallel\w*\(")
+RETURNED_WRAP = re.compile(r"^\s*return\b.*(?<!Distributed)DataParallel\w*\(|^\s*return\s+(model|net|network)\b", re.MULTILINE)
 
 
 def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> FileResult:

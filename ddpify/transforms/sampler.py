@@ -68,7 +68,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
-from ddpify.diagnostics import Severity
+from ddpify.diagnostics import ENTRY, Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
 SAMPLER_IMPORT = ("torch.utils.data.distributed", "DistributedSampler", None)
@@ -138,6 +138,9 @@ class SamplerTransform(Transform):
         # (nor are loops over the model's parts, a backward() each: Wave-U-Net's compute_loss)
         data_loops = [loop for loop in self.facts.training_loops if not (isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop))]
         library_step_only = self.context.is_library and not data_loops
+        # (an entry script that hands only its settings to a project training function, hotpot's
+        # `train(config)`: the loop over data is in that function's module, checked there)
+        library_step_only |= self.context.role == ENTRY and not self.facts.training_loops
         if (
             trains_ddp
             and self.facts.has_training_step
