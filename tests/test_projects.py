@@ -170,6 +170,25 @@ TRAIN_WITH = (
 )
 
 
+def test_a_project_logger_s_file_is_the_null_device_on_the_other_ranks(tmp_path: Path) -> None:
+    # MMT's Logger: `self.file = open(fpath, 'w')`, and `os.fsync(self.file.fileno())` on flush
+    write_project(tmp_path, {
+        "utils/__init__.py": "",
+        "utils/logging.py": (
+            "import os\nimport sys\n\n\nclass Logger(object):\n    def __init__(self, fpath):\n"
+            "        self.console = sys.stdout\n        self.file = open(fpath, 'w')\n\n"
+            "    def write(self, msg):\n        self.console.write(msg)\n        self.file.write(msg)\n\n"
+            "    def flush(self):\n        self.file.flush()\n        os.fsync(self.file.fileno())\n"
+        ),
+        "train.py": TRAIN_WITH.format(
+            imports="import sys\nfrom utils.logging import Logger", setup="    sys.stdout = Logger('log.txt')\n", after=""
+        ),
+    })
+    logging = convert_tree(tmp_path)["utils/logging.py"]
+    assert "self.file = open(fpath, 'w') if ddp_rank() == 0 else open(os.devnull, 'w')" in logging.output
+    assert "DDP609" in {d.code for d in logging.diagnostics}
+
+
 def test_a_summary_writer_made_in_a_helper_module_is_made_on_rank_zero_only(tmp_path: Path) -> None:
     # pytorch-deeplab-xception's utils/summaries.py: the writer is built by a project helper.
     write_project(tmp_path, {

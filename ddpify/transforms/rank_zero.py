@@ -82,10 +82,11 @@ save may be in another module: Informer's EarlyStopping, hedwig's trainer)::
     model.load_state_dict(torch.load("best.pt", map_location=ddp_device()))
 
 DDP609  a file handle kept for writing (``self.file = open(path, "w")``, a logger's) is
-opened on rank 0 only; the other ranks get ``DdpNoOp()``, whose ``write``/``close`` do
-nothing (otherwise every rank truncates and writes the same file)::
+opened on rank 0 only; the other ranks write to the null device, a real file whatever is
+asked of it (``fileno()``, MMT's Logger; ``flush``, ``name``), so it escapes no guard
+(otherwise every rank truncates and writes the same file)::
 
-    self.file = open(fpath, "w")  ->  self.file = open(fpath, "w") if dist.get_rank() == 0 else DdpNoOp()
+    self.file = open(fpath, "w")  ->  self.file = open(fpath, "w") if dist.get_rank() == 0 else open(os.devnull, "w")
 
 Elsewhere (``open(path, "w").write(...)`` in an expression) it is a warning: left alone.
 
@@ -486,6 +487,8 @@ class RankZeroTransform(Transform):
             return updated_node
         if self._under_rank_guard(original_node):
             return updated_node
+        if code == "DDP609":
+            return self._file_on_rank_zero(original_node, updated_node, message)
         target = bound_target(original_node)
         if target is not None and self._escapes(target, original_node, code, what):
             return updated_node
@@ -496,6 +499,19 @@ class RankZeroTransform(Transform):
             self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _file_on_rank_zero(self, original: cst.Assign, updated: cst.Assign, message: str) -> cst.Assign:
+        """The other ranks open the null device with the same mode: a file like the other."""
+        call = original.value
+        positional = [arg for arg in call.args if arg.keyword is None]
+        index = 1 if self.context.qualified(call.func) & OPEN else 0
+        mode = keyword_arg(call, "mode") or (positional[index] if len(positional) > index else None)
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.add_import("os", None, None)
+        self.context.report(original, "DDP609", message.replace("(a stand-in file that writes nothing on the others)", "(the null device on the others)"))
+        stand_in = f"open(os.devnull, {self.context.code(mode.value)})"
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated.value)
+        return updated.with_changes(value=on_rank_zero)
 
     def _project_writer_values(self, assign: cst.Assign, plain: bool = False) -> list[cst.BaseExpression] | None:
         """``log, writer = utils.set_save_path(save_path)`` (liif): a project function that
