@@ -16,7 +16,8 @@ needs a collective that every rank reaches, so the metric is left as it is; chec
 that it is the same on every rank.
 
 DDP804  a counter of samples seen, built from the batch inside a training loop and used in
-a condition (``used_sample += real_image.shape[0]``, then ``if used_sample > phase:``),
+a condition (``used_sample += real_image.shape[0]``, then ``if used_sample > phase:``; squad's
+countdown ``steps_till_eval -= batch_size`` of ``batch_size = cw_idxs.size(0)``),
 counted the global batch under DataParallel; each rank now sees its share, so it counts the
 world's samples::
 
@@ -145,7 +146,8 @@ class DecisionsTransform(Transform):
 
     def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
         counter = dotted(original_node.target)
-        if not (isinstance(original_node.operator, cst.AddAssign) and counter and batch_length(original_node.value)):
+        counting = isinstance(original_node.operator, (cst.AddAssign, cst.SubtractAssign))
+        if not (counting and counter and self._a_batch_length(original_node.value, original_node)):
             return updated_node
         if not self._in_training_loop(original_node) or not self._decides(counter):
             return updated_node
@@ -157,6 +159,20 @@ class DecisionsTransform(Transform):
         )
         value = self.context.code(updated_node.value)
         return updated_node.with_changes(value=cst.parse_expression(f"{value} * {self.context.world_size}"))
+
+    def _a_batch_length(self, value: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """``x.shape[0]``, or a name the training loop binds to one (squad's ``batch_size =
+        cw_idxs.size(0)``, then ``steps_till_eval -= batch_size``)."""
+        if batch_length(value):
+            return True
+        if not isinstance(value, cst.Name):
+            return False
+        loop = next((loop for loop in self.facts.training_loops if any(node is at for node in walk(loop.body))), None)
+        bound = [
+            node.value for node in walk(loop.body) if isinstance(node, cst.Assign)
+            for target in node.targets if isinstance(target.target, cst.Name) and target.target.value == value.value
+        ] if loop is not None else []
+        return bool(bound) and all(batch_length(found) for found in bound)
 
     def _in_training_loop(self, node: cst.CSTNode) -> bool:
         parent = self.context.parent(node)
