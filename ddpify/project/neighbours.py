@@ -559,13 +559,29 @@ def idle_parts(tree: ast.Module) -> dict[str, str]:
         dropped = _dropped_results(methods["forward"])
         switched = _used_only_under_a_switch(made, methods)
         selected = _selected_by_an_argument(methods["forward"])
-        if unused or dropped or switched or selected:
+        frozen = _run_without_gradients(methods["forward"])
+        if unused or dropped or switched or selected or frozen:
             found[cls.name] = (
                 f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read" if dropped
                 else f"self.{switched[0]} is used only under `{switched[1]}` (a configuration switch)" if switched
-                else f"forward() runs only the part `{selected}` picks"
+                else f"forward() runs only the part `{selected}` picks" if selected
+                else f"forward() runs self.{frozen} under no_grad"
             )
     return found
+
+
+def _run_without_gradients(forward: ast.FunctionDef) -> str | None:
+    """``with torch.no_grad(): x = self.resnet(x)`` in forward() (video-classification's
+    ResCNNEncoder): a part called only where no gradient is recorded; its parameters get none."""
+    inside, outside = set(), set()
+    quiet = [w for w in ast.walk(forward) if isinstance(w, ast.With) and any("no_grad" in ast.unparse(i.context_expr) for i in w.items)]
+    quiet_nodes = {id(node) for w in quiet for node in ast.walk(w)}
+    for node in ast.walk(forward):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == "self":
+            (inside if id(node) in quiet_nodes else outside).add(node.func.attr)
+    only = sorted(inside - outside)
+    return only[0] if only else None
 
 
 def _selected_by_an_argument(forward: ast.FunctionDef) -> str | None:
