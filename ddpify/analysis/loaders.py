@@ -11,7 +11,7 @@ or, in project mode, to a stand-in for a loader built elsewhere.
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import PositionProvider, ScopeProvider
 
 from ddpify.analysis.facts import Context, ForeignLoader, Function, LoaderSite
 from ddpify.analysis.scopes import Room
@@ -75,7 +75,7 @@ class Loaders(Room):
         if not isinstance(expr, cst.Name):
             return expr
         scope = self.scopes.get_metadata(ScopeProvider, expr, None)
-        assignments = list(scope[expr.value]) if scope is not None else []
+        assignments = self._reaching(expr, list(scope[expr.value]) if scope is not None else [])
         wrapped_codes: dict[str, cst.BaseExpression] = {}
         for assignment in assignments:  # flownet2 makes it in two branches: tqdm(loader, desc=...)
             if getattr(assignment, "node", None) is None:
@@ -88,6 +88,37 @@ class Loaders(Room):
                 return expr
             wrapped_codes.setdefault(cst.Module([]).code_for_node(wrapped[0]), wrapped[0])
         return next(iter(wrapped_codes.values())) if len(wrapped_codes) == 1 else expr
+
+    def _reaching(self, use: cst.Name, assignments: list) -> list:
+        """The bindings of a progress bar that reach ``use``: of several bars bound to one name
+        in a function (ST-PlusPlus's ``tbar = tqdm(trainloader)``, later ``tbar =
+        tqdm(valloader)``), those made last before it, in the branches of one statement."""
+        at = self.scopes.get_metadata(PositionProvider, use, None)
+        nodes = [a for a in assignments if getattr(a, "node", None) is not None]
+        if at is None or len(nodes) < 2 or len(nodes) != len(assignments):
+            return assignments
+        made = [(self.scopes.get_metadata(PositionProvider, a.node, None), a) for a in nodes]
+        before = [(position, a) for position, a in made if position is not None and position.start.line < at.start.line]
+        if not before:
+            return assignments
+        last = max(position.start.line for position, _ in before)
+        statement = self._statement_of(next(a for position, a in before if position.start.line == last).node)
+        # the bindings in the branches of the statement that made the last one (`if`/`else`)
+        return [a for _, a in before if self._statement_of(a.node) is statement or a.node is statement]
+
+    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement holding ``node``: its line, or the ``if`` whose branches hold it."""
+        statement = node
+        while not isinstance(statement, cst.BaseStatement):
+            statement = self.scopes.parent(statement)
+        while True:
+            block = self.scopes.parent(statement)
+            owner = self.scopes.parent(block) if isinstance(block, cst.IndentedBlock) else None
+            if not isinstance(owner, (cst.If, cst.Else)):
+                return statement
+            statement = owner if isinstance(owner, cst.If) else self.scopes.parent(owner)
+            while isinstance(self.scopes.parent(statement), cst.If) and self.scopes.parent(statement).orelse is statement:
+                statement = self.scopes.parent(statement)  # an `elif`: the `if` it belongs to
 
     def iterator_sources(self, source: cst.BaseExpression) -> list[cst.BaseExpression]:
         """`iter(loader)` -> loader; `it` -> the loaders of every `it = iter(loader)`."""
