@@ -1032,3 +1032,44 @@ def test_dataparallel_written_by_hand_from_its_parts_is_refused_not_passed_throu
     project(tmp_path, {"train.py": HAND_WRITTEN_DP})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "replicate()" in result.error and "DDP004" in result.error
+
+
+HARD_MINING = '''import torch
+import torch.nn as nn
+
+
+class TripletLoss(nn.Module):
+    def forward(self, inputs, targets):
+        n = inputs.size(0)
+        dist = torch.pow(inputs, 2).sum(dim=1, keepdim=True).expand(n, n)
+        dist = dist + dist.t()
+        dist.addmm_(1, -2, inputs, inputs.t())
+        return dist.clamp(min=1e-12).sqrt().mean()
+
+
+def deep_supervision(criterion, outputs, targets):
+    return criterion(outputs, targets)
+'''
+HARD_MINING_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import TripletLoss, deep_supervision
+
+model = nn.DataParallel(nn.Linear(4, 2))
+criterion = TripletLoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 4, (16,))), batch_size=8)
+for epoch in range(2):
+    for x, y in loader:
+        loss = deep_supervision(criterion, model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_a_hard_mining_loss_handed_to_a_helper_is_refused(tmp_path):
+    # AlignedReID: `dist.addmm_(1, -2, inputs, inputs.t())`, called through DeepSupervision(criterion, ...)
+    project(tmp_path, {"losses.py": HARD_MINING, "train.py": HARD_MINING_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP117 `TripletLoss`" in result.error

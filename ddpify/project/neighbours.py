@@ -257,6 +257,8 @@ PAIRWISE = re.compile(
     r"|(\w+)\.mm\(\s*\2\.t\(\)\s*\)|matmul\(\s*(\w+)\s*,\s*\3\.T\s*\)|(\w+)\s*@\s*\4\.T\b"
     r"|(\w+)\s*==\s*\5\.T\b|(\w+)\s*==\s*\6\.t\(\)|(\w+)\.eq\(\s*\7\.t\(\)\s*\)|eq\(\s*(\w+)\s*,\s*\8\.T\s*\)"
     r"|expand\((\w+),\s*\9\)\.eq\("
+    r"|addmm_?\(\s*[^,()]+,\s*[^,()]+,\s*(\w+)\s*,\s*\10\.t\(\)\s*\)|addmm_?\(\s*(\w+)\s*,\s*\11\.t\(\)"
+    r"|(\w+)\s*\+\s*\12\.t\(\)"  # `dist = dist + dist.t()`: the squared norms of every pair
 )
 # Files that mark a project's root: a package there is importable once installed (`pip install -e .`).
 ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")

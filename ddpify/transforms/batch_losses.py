@@ -139,7 +139,10 @@ class BatchLossesTransform(Transform):
             for call in calls_in(loop.body):
                 name = dotted(call.func)
                 made = name if name in names else instances.get(name)
-                if made is not None and not self._evaluates(call, name):
+                # (or handed to a helper that calls it: AlignedReID's DeepSupervision(criterion, ...))
+                handed = [instances[arg] for arg in (dotted(a.value) for a in call.args) if arg in instances]
+                made = made or (handed[0] if handed else None)
+                if made is not None and not self._evaluates(call, name or ""):
                     return call, made
         return None
 
