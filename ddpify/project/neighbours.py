@@ -779,6 +779,8 @@ def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileRes
     that wraps a model in DataParallel (AST's traintest.train, end2end-asr's
     init_transformer_model), whatever it wraps itself: the wrap out of sight would stay."""
     for name, methods in neighbours.wrapping_calls.items():
+        if name in neighbours.dp_classes:
+            continue  # a DataParallel subclass that converts where the script calls it (DDP129)
         if not re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source):
             continue
         if methods and not any(re.search(rf"\.{re.escape(method)}\s*\(", source) for method in methods):
