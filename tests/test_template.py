@@ -650,3 +650,16 @@ def test_a_generator_made_anew_each_epoch_draws_a_new_order_each_epoch(monkeypat
     for epoch in range(2):  # the ranks split the same batches between them
         for left, right in zip(orders[0][epoch], orders[1][epoch]):
             assert not set(left) & set(right)
+
+
+class MinusOneLength(EndlessBatches):
+    """piano_transcription's batch sampler: endless, `__len__` returns -1 (len() raises ValueError)."""
+
+    def __len__(self):
+        return -1
+
+
+def test_an_endless_batch_sampler_with_a_negative_length_is_drawn_batch_by_batch(monkeypatch):
+    _as_rank(monkeypatch, 0)
+    drawn = iter(template.ddp_shard(torch.utils.data.DataLoader(INDICES, batch_sampler=MinusOneLength())))
+    assert [len(next(drawn)[0]) for _ in range(3)] == [2, 2, 2]

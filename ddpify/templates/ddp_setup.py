@@ -336,7 +336,7 @@ def ddp_same_draw(sampler, epoch):
         # (an endless sampler may claim a length it never ends at: StyTR-2's
         # InfiniteSamplerWrapper says 2**31; a whole pass of it would never be drawn)
         endless = len(sampler) >= 2**30
-    except (TypeError, NotImplementedError):
+    except (TypeError, NotImplementedError, ValueError):  # (piano_transcription's says -1)
         endless = True
     if endless:
         return ddp_draw_by_draw(sampler, same)
