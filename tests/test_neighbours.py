@@ -1073,3 +1073,14 @@ def test_a_hard_mining_loss_handed_to_a_helper_is_refused(tmp_path):
     project(tmp_path, {"losses.py": HARD_MINING, "train.py": HARD_MINING_TRAIN})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP117 `TripletLoss`" in result.error
+
+
+def test_writers_of_a_module_imported_from_a_folder_without_init_run_on_rank_zero(tmp_path):
+    # CLUE's `from tools import utils` (no tools/__init__.py), then `utils.torch_save_model(model, ...)`
+    saver = "import os\nimport torch\n\n\ndef torch_save_model(model, folder):\n    os.makedirs(folder, exist_ok=True)\n" \
+        "    torch.save(model.state_dict(), os.path.join(folder, 'best.pth'))\n"
+    train = TRAIN.replace("from util import IOStream, save_args, evaluate_into", "from util import IOStream, save_args, evaluate_into\nfrom tools import utils")
+    train += "utils.torch_save_model(model, 'checkpoints')\n"
+    project(tmp_path, {"util.py": UTIL, "tools/utils.py": saver, "train.py": train})
+    output = convert_file(tmp_path / "train.py").output
+    assert "if dist.get_rank() == 0:\n    utils.torch_save_model(model, 'checkpoints')" in output

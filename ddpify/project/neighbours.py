@@ -158,10 +158,32 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     dp_classes: dict[str, SubclassPlan] = {}
     wrapping_calls: dict[str, tuple[str, ...]] = {}
     summing: set[str] = set()
+
+    def as_module(bound: str, summary: ModuleSummary) -> None:
+        """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
+        writers.update(f"{bound}.{name}" for name in summary.writers)
+        classes.update(f"{bound}.{name}" for name in summary.writer_classes)
+        freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
+        pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
+        trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
+        idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
+        trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
+        writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
+        banks.update(f"{bound}.{name}" for name in summary.memory_banks)
+        dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
+        wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
+        summing.update(f"{bound}.{name}" for name in summary.summing)
+
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, script.parent)
             if module is None:
+                # a folder without __init__.py (CLUE's `from tools import utils`): its modules
+                for alias in node.names:
+                    dotted = f"{node.module}.{alias.name}" if node.module else alias.name
+                    sub = _module_file(folders, dotted, node.level, script.parent) if alias.name != "*" else None
+                    if sub is not None:
+                        as_module(alias.asname or alias.name, _summary(sub))
                 continue
             summary = _summary(module)
             # `from drqa import reader`: names that are submodules of a package are modules too
@@ -172,8 +194,8 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             elif summary.names_data_parallel:
                 naming.append(node.module or ".")
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
-                if sub is not None:  # `from model import utils`: `utils.DataParallel(...)`
-                    dp_classes.update((f"{alias.asname or alias.name}.{name}", plan) for name, plan in _summary(sub).dp_classes.items())
+                if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
+                    as_module(alias.asname or alias.name, _summary(sub))
                 if alias.name == "*":
                     dp_classes.update(summary.dp_classes)
                     wrapping_calls.update(summary.wrapping_calls)
@@ -227,19 +249,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     files.append(module)
                 elif summary.names_data_parallel:
                     naming.append(alias.name)
-                bound = alias.asname or alias.name
-                writers.update(f"{bound}.{name}" for name in summary.writers)
-                classes.update(f"{bound}.{name}" for name in summary.writer_classes)
-                freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
-                pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
-                trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
-                idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
-                trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
-                writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
-                banks.update(f"{bound}.{name}" for name in summary.memory_banks)
-                dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
-                wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
-                summing.update(f"{bound}.{name}" for name in summary.summing)
+                as_module(alias.asname or alias.name, summary)
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
