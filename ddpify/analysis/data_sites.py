@@ -127,14 +127,34 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     body (not in a loop inside it), or a step function of the file given its batch
     (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
+    derived = _derived_from(targets, loop.body)
     for call in _own_calls(loop.body):
         if is_training_call(call):
             return True
         if dotted(call.func) in facts.training_calls:
             arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
-            if not targets or arguments & targets:
+            if not targets or arguments & derived:
                 return True
     return False
+
+
+def _derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
+    """``names`` and the names the body binds from them, through other such names
+    (DiffGAN-TTS: ``G_loss`` of ``Loss(model, batch, output)``, then ``model_update(model,
+    step, G_loss, opt)``: a step on the batch)."""
+    derived = set(names)
+    assignments = [node for node in walk(body) if isinstance(node, (cst.Assign, cst.AugAssign))]
+    grown = True
+    while grown:
+        grown = False
+        for node in assignments:
+            used = {n.value for n in walk(node.value) if isinstance(n, cst.Name)}
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            bound = {n.value for target in targets for n in walk(target) if isinstance(n, cst.Name)}
+            if used & derived and not bound <= derived:
+                derived |= bound
+                grown = True
+    return derived
 
 
 def _own_calls(node: cst.CSTNode) -> list[cst.Call]:
