@@ -1084,3 +1084,17 @@ def test_writers_of_a_module_imported_from_a_folder_without_init_run_on_rank_zer
     project(tmp_path, {"util.py": UTIL, "tools/utils.py": saver, "train.py": train})
     output = convert_file(tmp_path / "train.py").output
     assert "if dist.get_rank() == 0:\n    utils.torch_save_model(model, 'checkpoints')" in output
+
+
+def test_a_project_class_whose_base_constructor_wraps_refuses_the_script_naming_folder_mode(tmp_path):
+    # FewRel: `class Proto(fewshot_re_kit.framework.FewShotREModel)`, whose __init__ wraps the encoder
+    framework = "import torch.nn as nn\n\n\nclass FewShotModel(nn.Module):\n    def __init__(self, encoder):\n" \
+        "        super().__init__()\n        self.encoder = nn.DataParallel(encoder)\n"
+    proto = "import kit.framework\n\n\nclass Proto(kit.framework.FewShotModel):\n    def forward(self, x):\n" \
+        "        return self.encoder(x)\n"
+    train = "import torch\nfrom models.proto import Proto\nfrom kit.framework import train_model\n\n" \
+        "train_model(Proto(torch.nn.Linear(2, 2)))\n"
+    framework += "\n\ndef train_model(model):\n    model(torch.randn(4, 2)).sum().backward()\n"
+    project(tmp_path, {"kit/__init__.py": "", "kit/framework.py": framework, "models/__init__.py": "", "models/proto.py": proto, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `Proto`" in result.error

@@ -451,7 +451,7 @@ def _summary(path: Path) -> ModuleSummary:
     banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
-        writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree),
+        writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree, path),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
     )
 
@@ -476,10 +476,11 @@ def _returns_a_total_sum(function: ast.FunctionDef) -> bool:
     return False
 
 
-def _wrapping_definitions(tree: ast.Module) -> dict[str, tuple[str, ...]]:
+def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[str, tuple[str, ...]]:
     """Top-level functions that wrap a model in DataParallel, directly or by calling another
     that does (kospeech's build_model -> build_las -> `return nn.DataParallel(...)`), and
-    classes whose constructor (-> ()) or other methods (-> their names) do."""
+    classes whose constructor (-> ()) or other methods (-> their names) do, or whose base's
+    constructor does (FewRel's Proto of framework.FewShotREModel)."""
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     wrapping = {name for name, function in functions.items() if _calls_data_parallel(function, set())}
     grown = True
@@ -494,7 +495,38 @@ def _wrapping_definitions(tree: ast.Module) -> dict[str, tuple[str, ...]]:
         methods = [m.name for m in cls.body if isinstance(m, ast.FunctionDef) and _calls_data_parallel(m, wrapping)]
         if methods:  # (a model whose forward() runs data_parallel, WassersteinGAN's DCGAN_G: making it wraps)
             found[cls.name] = () if "__init__" in methods or "forward" in methods else tuple(methods)
+        elif any(found.get(ast.unparse(base)) == () or _base_wraps(base, tree, path) for base in cls.bases):
+            found[cls.name] = ()
     return found
+
+
+_BASES_READ: set[Path] = set()  # modules whose bases are being read (an import cycle ends there)
+
+
+def _base_wraps(base: ast.expr, tree: ast.Module, path: Path | None) -> bool:
+    """A base class of another project module whose constructor wraps in DataParallel:
+    ``fewshot_re_kit.framework.FewShotREModel`` (``import fewshot_re_kit``), or a name the
+    module imports (``from framework import FewShotREModel``)."""
+    if path is None or path in _BASES_READ:
+        return False
+    dotted = ast.unparse(base)
+    module, _, name = dotted.rpartition(".")
+    if not module:
+        module = next((
+            node.module or "" for node in tree.body
+            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == dotted for a in node.names)
+        ), "")
+        if not module:
+            return False
+    roots = [path.parent, *list(path.parents)[1:3]]
+    found = _module_file(roots, module, 0, path.parent)
+    if found is None or found == path:
+        return False
+    _BASES_READ.add(path)
+    try:
+        return _summary(found).wrapping_calls.get(name) == ()
+    finally:
+        _BASES_READ.discard(path)
 
 
 def _calls_data_parallel(node: ast.AST, wrapping: set[str]) -> bool:
