@@ -139,7 +139,7 @@ def test_quiet_says_one_line_per_file_and_why_a_file_was_refused(tmp_path):
     assert result.exit_code == 3
     lines = result.output.splitlines()
     assert lines[0] == f"{good}: converted" and lines[1] == f"{bad}: not converted (file left untouched)"
-    assert all("DDP004" in line for line in lines[2:]) and lines[2:], result.output
+    assert all(line.endswith("[error]") for line in lines[2:]) and "DDP004" in lines[2], result.output
     assert "launch" not in result.output
     assert runner.invoke(app, ["convert", "-q", "-v", str(good)]).exit_code == 2
 
