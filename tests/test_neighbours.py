@@ -940,7 +940,11 @@ def test_a_project_function_that_makes_a_run_folder_runs_once_and_every_rank_get
     assert "DDP617" in {d.code for d in result.diagnostics}
     (tmp_path / "train.py").write_text(result.output)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
-    run = run_launched(command, cwd=tmp_path, timeout=240)
+    for _ in range(3):  # a run lost to gloo's exit abort is repeated: from a clean folder
+        shutil.rmtree(tmp_path / "logs", ignore_errors=True)
+        run = run_launched(command, attempts=1, cwd=tmp_path, timeout=240)
+        if run.returncode == 0:
+            break
     assert run.returncode == 0, run.stderr[-3000:]
     folders = list((tmp_path / "logs").iterdir())
     assert len(folders) == 1 and (folders[0] / "model.pt").exists()
@@ -1098,3 +1102,13 @@ def test_a_project_class_whose_base_constructor_wraps_refuses_the_script_naming_
     project(tmp_path, {"kit/__init__.py": "", "kit/framework.py": framework, "models/__init__.py": "", "models/proto.py": proto, "train.py": train})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP214 `Proto`" in result.error
+
+
+def test_a_module_loaded_with_importlib_is_read_like_an_import(tmp_path):
+    # pytorch_stacked_hourglass: `task = importlib.import_module('task.pose')`, then `task.make_network(config)`
+    pose = "import torch.nn as nn\n\n\ndef make_network(config):\n    config['net'] = nn.DataParallel(nn.Linear(2, 2))\n"
+    train = "import importlib\n\nif __name__ == '__main__':\n    task = importlib.import_module('task.pose')\n" \
+        "    config = {}\n    task.make_network(config)\n    print('training')\n"
+    project(tmp_path, {"task/__init__.py": "", "task/pose.py": pose, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `task.make_network`" in result.error

@@ -238,6 +238,12 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     writers.add(alias.asname or alias.name)
                     if alias.name in summary.writer_classes:
                         classes.add(alias.asname or alias.name)
+        elif (loaded := _imported_by_name(node)) is not None:
+            # `task = importlib.import_module('task.pose')` (pytorch_stacked_hourglass): `import task.pose as task`
+            bound, dotted = loaded
+            module = _module_file(folders, dotted, 0, script.parent)
+            if module is not None:
+                as_module(bound, _summary(module))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 module = _module_file(folders, alias.name, 0, script.parent)
@@ -310,6 +316,17 @@ def _wraps_deeper(module: Path, folders: list[Path], depth: int = 3, seen: set |
             if found is not None and found != module and (_summary(found).wraps or _wraps_deeper(found, folders, depth - 1, seen)):
                 return True
     return False
+
+
+def _imported_by_name(node: ast.AST) -> tuple[str, str] | None:
+    """``name = importlib.import_module("a.b")``: (name, "a.b")."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return None
+    call = node.value
+    if not (isinstance(call, ast.Call) and ast.unparse(call.func) in ("importlib.import_module", "import_module") and call.args):
+        return None
+    first = call.args[0]
+    return (node.targets[0].id, first.value) if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
 def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
