@@ -3,6 +3,7 @@ their writers run on rank 0, a DataParallel wrap inside them is named, not misse
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -247,6 +248,7 @@ def validate(config, val_loader, model, criterion):
     return sum(criterion(model(x), y).item() for x, y in val_loader)
 '''
 INIT_PATHS = '''import os.path as osp
+import shutil
 import sys
 
 this_dir = osp.dirname(__file__)
