@@ -23,7 +23,14 @@ from ddpify.analysis.data_sites import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
-from ddpify.project.neighbours import Neighbours, named_elsewhere, read_neighbours, wrapped_by_a_call, wrapped_elsewhere
+from ddpify.project.neighbours import (
+    Neighbours,
+    device_picked_elsewhere,
+    named_elsewhere,
+    read_neighbours,
+    wrapped_by_a_call,
+    wrapped_elsewhere,
+)
 from ddpify.transforms.base import ConversionContext, MetadataView, Pipeline
 
 
@@ -171,7 +178,11 @@ class FileConversion:
             return refusal or out_of_sight or FileResult(path, source, source)
         if links is None and (facts.wraps or facts.dp_references):
             # (single-file mode: what the project modules it calls do with DataParallel)
-            refusal = wrapped_by_a_call(path, source, self.neighbours) or (facts.wraps and named_elsewhere(path, source, self.neighbours))
+            refusal = (
+                wrapped_by_a_call(path, source, self.neighbours)
+                or device_picked_elsewhere(path, source, self.neighbours)
+                or (facts.wraps and named_elsewhere(path, source, self.neighbours))
+            )
             if refusal:
                 return refusal
         context = ConversionContext(

@@ -1114,3 +1114,14 @@ def test_a_module_loaded_with_importlib_is_read_like_an_import(tmp_path):
     project(tmp_path, {"task/__init__.py": "", "task/pose.py": pose, "train.py": train})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP214 `task.make_network`" in result.error
+
+
+def test_a_script_whose_project_helper_picks_the_cuda_device_is_refused_naming_folder_mode(tmp_path):
+    # squad's util.get_available_devices(): `torch.cuda.set_device(cuda:0)` on every rank after set-up
+    helper = "import torch\n\n\ndef get_available_devices():\n    device = torch.device('cuda:0')\n" \
+        "    torch.cuda.set_device(device)\n    return device\n"
+    train = TRAIN.replace("from util import IOStream, save_args, evaluate_into", "from util import IOStream, save_args, evaluate_into\nimport devices")
+    train = train.replace("torch.manual_seed(0)\n", "torch.manual_seed(0)\ndevice = devices.get_available_devices()\n")
+    project(tmp_path, {"util.py": UTIL, "devices.py": helper, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `devices.get_available_devices`" in result.error

@@ -95,6 +95,9 @@ class Neighbours:
     # `torch.sum(grads * grads)` over the batch), as bound here: a training loss that adds
     # one is scaled by the world size, as a sum written in the script is (DDP116)
     summing: frozenset[str] = frozenset()
+    # functions of those modules that pick this process's GPU (squad's get_available_devices:
+    # `torch.cuda.set_device(cuda:0)`), as bound here: converted alone, every rank would use it
+    device_pickers: frozenset[str] = frozenset()
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
@@ -158,6 +161,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     dp_classes: dict[str, SubclassPlan] = {}
     wrapping_calls: dict[str, tuple[str, ...]] = {}
     summing: set[str] = set()
+    pickers: set[str] = set()
 
     def as_module(bound: str, summary: ModuleSummary) -> None:
         """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
@@ -173,6 +177,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
         wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
         summing.update(f"{bound}.{name}" for name in summary.summing)
+        pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -205,8 +210,11 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     wrapping_calls[alias.asname or alias.name] = summary.wrapping_calls[alias.name]
                 if alias.name == "*":
                     summing.update(summary.summing)
+                    pickers.update(summary.device_pickers)
                 elif alias.name in summary.summing:
                     summing.add(alias.asname or alias.name)
+                if alias.name in summary.device_pickers:
+                    pickers.add(alias.asname or alias.name)
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -262,7 +270,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     return Neighbours(
         frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
         tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
-        dp_classes, wrapping_calls, frozenset(summing),
+        dp_classes, wrapping_calls, frozenset(summing), frozenset(pickers),
     )
 
 
@@ -411,6 +419,7 @@ class ModuleSummary:
     dp_classes: dict[str, SubclassPlan] = field(default_factory=dict)  # DataParallel subclasses that convert
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see Neighbours
     summing: frozenset[str] = frozenset()  # functions that return a sum of everything
+    device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
 
 
 @functools.lru_cache(maxsize=256)
@@ -470,6 +479,7 @@ def _summary(path: Path) -> ModuleSummary:
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
         writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree, path),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
+        frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
     )
 
 
@@ -851,6 +861,21 @@ def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileRes
             "holds both (`ddpify convert DIR`), which converts that module with the script"
         )
         return _folder_refusal(path, source, message)
+    return None
+
+
+def device_picked_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:
+    """Single-file mode: a script that calls a project function which picks the CUDA device
+    (squad's `util.get_available_devices()`, `torch.cuda.set_device(cuda:0)`): after set-up
+    every rank would move to that GPU; converted with the folder, the function is rewritten too."""
+    for name in sorted(neighbours.device_pickers):
+        if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source):
+            message = (
+                f"`{name}`, which this script calls, picks the CUDA device (torch.cuda.set_device) in a module of this "
+                "project: converted alone, every rank would move to that one GPU after set-up; convert the folder "
+                "that holds both (`ddpify convert DIR`), which makes it choose this process's GPU"
+            )
+            return _folder_refusal(path, source, message)
     return None
 
 
