@@ -194,7 +194,7 @@ class FileConversion:
             role=role,
             model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
             trains_elsewhere=project.trains_elsewhere,
-            neighbours=self.neighbours if links is None else self.neighbours.about_models() if facts.wraps else Neighbours(),
+            neighbours=self.neighbours if links is None else self.neighbours.about_models() if facts.wraps or role == ENTRY else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)

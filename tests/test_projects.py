@@ -189,6 +189,20 @@ def test_a_project_logger_s_file_is_the_null_device_on_the_other_ranks(tmp_path:
     assert "DDP609" in {d.code for d in logging.diagnostics}
 
 
+def test_a_project_function_that_makes_the_run_folder_runs_once_in_folder_mode_too(tmp_path: Path) -> None:
+    # SimSiam's get_args(): a timestamped log folder with exist_ok=False, its name in the args
+    write_project(tmp_path, {
+        "arguments.py": (
+            "import argparse\nimport os\nimport time\n\n\ndef get_args():\n    args = argparse.Namespace(log_dir='logs')\n"
+            "    args.log_dir = os.path.join(args.log_dir, str(time.time_ns()))\n    os.makedirs(args.log_dir, exist_ok=False)\n"
+            "    return args\n"
+        ),
+        "train.py": TRAIN_WITH.format(imports="from arguments import get_args", setup="    args = get_args()\n", after="    print(args.log_dir)"),
+    })
+    train = convert_tree(tmp_path)["train.py"]
+    assert "args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)" in train.output
+
+
 def test_a_summary_writer_made_in_a_helper_module_is_made_on_rank_zero_only(tmp_path: Path) -> None:
     # pytorch-deeplab-xception's utils/summaries.py: the writer is built by a project helper.
     write_project(tmp_path, {

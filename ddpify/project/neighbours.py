@@ -98,15 +98,19 @@ class Neighbours:
     # functions of those modules that pick this process's GPU (squad's get_available_devices:
     # `torch.cuda.set_device(cuda:0)`), as bound here: converted alone, every rank would use it
     device_pickers: frozenset[str] = frozenset()
+    # project mode: the writer functions among them, for the values they return alone (DDP617:
+    # SimSiam's get_args makes its log folder; the project rewrites its other writes itself)
+    value_writers: frozenset[str] = frozenset()
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
-        parts, freezing, memory banks, pairwise losses, DataParallel subclasses). Writers,
-        trainers and DataParallel tests are the project's own business there: it converts
-        those modules too."""
+        parts, freezing, memory banks, pairwise losses, DataParallel subclasses), and the
+        writers whose returned values every rank needs (DDP617). Other writes, trainers and
+        DataParallel tests are the project's own business there: it converts those modules too."""
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing,
+            value_writers=self.writers - self.writer_classes,
         )
 
 

@@ -520,7 +520,8 @@ class RankZeroTransform(Transform):
         ``plain``: what it returns is only ever read, never called (``args.lr``, a folder)."""
         name = dotted(assign.value.func)
         neighbours = self.context.neighbours
-        if name not in neighbours.writers or name in neighbours.writer_classes or len(assign.targets) != 1:
+        writers = neighbours.writers | neighbours.value_writers if plain else neighbours.writers
+        if name not in writers or name in neighbours.writer_classes or len(assign.targets) != 1:
             return None
         target = assign.targets[0].target
         names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else [target]
