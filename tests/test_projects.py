@@ -203,6 +203,28 @@ def test_a_project_function_that_makes_the_run_folder_runs_once_in_folder_mode_t
     assert "args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)" in train.output
 
 
+def test_a_flat_script_that_hands_its_wrapped_model_to_a_project_trainer_object_converts(tmp_path: Path) -> None:
+    # Cold-Diffusion: `model = DataParallel(...)` at the top level, `trainer = Trainer(model, ...)`,
+    # `trainer.train()`; the trainer draws `next(self.dl)` from `self.dl = cycle(DataLoader(...))`
+    write_project(tmp_path, {
+        "pkg/__init__.py": "from pkg.core import Trainer\n",
+        "pkg/core.py": (
+            "import torch\nfrom torch.utils import data\n\n\ndef cycle(dl):\n    while True:\n        for d in dl:\n            yield d\n\n\n"
+            "class Trainer(object):\n    def __init__(self, model, steps=4):\n        self.model = model\n"
+            "        self.dl = cycle(data.DataLoader(data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True))\n"
+            "        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)\n        self.steps = steps\n\n"
+            "    def train(self):\n        for step in range(self.steps):\n            x = next(self.dl)[0]\n"
+            "            self.model(x).pow(2).mean().backward()\n            self.opt.step()\n            self.opt.zero_grad()\n"
+        ),
+        "train.py": "import torch\nfrom pkg import Trainer\n\nmodel = torch.nn.DataParallel(torch.nn.Linear(4, 4))\n"
+        "trainer = Trainer(model)\ntrainer.train()\n",
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), [r.error for r in results.values() if r.error]
+    assert "x = next(ddp_shard(self.dl))[0]" in results["pkg/core.py"].output
+    assert "model = ddp_wrap(torch.nn.Linear(4, 4))" in results["train.py"].output
+
+
 def test_a_summary_writer_made_in_a_helper_module_is_made_on_rank_zero_only(tmp_path: Path) -> None:
     # pytorch-deeplab-xception's utils/summaries.py: the writer is built by a project helper.
     write_project(tmp_path, {

@@ -228,6 +228,10 @@ def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpr
     pytorch-ddpm) -> the loader it is handed."""
     if isinstance(source, cst.Call):
         return _iterated_by_call(source, analyzer)
+    if isinstance(source, cst.Attribute):
+        # `next(self.dl)` with `self.dl = cycle(DataLoader(...))` made in another method
+        # (Cold-Diffusion's Trainer): drawn as it is, split batch by batch
+        return [source]
     if not isinstance(source, cst.Name):
         return []
     found = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ddpify.names import mentions_data_parallel
 TOP_LEVEL_LOOP = re.compile(r"^(?:for|while|if|with|try)\b", re.MULTILINE)  # maybe a flat script (see _loops_at_top_level)
 BACKWARD = re.compile(r"\.backward\s*\(")
 TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
+INSTANCE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*=\s*([A-Za-z_][\w.]*)\s*\(", re.MULTILINE)  # `x = Cls(...)`
 CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 SIDE_EFFECT_WORDS = (
     "print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(",
@@ -86,7 +88,11 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
             info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level, or parses its
     # arguments there and hands them to what it imports (hotpot's main.py: `train(config)`).
-    info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings))
+    # (or wraps a model there and calls on: Cold-Diffusion's `model = DataParallel(...)`, then
+    # `trainer = Trainer(model, ...)`, `trainer.train()`)
+    info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or (
+        _wraps_at_top_level(tree.body) and any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body)
+    )
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     segment = _segments(source)
     info.functions = {node.name for node in defined}
@@ -137,6 +143,15 @@ def _dynamic_import_prefix(call: ast.Call) -> str | None:
     if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
         return name.value[: name.value.rindex(".") + 1]
     return None
+
+
+def _wraps_at_top_level(body: list[ast.stmt]) -> bool:
+    """A statement of the module's own body that calls DataParallel."""
+    return any(
+        isinstance(call, ast.Call) and (ast.unparse(call.func).rpartition(".")[2] == "DataParallel")
+        for node in body if isinstance(node, (ast.Assign, ast.Expr))
+        for call in ast.walk(node)
+    )
 
 
 def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:
@@ -319,12 +334,20 @@ class Project:
         return frozenset(info.imported_names - reexported)
 
     def training_calls(self, info: ModuleInfo) -> frozenset[str]:
-        """Names called here of other modules' top-level functions that run a training step."""
+        """Names called here of other modules' top-level functions that run a training step,
+        and methods called on an object of another module's class that do (Cold-Diffusion's
+        `trainer = Trainer(model, ...)`, then `trainer.train()`)."""
         found = set()
         for name in set(CALL_NAME.findall(info.source)):
             target = self.resolve(info, name)
             if target is not None and target[0] is not info and _trains(target[0].function_sources.get(target[1], "")):
                 found.add(name)
+        for instance, made in INSTANCE.findall(info.source):
+            target = self.resolve(info, made, classes=True)
+            if target is None or target[0] is info or made in found:
+                continue
+            methods = _training_method_names(target[0].class_sources.get(target[1], ""))
+            found.update(f"{instance}.{method}" for method in methods if f"{instance}.{method}(" in info.source)
         return frozenset(found)
 
     def reexports(self, info: ModuleInfo) -> dict[str, str]:
@@ -351,3 +374,22 @@ class Project:
             if module is not None and not self.in_project(module):
                 return f"{module}.{attribute}" if attribute else module
         return None
+
+
+def _training_method_names(class_source: str) -> set[str]:
+    """Methods of a class that run a training step, themselves or through another method."""
+    try:
+        tree = ast.parse(textwrap.dedent(class_source))
+    except SyntaxError:
+        return set()
+    cls = next((node for node in tree.body if isinstance(node, ast.ClassDef)), None)
+    if cls is None:
+        return set()
+    methods = {m.name: ast.unparse(m) for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    training = {name for name, text in methods.items() if _trains(text)}
+    grown = True
+    while grown:
+        more = {name for name, text in methods.items() if name not in training and any(f"self.{t}(" in text for t in training)}
+        training |= more
+        grown = bool(more)
+    return training

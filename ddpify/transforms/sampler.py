@@ -140,7 +140,7 @@ class SamplerTransform(Transform):
         library_step_only = self.context.is_library and not data_loops
         # (an entry script that hands only its settings to a project training function, hotpot's
         # `train(config)`: the loop over data is in that function's module, checked there)
-        library_step_only |= self.context.role == ENTRY and not self.facts.training_loops
+        library_step_only |= (self.context.role == ENTRY or self.context.trains_elsewhere) and not self.facts.training_loops
         if (
             trains_ddp
             and self.facts.has_training_step
