@@ -1125,3 +1125,13 @@ def test_a_script_whose_project_helper_picks_the_cuda_device_is_refused_naming_f
     project(tmp_path, {"util.py": UTIL, "devices.py": helper, "train.py": train})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP214 `devices.get_available_devices`" in result.error
+
+
+def test_a_project_function_that_reads_a_checkpoint_waits_for_rank_zero_s_save(tmp_path):
+    # MMT: the best model saved on rank 0, then every rank's `load_checkpoint(best)` (a project function)
+    serialization = "import torch\n\n\ndef load_checkpoint(path):\n    return torch.load(path)\n"
+    train = TRAIN + "torch.save(model.state_dict(), 'best.pth')\nstate = load_checkpoint('best.pth')\n"
+    train = train.replace("from util import IOStream, save_args, evaluate_into", "from util import IOStream, save_args, evaluate_into\nfrom serialization import load_checkpoint")
+    project(tmp_path, {"util.py": UTIL, "serialization.py": serialization, "train.py": train})
+    output = convert_file(tmp_path / "train.py").output
+    assert "dist.barrier()\nstate = load_checkpoint('best.pth')" in output

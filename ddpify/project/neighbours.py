@@ -101,6 +101,9 @@ class Neighbours:
     # project mode: the writer functions among them, for the values they return alone (DDP617:
     # SimSiam's get_args makes its log folder; the project rewrites its other writes itself)
     value_writers: frozenset[str] = frozenset()
+    # functions of those modules that read a checkpoint (torch.load: MMT's load_checkpoint), as
+    # bound here: every rank calling one waits for rank 0's saves first (DDP615)
+    checkpoint_readers: frozenset[str] = frozenset()
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
@@ -110,7 +113,7 @@ class Neighbours:
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing,
-            value_writers=self.writers - self.writer_classes,
+            value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
         )
 
 
@@ -166,6 +169,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     wrapping_calls: dict[str, tuple[str, ...]] = {}
     summing: set[str] = set()
     pickers: set[str] = set()
+    readers: set[str] = set()
 
     def as_module(bound: str, summary: ModuleSummary) -> None:
         """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
@@ -182,6 +186,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
         summing.update(f"{bound}.{name}" for name in summary.summing)
         pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
+        readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -219,6 +224,10 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     summing.add(alias.asname or alias.name)
                 if alias.name in summary.device_pickers:
                     pickers.add(alias.asname or alias.name)
+                if alias.name == "*":
+                    readers.update(summary.checkpoint_readers)
+                elif alias.name in summary.checkpoint_readers:
+                    readers.add(alias.asname or alias.name)
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -272,9 +281,12 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     trainers.update((call, params) for call, (_, params) in instances.items())
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
-        frozenset(writers), frozenset(classes), reexports, tuple(dict.fromkeys(wrapping)), frozenset(freezing), tuple(files),
-        tuple(dict.fromkeys(naming)), frozenset(pairwise), trainers, idle, frozenset(writing & set(trainers)), frozenset(banks),
-        dp_classes, wrapping_calls, frozenset(summing), frozenset(pickers),
+        writers=frozenset(writers), writer_classes=frozenset(classes), reexports=reexports,
+        wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
+        naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
+        writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
+        checkpoint_readers=frozenset(readers),
     )
 
 
@@ -424,6 +436,7 @@ class ModuleSummary:
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see Neighbours
     summing: frozenset[str] = frozenset()  # functions that return a sum of everything
     device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
+    checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
 
 
 @functools.lru_cache(maxsize=256)
@@ -484,6 +497,7 @@ def _summary(path: Path) -> ModuleSummary:
         writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree, path),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
+        frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "torch.load(" in ast.unparse(node)),
     )
 
 

@@ -710,8 +710,10 @@ class RankZeroTransform(Transform):
         """Every rank reads a checkpoint that rank 0 may still be writing (a best-model save
         under a metric condition has no barrier after it): wait for rank 0 first."""
         original, updated = pair
+        readers = self.context.neighbours.checkpoint_readers  # (MMT's load_checkpoint(path) of the best model)
         loads = [
-            call for call in calls_in(original) if "torch.load" in self.context.qualified(call.func)
+            call for call in calls_in(original)
+            if "torch.load" in self.context.qualified(call.func) or dotted(call.func) in readers
         ] if isinstance(original, cst.SimpleStatementLine) else []
         if not loads or self._under_rank_guard(original) or not self._same_path_on_every_rank(original):
             return [pair]
