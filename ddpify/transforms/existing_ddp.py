@@ -65,6 +65,9 @@ from ddpify.transforms.base import Transform, append_arg, keyword_arg
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 # An evaluation loader names its data so (eval_dataset, dev_sampler, test_data, valid_...).
 EVALUATION_DATA = re.compile(r"\b(eval|dev|val|valid|test)\w*", re.IGNORECASE)
+# A flag named so chooses how the script distributes (`--distributed`, `--launcher`, `--multi_gpu`);
+# another one tested around the DDP code guards the training itself (`--do_train`).
+DISTRIBUTED_WORDS = re.compile(r"dist|ddp|parallel|launcher|multi|rank|world|gpu|node", re.IGNORECASE)
 # what a batch size divided by it is divided among: GPUs, processes, nodes
 COUNT_OF_PROCESSES = re.compile(r"gpu|world|node|nproc|process|replica|device", re.IGNORECASE)
 
@@ -266,8 +269,19 @@ class ExistingDdpTransform(Transform):
             return
         switches = self._switches()
         if self.local_rank is not None or self.parsed_elsewhere is not None or switches:
+            around_wraps = self._flags_around_wraps()
             for switch in switches:
-                self._report_flag(switch)
+                name = switch.lstrip("-").replace("-", "_")
+                if name in around_wraps or not DISTRIBUTED_WORDS.search(name):
+                    # (ERNIE's, BERT4doc's --do_train: the DataParallel branch needs it too)
+                    self.context.report(
+                        self.facts.distributed_uses[0],
+                        "DDP007",
+                        f"{switch} is on the launch line: the script trains only with it (it guards the training, "
+                        "not a choice of DDP); the DDP path is selected by the local rank torchrun sets",
+                    )
+                else:
+                    self._report_flag(switch)
             self.context.launch_command = " ".join(["torchrun --standalone --nproc-per-node=gpu", path, *switches])
             self._warn_fixed_gpu()
             return
@@ -309,6 +323,17 @@ class ExistingDdpTransform(Transform):
                 spelled = next(arg.value.evaluated_value for arg in flag.args if arg.keyword is None)
                 if spelled not in found:
                     found.append(spelled)
+        return found
+
+    def _flags_around_wraps(self) -> set[str]:
+        """Flags an ``if`` around a DataParallel wrap requires (``if args.do_train:``)."""
+        found: set[str] = set()
+        for site in self.facts.wraps:
+            child, node = site.call, self.context.parent(site.call)
+            while node is not None:
+                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
+                    found.update(_flags_required(node.test))
+                child, node = node, self.context.parent(node)
         return found
 
     def _names_testing_ddp_code(self) -> list[str]:
