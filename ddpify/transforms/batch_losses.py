@@ -93,8 +93,28 @@ class BatchLossesTransform(Transform):
                     "in sync across ranks by hand",
                 )
 
+        self._check_inline_pairwise()
         self._check_neighbour_pairwise()
         self._check_unwrapped_trained()
+
+    def _check_inline_pairwise(self) -> None:
+        """A training loop that multiplies a batch's outputs with their own transpose
+        (DCL's ``torch.mm(out, out.t().contiguous())``: every other sample a negative)."""
+        for loop in self.facts.training_loops:
+            for node in walk(loop.body):
+                operands = _product_operands(node)
+                if len(operands) >= 2 and any(_transposed(o) for o in operands[1:2]) and not any(_reads_self(o) for o in operands):
+                    roots = {_root(o) for o in operands[:2]}
+                    if len(roots) == 1 and None not in roots:
+                        self.context.report_unsound(
+                            node,
+                            "DDP117",
+                            f"the training loop compares the samples of the batch with each other "
+                            f"(`{self.context.code(node)}`): DataParallel gathered the whole global batch for it, each "
+                            "DDP process would see only its share; gather every rank's outputs first "
+                            "(torch.distributed.nn.functional.all_gather) by hand",
+                        )
+                        return
 
     def _check_neighbour_pairwise(self) -> None:
         """Single-file mode: a class or function of the script's project modules that compares
@@ -291,7 +311,10 @@ class BatchLossesTransform(Transform):
 
 
 def _transposed(node: cst.BaseExpression) -> bool:
-    """``x.t()``, ``x.T``, ``x.transpose(0, 1)``, ``x.permute(1, 0)``, ``torch.t(x)``."""
+    """``x.t()``, ``x.T``, ``x.transpose(0, 1)``, ``x.permute(1, 0)``, ``torch.t(x)`` (and
+    ``x.t().contiguous()``)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("contiguous", "detach", "clone", "float"):
+        node = node.func.value
     if isinstance(node, cst.Attribute) and node.attr.value == "T":
         return True
     if isinstance(node, cst.Call):
@@ -316,3 +339,25 @@ def _without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float", "double", "half"):
         value = value.func.value
     return value
+
+
+def _product_operands(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """The operands of a matrix product (``torch.mm(a, b)``, ``a.mm(b)``, ``a @ b``)."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+        return [node.left, node.right]
+    if isinstance(node, cst.Call) and isinstance(node.func, (cst.Attribute, cst.Name)):
+        name = dotted(node.func) or ""
+        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else name
+        if method in ("mm", "matmul"):
+            operands = [arg.value for arg in node.args if arg.keyword is None]
+            return operands if name.startswith("torch.") or isinstance(node.func, cst.Name) else [node.func.value, *operands]
+    return []
+
+
+def _root(node: cst.BaseExpression) -> str | None:
+    """The name a tensor expression starts from (``out`` of ``out.t().contiguous()``)."""
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "torch":
+            return None
+    return node.value if isinstance(node, cst.Name) else None
