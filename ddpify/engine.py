@@ -283,6 +283,12 @@ def _parse_error(source: str, error: cst.ParserSyntaxError) -> Diagnostic:
         line, column, message = syntax.lineno or line, syntax.offset or column, syntax.msg or message
     except (ValueError, MemoryError):
         pass
+    else:
+        if "\t" in source:  # (improved-wgan-pytorch: Python reads it, libcst's tokenizer does not)
+            message = (
+                f"{message}: this file indents with tabs and spaces mixed, which Python accepts and the parser "
+                "ddpify uses does not; expand its tabs (`expand -t 8 FILE`) and convert again"
+            )
     text = source.splitlines()[line - 1] if 0 < line <= len(source.splitlines()) else ""
     if "async=" in text.replace(" ", ""):
         message += "; `async` is a keyword since Python 3.7: `.cuda(async=True)` is `.cuda(non_blocking=True)`"

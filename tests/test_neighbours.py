@@ -1135,3 +1135,12 @@ def test_a_project_function_that_reads_a_checkpoint_waits_for_rank_zero_s_save(t
     project(tmp_path, {"util.py": UTIL, "serialization.py": serialization, "train.py": train})
     output = convert_file(tmp_path / "train.py").output
     assert "dist.barrier()\nstate = load_checkpoint('best.pth')" in output
+
+
+def test_a_script_whose_dataparallel_module_does_not_parse_is_refused_not_passed(tmp_path):
+    # chexnet: ChexnetTrainer.py (`.cuda(async=True)`) wraps and trains; Main.py names no DataParallel
+    trainer = "import torch\n\n\nclass Trainer:\n    @staticmethod\n    def train(model):\n        model = torch.nn.DataParallel(model)\n" \
+        "        x = torch.randn(2, 2).cuda(async=True)\n        model(x).sum().backward()\n"
+    project(tmp_path, {"trainer.py": trainer, "main.py": "from trainer import Trainer\n\nTrainer.train(None)\n"})
+    result = convert_file(tmp_path / "main.py")
+    assert result.error and "DDP214" in result.error

@@ -437,6 +437,7 @@ class ModuleSummary:
     summing: frozenset[str] = frozenset()  # functions that return a sum of everything
     device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
+    broken: str = ""  # why a module that names DataParallel does not parse
 
 
 @functools.lru_cache(maxsize=256)
@@ -444,7 +445,11 @@ def _summary(path: Path) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
         tree = ast.parse(source)
-    except (OSError, SyntaxError, ValueError):
+    except SyntaxError as error:
+        # (chexnet's ChexnetTrainer.py: `.cuda(async=True)`; its DataParallel is out of reach)
+        wraps = "DataParallel" in source
+        return ModuleSummary(wraps=wraps, broken=f"line {error.lineno}: {error.msg}" if wraps else "")
+    except (OSError, ValueError):
         return ModuleSummary()
     aliases = {}
     for node in tree.body:
