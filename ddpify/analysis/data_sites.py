@@ -127,13 +127,15 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     body (not in a loop inside it), or a step function of the file given its batch
     (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
+    if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and (dotted(loop.iter.func) or "").rpartition(".")[2] in ("range", "trange"):
+        targets = set()  # an epoch counter handed to a training call (`trainer.train(epoch, loader)`) is not data
     derived = _derived_from(targets, loop.body)
     for call in _own_calls(loop.body):
         if is_training_call(call):
             return True
         if dotted(call.func) in facts.training_calls:
             arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
-            if not targets or arguments & derived:
+            if (not targets and not isinstance(loop, cst.For)) or arguments & derived:
                 return True
     return False
 

@@ -377,7 +377,9 @@ class Project:
 
 
 def _training_method_names(class_source: str) -> set[str]:
-    """Methods of a class that run a training step, themselves or through another method."""
+    """Methods of a class that run a training step on data of their own (an attribute such as
+    ``self.dl``), themselves or through another method. One that iterates a loader it is given
+    (CenterNet's ``trainer.train(epoch, loader)``) is routed as a loader parameter instead."""
     try:
         tree = ast.parse(textwrap.dedent(class_source))
     except SyntaxError:
@@ -385,7 +387,10 @@ def _training_method_names(class_source: str) -> set[str]:
     cls = next((node for node in tree.body if isinstance(node, ast.ClassDef)), None)
     if cls is None:
         return set()
-    methods = {m.name: ast.unparse(m) for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    defs = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    methods = {name: ast.unparse(m) for name, m in defs.items()}
+    if any(_iterates_a_parameter(m) for m in defs.values()):
+        return set()
     training = {name for name, text in methods.items() if _trains(text)}
     grown = True
     while grown:
@@ -393,3 +398,12 @@ def _training_method_names(class_source: str) -> set[str]:
         training |= more
         grown = bool(more)
     return training
+
+
+def _iterates_a_parameter(method: ast.FunctionDef) -> bool:
+    """``for x, y in loader:`` (or through enumerate/tqdm) over one of the method's parameters."""
+    params = {a.arg for a in method.args.args[1:]}
+    return any(
+        isinstance(node, ast.For) and any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(node.iter))
+        for node in ast.walk(method)
+    )
