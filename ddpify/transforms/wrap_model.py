@@ -518,6 +518,10 @@ class WrapModelTransform(Transform):
                     "wrap it twice; convert this wrap by hand",
                 )
                 continue
+            if _tests_for_a_wrap(test, self.context):
+                # `if not isinstance(model, nn.DataParallel):` (ssast) only keeps from wrapping twice;
+                # it names DDP once converted, and must stay as it is (widened, it wraps DDP in DDP)
+                continue
             counts = [node for node in calls_in(test) if DEVICE_COUNT in self.context.qualified(node.func)]
             counts += self._gpu_count_references(test)
             if counts and self._reads_only(test, counts):
@@ -794,6 +798,14 @@ def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
 # Words of conditions that switch DataParallel on: GPU counts and lists, CUDA and device
 # checks, multi-GPU and parallel flags (`args.ngpu > 1`, `use_cuda`, `args.mGPUs`).
 DEVICE_WORDS = ("gpu", "cuda", "cpu", "device", "parallel", "multi", "distributed", "world", "nproc")
+
+
+def _tests_for_a_wrap(test: cst.BaseExpression, context) -> bool:
+    """An ``isinstance(x, DataParallel)`` test: is the model wrapped already?"""
+    return any(
+        dotted(call.func) == "isinstance" and len(call.args) == 2 and "DataParallel" in context.code(call.args[1].value)
+        for call in calls_in(test)
+    )
 
 
 def _about_devices(test_code: str) -> bool:
