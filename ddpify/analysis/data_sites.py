@@ -237,12 +237,30 @@ def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpr
     if not isinstance(source, cst.Name):
         return []
     found = []
+    generators = False
     for assignment in analyzer.scopes.assignments_of(source):
         node = getattr(assignment, "node", None)
         value, _ = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
         if isinstance(value, cst.Call):
-            found += _iterated_by_call(value, analyzer)
-    return found
+            handed = _iterated_by_call(value, analyzer)
+            loaders = [arg for arg in handed if _a_loader(arg, value, analyzer)]
+            found += loaders
+            # (PytorchWaveNetVocoder's train_generator(wav_list, feat_list, ...): lists of file
+            # names, not loaders: the batches it yields are split, not its arguments)
+            generators |= bool(handed) and not loaders
+    return found or ([source] if generators else [])
+
+
+def _a_loader(arg: cst.BaseExpression, call: cst.Call, analyzer) -> bool:
+    """Is a generator's argument bound to a DataLoader, or to nothing this file builds (a
+    parameter, another module's loader)? Not a list or comprehension made here."""
+    context = analyzer.facts.contexts.get(call)
+    if context is not None and analyzer.loaders.loaders_for(arg, context, depth=0):
+        return True
+    if not isinstance(arg, cst.Name):
+        return True
+    values = [analyzer.scopes.assigned_value(a.node)[0] for a in analyzer.scopes.assignments_of(arg) if getattr(a, "node", None) is not None]
+    return not values or not all(isinstance(v, NOT_A_LOADER) or isinstance(v, cst.Call) for v in values)
 
 
 def _iterated_by_call(call: cst.Call, analyzer) -> list[cst.BaseExpression]:
