@@ -140,7 +140,10 @@ class SamplerTransform(Transform):
         library_step_only = self.context.is_library and not data_loops
         # (an entry script that hands only its settings to a project training function, hotpot's
         # `train(config)`: the loop over data is in that function's module, checked there)
-        library_step_only |= (self.context.role == ENTRY or self.context.trains_elsewhere) and not self.facts.training_loops
+        # (nor one whose loops train only through another module's trainer, EDSR's `while not
+        # t.terminate(): t.train()`: the data loop is there)
+        delegated = not any(_calls_backward(loop) for loop in self.facts.training_loops)
+        library_step_only |= (self.context.role == ENTRY or self.context.trains_elsewhere) and delegated
         if (
             trains_ddp
             and self.facts.has_training_step
