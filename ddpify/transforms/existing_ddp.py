@@ -49,6 +49,12 @@ DDP010  (warning) a ``--gpu`` argument with a number as default picks the device
 (``torch.cuda.set_device(args.gpu)``): under torchrun every rank would use that GPU unless
 the script sets it from the local rank.
 
+DDP013  (warning) the script's own DDP path wraps with apex's DistributedDataParallel (the
+pytorch-pretrained-BERT era: ERNIE, SemBERT), which apex no longer ships: under the printed
+launch line every rank stops at that import; its DataParallel branch needed no apex. Replace it
+with ``torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])`` (apex's
+``delay_allreduce`` has no torch keyword).
+
 DDP005  (error) neither switch is found: a half-done hand conversion; finish it by hand.
 """
 
@@ -131,6 +137,7 @@ class ExistingDdpTransform(Transform):
         if self.context.launch_command is None:
             return
         anchor = self.facts.distributed_uses[0]
+        self._report_apex_ddp(anchor)
         if not self.facts.loaders:
             return
         if not self._divides_batch_size() and not self._batch_per_gpu():
@@ -230,6 +237,17 @@ class ExistingDdpTransform(Transform):
                 anchor,
                 "DDP011",
                 "the script's own DDP path needs CUDA (NCCL, torch.cuda.set_device): launch it on a machine with GPUs",
+                Severity.WARNING,
+            )
+
+    def _report_apex_ddp(self, anchor: cst.CSTNode) -> None:
+        code = self.context.module.code
+        if re.search(r"from\s+apex\.parallel\s+import\s+[^\n]*DistributedDataParallel|apex\.parallel\.DistributedDataParallel", code):
+            self.context.report(
+                anchor,
+                "DDP013",
+                "the script's own DDP path wraps with apex's DistributedDataParallel, which apex no longer ships: "
+                "every rank would stop at that import; replace it with torch.nn.parallel.DistributedDataParallel",
                 Severity.WARNING,
             )
 
