@@ -62,27 +62,23 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     return SubclassPlan(set(methods) <= FORWARDING, *slot)
 
 
+def call_name(call: ast.Call) -> str | None:
+    """The last name of what a call calls: ``f`` of ``f(...)`` and of ``a.b.f(...)``."""
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
 def _only_calls(method: ast.FunctionDef, names: set[str]) -> bool:
     """Does ``method`` call nothing but ``names`` (by their last name)?"""
-    for node in ast.walk(method):
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-            if name not in names:
-                return False
-    return True
+    return all(call_name(node) in names for node in ast.walk(method) if isinstance(node, ast.Call))
 
 
 def _only_plumbing(forward: ast.FunctionDef) -> bool:
     """Does this forward() only scatter, replicate, run the replicas and gather (or call the
     module itself)?"""
-    for node in ast.walk(forward):
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-            if name not in PLUMBING_CALLS and not _is_super_forward(func):
-                return False
-    return True
+    return all(
+        call_name(node) in PLUMBING_CALLS or _is_super_forward(node.func) for node in ast.walk(forward) if isinstance(node, ast.Call)
+    )
 
 
 def _is_super_forward(func: ast.expr) -> bool:

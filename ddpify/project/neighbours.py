@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpify.project.dp_subclasses import SubclassPlan, subclass_plan
+from ddpify.project.dp_subclasses import SubclassPlan, call_name, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 
 # Calls (by their last name) that write files or folders, and those that do only when called
@@ -210,24 +210,10 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
                 if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
                     as_module(alias.asname or alias.name, _summary(sub))
-                if alias.name == "*":
-                    dp_classes.update(summary.dp_classes)
-                    wrapping_calls.update(summary.wrapping_calls)
-                elif alias.name in summary.dp_classes:
-                    dp_classes[alias.asname or alias.name] = summary.dp_classes[alias.name]
-                if alias.name in summary.wrapping_calls:
-                    wrapping_calls[alias.asname or alias.name] = summary.wrapping_calls[alias.name]
-                if alias.name == "*":
-                    summing.update(summary.summing)
-                    pickers.update(summary.device_pickers)
-                elif alias.name in summary.summing:
-                    summing.add(alias.asname or alias.name)
-                if alias.name in summary.device_pickers:
-                    pickers.add(alias.asname or alias.name)
-                if alias.name == "*":
-                    readers.update(summary.checkpoint_readers)
-                elif alias.name in summary.checkpoint_readers:
-                    readers.add(alias.asname or alias.name)
+                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls)):
+                    _bind(found, kind, alias)
+                for names, kind in ((summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers)):
+                    names.update(_bind({}, dict.fromkeys(kind), alias))
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
@@ -342,6 +328,16 @@ def _wraps_deeper(module: Path, folders: list[Path], depth: int = 3, seen: set |
     return False
 
 
+def _bind(found: dict, kind: dict, alias: ast.alias) -> dict:
+    """What ``from module import alias`` binds of one kind of the module's names (all of them
+    for ``*``), into ``found``, under the name bound here."""
+    if alias.name == "*":
+        found.update(kind)
+    elif alias.name in kind:
+        found[alias.asname or alias.name] = kind[alias.name]
+    return found
+
+
 def _imported_by_name(node: ast.AST) -> tuple[str, str] | None:
     """``name = importlib.import_module("a.b")``: (name, "a.b")."""
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
@@ -437,7 +433,6 @@ class ModuleSummary:
     summing: frozenset[str] = frozenset()  # functions that return a sum of everything
     device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
-    broken: str = ""  # why a module that names DataParallel does not parse
 
 
 @functools.lru_cache(maxsize=256)
@@ -445,10 +440,9 @@ def _summary(path: Path) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
         tree = ast.parse(source)
-    except SyntaxError as error:
+    except SyntaxError:
         # (chexnet's ChexnetTrainer.py: `.cuda(async=True)`; its DataParallel is out of reach)
-        wraps = "DataParallel" in source
-        return ModuleSummary(wraps=wraps, broken=f"line {error.lineno}: {error.msg}" if wraps else "")
+        return ModuleSummary(wraps="DataParallel" in source)
     except (OSError, ValueError):
         return ModuleSummary()
     aliases = {}
@@ -583,7 +577,7 @@ def _calls_data_parallel(node: ast.AST, wrapping: set[str]) -> bool:
     """A call of DataParallel (or a variant named so), or of one of ``wrapping``."""
     for call in ast.walk(node):
         if isinstance(call, ast.Call):
-            name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
+            name = call_name(call) or ""
             if re.fullmatch(r"\w*DataParallel(WithCallback)?|data_parallel|parallel_apply", name) and "Distributed" not in name or name in wrapping:
                 return True
     return False
@@ -873,7 +867,7 @@ def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileRes
     for name, methods in neighbours.wrapping_calls.items():
         if name in neighbours.dp_classes:
             continue  # a DataParallel subclass that converts where the script calls it (DDP129)
-        if not re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source):
+        if not _calls(source, name):
             continue
         if methods and not any(re.search(rf"\.{re.escape(method)}\s*\(", source) for method in methods):
             continue  # a project class whose wrapping method this script never calls
@@ -892,7 +886,7 @@ def device_picked_elsewhere(path: str, source: str, neighbours: Neighbours) -> F
     (squad's `util.get_available_devices()`, `torch.cuda.set_device(cuda:0)`): after set-up
     every rank would move to that GPU; converted with the folder, the function is rewritten too."""
     for name in sorted(neighbours.device_pickers):
-        if re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source):
+        if _calls(source, name):
             message = (
                 f"`{name}`, which this script calls, picks the CUDA device (torch.cuda.set_device) in a module of this "
                 "project: converted alone, every rank would move to that one GPU after set-up; convert the folder "
@@ -900,6 +894,11 @@ def device_picked_elsewhere(path: str, source: str, neighbours: Neighbours) -> F
             )
             return _folder_refusal(path, source, message)
     return None
+
+
+def _calls(source: str, name: str) -> bool:
+    """Does ``source`` call ``name`` (``util.f(`` for ``util.f``, not ``x.util.f(``)?"""
+    return re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source) is not None
 
 
 def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:

@@ -102,7 +102,7 @@ class BatchLossesTransform(Transform):
         (DCL's ``torch.mm(out, out.t().contiguous())``: every other sample a negative)."""
         for loop in self.facts.training_loops:
             for node in walk(loop.body):
-                operands = _product_operands(node)
+                operands = _product_operands(node, {"mm", "matmul"})
                 if len(operands) >= 2 and any(_transposed(o) for o in operands[1:2]) and not any(_reads_self(o) for o in operands):
                     roots = {_root(o) for o in operands[:2]}
                     if len(roots) == 1 and None not in roots:
@@ -276,21 +276,14 @@ class BatchLossesTransform(Transform):
         """A product of the batch with itself, both operands from the batch (not ``self.``)."""
         for node in walk(definition):
             if isinstance(node, cst.Call):
-                name = dotted(node.func) or ""
-                qualified = self.context.qualified(node.func)
                 operands = [arg.value for arg in node.args if arg.keyword is None]
-                if qualified & PAIRWISE_FUNCTIONS and operands and not any(_reads_self(o) for o in operands[:2]):
+                if self.context.qualified(node.func) & PAIRWISE_FUNCTIONS and operands and not any(_reads_self(o) for o in operands[:2]):
                     return node
-                method = node.func.attr.value if isinstance(node.func, cst.Attribute) else name.rpartition(".")[2]
-                if method in PRODUCTS:
-                    if isinstance(node.func, cst.Attribute) and not name.startswith("torch."):
-                        operands = [node.func.value, *operands]
-                    if any(_transposed(o) for o in operands) and not any(_reads_self(o) for o in operands):
-                        return node
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
-                operands = [node.left, node.right]
-                if _transposed(node.right) and not any(_reads_self(o) for o in operands):
-                    return node
+            operands = _product_operands(node, PRODUCTS)
+            # (`a @ b`: the right operand is the transposed one; a call may name either first)
+            transposed = operands[1:] if isinstance(node, cst.BinaryOperation) else operands
+            if any(_transposed(o) for o in transposed) and not any(_reads_self(o) for o in operands):
+                return node
         return None
 
     def _updated_buffer(self, cls: cst.ClassDef) -> str | None:
@@ -341,17 +334,19 @@ def _without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     return value
 
 
-def _product_operands(node: cst.CSTNode) -> list[cst.BaseExpression]:
-    """The operands of a matrix product (``torch.mm(a, b)``, ``a.mm(b)``, ``a @ b``)."""
+def _product_operands(node: cst.CSTNode, methods: set[str]) -> list[cst.BaseExpression]:
+    """The operands of a matrix product: ``a @ b``, or a call of one of ``methods``
+    (``torch.mm(a, b)``, ``a.mm(b)``: the value a method is called on comes first)."""
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
         return [node.left, node.right]
-    if isinstance(node, cst.Call) and isinstance(node.func, (cst.Attribute, cst.Name)):
-        name = dotted(node.func) or ""
-        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else name
-        if method in ("mm", "matmul"):
-            operands = [arg.value for arg in node.args if arg.keyword is None]
-            return operands if name.startswith("torch.") or isinstance(node.func, cst.Name) else [node.func.value, *operands]
-    return []
+    if not isinstance(node, cst.Call):
+        return []
+    name = dotted(node.func) or ""
+    method = node.func.attr.value if isinstance(node.func, cst.Attribute) else name.rpartition(".")[2]
+    if method not in methods:
+        return []
+    operands = [arg.value for arg in node.args if arg.keyword is None]
+    return [node.func.value, *operands] if isinstance(node.func, cst.Attribute) and not name.startswith("torch.") else operands
 
 
 def _root(node: cst.BaseExpression) -> str | None:

@@ -536,17 +536,7 @@ class RankZeroTransform(Transform):
 
     def _ever_called(self, name: cst.Name, binding: cst.Assign) -> bool:
         """Is ``name`` (or a method of it, ``log.info(...)``) called anywhere?"""
-        bound = {id(n) for n in walk(binding)}
-        for node in walk(self.context.module):
-            if not isinstance(node, cst.Name) or node.value != name.value or id(node) in bound:
-                continue
-            parent = self.context.parent(node)
-            if isinstance(parent, cst.Call) and parent.func is node:
-                return True
-            if isinstance(parent, cst.Attribute) and isinstance(self.context.parent(parent), cst.Call) \
-                    and self.context.parent(parent).func is parent:
-                return True
-        return False
+        return any(self._uses_calling(name, binding))
 
     def _writer_values_shared(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         what = dotted(original.value.func)
@@ -564,18 +554,19 @@ class RankZeroTransform(Transform):
     def _only_called(self, name: cst.Name, binding: cst.Assign) -> bool:
         """Is every other use of ``name`` a call of it or of one of its methods (``log(...)``,
         ``writer.add_scalar(...)``)? Only such an object can be a stand-in elsewhere."""
+        return all(self._uses_calling(name, binding))
+
+    def _uses_calling(self, name: cst.Name, binding: cst.Assign):
+        """For each use of ``name`` outside ``binding``: is it a call of it or of one of its
+        methods?"""
         bound = {id(n) for n in walk(binding)}
         for node in walk(self.context.module):
             if not isinstance(node, cst.Name) or node.value != name.value or id(node) in bound:
                 continue
             parent = self.context.parent(node)
-            if isinstance(parent, cst.Call) and parent.func is node:
-                continue
-            if isinstance(parent, cst.Attribute) and parent.value is node and isinstance(self.context.parent(parent), cst.Call) \
-                    and self.context.parent(parent).func is parent:
-                continue
-            return False
-        return True
+            method = isinstance(parent, cst.Attribute) and parent.value is node
+            called = parent if method else node
+            yield isinstance(self.context.parent(called), cst.Call) and self.context.parent(called).func is called
 
     def _writer_values_on_rank_zero(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         names = self._project_writer_values(original)
