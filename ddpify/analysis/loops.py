@@ -60,10 +60,16 @@ class TrainingLoops(Room):
                 continue
             for expr in loaders.iterated(loop.iter):
                 expr = loaders.through_progress_variable(expr)
-                calls = loaders.loaders_for(expr, context, depth=0) or loaders.constructor_fed(expr, context)
                 code = cst.Module([]).code_for_node(expr)
+                # (a loader handed in that this module also evaluates, pytorchic-bert's Trainer
+                # iterating self.data_iter in train() and in eval(): the callers leave it whole
+                # and the training loop shards it where it draws, at run time)
+                evaluated = self._also_evaluated(code, context)
+                calls = loaders.loaders_for(expr, context, depth=0) or (
+                    [] if evaluated else loaders.constructor_fed(expr, context)
+                )
                 if not calls:
-                    if loaders.fed_by_other_modules(expr, context):
+                    if not evaluated and loaders.fed_by_other_modules(expr, context):
                         self.facts.fed_loops.add(loop)
                         self.facts.training_loader_names.add((context.function, code))
                     continue
@@ -82,6 +88,22 @@ class TrainingLoops(Room):
                     self.facts.pass_hooks.setdefault(loop, EpochHook(loop)).loaders.setdefault(
                         code, (expr, [])
                     )[1].extend(calls)
+
+    def _also_evaluated(self, code: str, context: Context) -> bool:
+        """Is the data a training loop iterates (`self.data_iter`, a parameter) also iterated
+        by a loop that trains nothing, in the same class (an attribute) or function (a name)?"""
+        for loop, other in self.facts.contexts.items():
+            if not isinstance(loop, cst.For) or loop in self._training_loops or self._trains_inside(loop):
+                continue
+            same = (other.cls is context.cls and context.cls is not None) if code.startswith("self.") else (
+                other.function is context.function
+            )
+            if not same:
+                continue
+            iterated = [self.loaders.through_progress_variable(expr) for expr in self.loaders.iterated(loop.iter)]
+            if any(cst.Module([]).code_for_node(expr) == code for expr in iterated):
+                return True
+        return False
 
     def _mark_iterator_loaders(self, loop: Loop, context: Context) -> bool:
         """Loaders a training loop draws from with ``next(it)`` / ``next(iter(loader))``;

@@ -173,6 +173,9 @@ class SamplerTransform(Transform):
             return "its own sampler= draws the same order on every rank, and each rank takes its share"
         if call in self.facts.shared_loaders:
             return "the function that builds it also builds loaders that are not trained on, which stay whole"
+        if call in self.facts.side_passes:
+            readers = ", ".join(dict.fromkeys(what for _, what in self.facts.side_passes[call]))
+            return f"it is also read outside the training loop (by {readers}), which still reads all of it"
         reason = self._unsupported(call)
         if reason:
             return f"the DataLoader call cannot be rewritten where it is built ({reason})"
