@@ -30,6 +30,12 @@ value DataParallel saw::
 
     if train_loss < 0.5:   ->   if ddp_mean(train_loss) < 0.5:
 
+DDP807  an early-stop object that an epoch loop feeds a value it computed from the training
+data (``early_stopping(train_loss, model, path)``, then ``if early_stopping.early_stop: break``)
+is given the mean across ranks, so every rank's object decides alike and all stop together::
+
+    early_stopping(train_loss, model, path)   ->   early_stopping(ddp_mean(train_loss), model, path)
+
 DDP806  a training loop skips an iteration on what this rank computed (``if loss.isnan():
 continue``, CAIN's ``if loss > 10 * first_loss: continue`` after backward()): one rank would
 skip a backward or a step the others take (a hang, or ranks that drift apart). Every rank
@@ -61,6 +67,7 @@ class DecisionsTransform(Transform):
         super().__init__(context)
         self._averaged_tests: dict[cst.If, set[str]] = {}  # early stops decided on the mean
         self._agreed_tests: set[cst.If] = set()  # per-rank skips decided alike on every rank
+        self._fed_metrics: dict[cst.Name, str] = {}  # loop-computed values an early-stop object is given
 
     def check(self) -> None:
         # Training loops, and epoch loops around them (`for epoch ...: train(...)`), where an
@@ -68,6 +75,44 @@ class DecisionsTransform(Transform):
         loops = dict.fromkeys([*self.facts.training_loops, *self.facts.epoch_hooks])
         for loop in loops:
             self._report_per_rank_skips(loop)
+        for loop in self._epoch_loops():
+            self._average_what_deciders_are_given(loop)
+
+    def _epoch_loops(self) -> list[cst.CSTNode]:
+        """Loops around a training loop (the epoch loops), whatever draws the data."""
+        training = set(self.facts.training_loops)
+        return [
+            loop for loop in dict.fromkeys([*self.facts.epoch_hooks, *self.facts.training_loops])
+            if isinstance(loop, (cst.For, cst.While))
+            and (loop in self.facts.epoch_hooks or any(inner in training for inner in walk(loop.body)))
+        ]
+
+    def _average_what_deciders_are_given(self, loop: cst.CSTNode) -> None:
+        """An early stop that reads an object's state (``if early_stopping.early_stop: break``)
+        which a call in the loop fed a value the loop computed from its share of the data
+        (``early_stopping(train_loss, model, path)``, LTSF-Linear's --train_only): each rank's
+        object would decide on its own shard's value, one rank would leave and the others wait
+        in the next all-reduce. The object is given the mean across ranks, as DataParallel
+        gave it the global value, so every rank decides alike."""
+        computed = self._computed(loop) - self._evaluated(loop)
+        deciders = {
+            base
+            for node in walk(loop.body)
+            if isinstance(node, cst.If) and innermost_loop(node, self.context.parent) is loop
+            and any(isinstance(inner, (cst.Break, cst.Return)) for inner in walk(node.body))
+            for base in _objects_read(node.test)
+        }
+        if not deciders or not computed:
+            return
+        for call in calls_in(loop.body):
+            name = dotted(call.func) or ""
+            if name not in deciders and name.rpartition(".")[0] not in deciders:
+                continue
+            if innermost_loop(call, self.context.parent) is not loop or not same_path_on_every_rank(call, self.context.parent):
+                continue
+            fed = [arg.value for arg in call.args if isinstance(arg.value, cst.Name) and arg.value.value in computed]
+            for value in fed:
+                self._fed_metrics[value] = name
 
     def _report_per_rank_skips(self, loop: cst.CSTNode) -> None:
         loop_names = loop_names_around(loop, self.context.parent) | {
@@ -123,6 +168,19 @@ class DecisionsTransform(Transform):
             for node in walk(loop.body)
             if isinstance(node, cst.AugAssign)
             for name in [dotted(node.target)]
+            if name
+        }
+
+    def _evaluated(self, loop: cst.CSTNode) -> set[str]:
+        """Names the loop assigns from an evaluation call (``vali_loss = self.vali(...)``): the
+        evaluation data is whole on every rank, so the value is already the same everywhere."""
+        return {
+            name
+            for node in walk(loop.body)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            and any(word in (dotted(node.value.func) or "").rpartition(".")[2].lower() for word in ("val", "eval", "test"))
+            for target in node.targets
+            for name in [dotted(target.target)]
             if name
         }
 
@@ -203,6 +261,19 @@ class DecisionsTransform(Transform):
             Severity.WARNING,
         )
 
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        decider = self._fed_metrics.get(original_node)
+        if decider is None:
+            return updated_node
+        self.context.use_helper("ddp_mean")
+        self.context.report(
+            original_node,
+            "DDP807",
+            f"`{decider}(...)` decides an early stop from `{original_node.value}`, which this rank computed from its "
+            "share of the data: it is given the mean across ranks, so every rank stops together",
+        )
+        return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         func = original_node.func
         if not (isinstance(func, cst.Attribute) and func.attr.value == "step"):
@@ -248,6 +319,19 @@ def _variables(test: cst.BaseExpression) -> set[str]:
         n.value for n in nodes
         if isinstance(n, cst.Name) and id(n) not in skip and n.value not in ("True", "False", "None")
     }
+
+
+def _objects_read(test: cst.BaseExpression) -> set[str]:
+    """The objects whose state a condition reads: ``early_stopping`` of ``early_stopping.early_stop``,
+    ``self.stopper`` of ``self.stopper.should_stop()``."""
+    found = set()
+    for node in walk(test):
+        target = node.func if isinstance(node, cst.Call) else node
+        if isinstance(target, cst.Attribute):
+            base = dotted(target.value)
+            if base and base not in ("args", "self", "opt", "cfg", "config", "np", "torch", "math"):
+                found.add(base)
+    return found
 
 
 class _AverageNames(cst.CSTTransformer):
