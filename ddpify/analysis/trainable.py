@@ -124,3 +124,55 @@ def _called_model(call: cst.Call, facts: Facts) -> str | None:
 
 def _bound_by(name: cst.Name, target: cst.BaseExpression) -> bool:
     return any(element.value is name for element in getattr(target, "elements", ()))
+
+
+OPTIMIZER = re.compile(r"(^|\.)(optim\.\w+|SGD|Adam\w*|RMSprop|Adagrad|Adadelta|LARS|LAMB|Lamb|Ranger|RAdam|NovoGrad|FusedAdam|FusedLAMB)$")
+
+
+MODEL_MAKER = re.compile(r"^[A-Z]|net|vgg|model|encoder|decoder|(?i:net|vgg|model|encoder|decoder)")
+
+
+def partly_trained(module: cst.Module, facts: Facts) -> dict[str, str]:
+    """Wrapped models built from other models, of which the optimizers train some and not
+    the others (overhaul-distillation's ``Distiller(t_net, s_net)``, the optimizer over
+    ``s_net`` and the connectors): the teacher runs inside the wrap and gets no gradient, and
+    DDP stops at the next step unless it looks for unused parameters. Wrapped name -> why."""
+    built: dict[str, list[str]] = {}  # model name -> the names its constructor was given
+    for node in walk(module):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
+            name = dotted(node.targets[0].target)
+            given = [dotted(arg.value) for arg in node.value.args if isinstance(arg.value, (cst.Name, cst.Attribute))]
+            if name and len(given) >= 2:
+                built.setdefault(name, []).extend(g for g in given if g)
+    # names bound to what a model class or factory returns (`t_net = ResNet.resnet152(...)`)
+    made = {
+        name for node in walk(module)
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call)
+        for name in [dotted(node.targets[0].target)]
+        if name and MODEL_MAKER.search((dotted(node.value.func) or "").rpartition(".")[2])
+    }
+    trained = set()
+    for node in walk(module):
+        if isinstance(node, cst.Call) and OPTIMIZER.search(dotted(node.func) or "") and node.args:
+            trained |= {
+                dotted(call.func.value) for call in walk(node.args[0].value)
+                if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in ("parameters", "named_parameters")
+            }
+    code = module.code
+    frozen = set(re.findall(r"for \w+ in ([\w.]+)\.parameters\(\):\s*\n\s*\w+\.requires_grad\s*=\s*False", code))
+    frozen |= set(re.findall(r"([\w.]+)\.requires_grad_\(False\)", code))
+    found = {}
+    for site in facts.wraps:
+        inner = dotted(site.module_arg) if site.module_arg is not None else None
+        if not site.target or not inner or inner not in built:
+            continue
+        whole = {site.target, inner, f"{site.target}.module", f"{inner}.module"}
+        if trained & whole:
+            continue
+        parts = [name for name in dict.fromkeys(built[inner]) if name in facts.model_names or name in trained or name in made]
+        taught = [name for name in parts if name in trained]
+        idle = [name for name in parts if name not in trained and name not in frozen]
+        if taught and idle:
+            found[site.target] = f"its optimizer trains {', '.join(taught)} but not {', '.join(idle)}, which {site.target} runs"
+    return found
+

@@ -140,7 +140,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, walk, without_gradients
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import trainable_set_changes, unused_outputs
+from ddpify.analysis.trainable import partly_trained, trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
@@ -198,6 +198,7 @@ class WrapModelTransform(Transform):
             and not without_gradients(node, self.context.parent, self.context.code)
         }
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
+        self.partly_trained = partly_trained(self.context.module, self.facts)
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
@@ -683,6 +684,14 @@ class WrapModelTransform(Transform):
                 "DDP127",
                 f"{made}, a model class built here, has a part whose parameters get no gradient ({part}): DDP "
                 "looks for them at each step (find_unused_parameters=True)",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif site.target in self.partly_trained:
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"{site.target} is built from several models and {self.partly_trained[site.target]}: those parameters "
+                "get no gradient, so DDP looks for them at each step (find_unused_parameters=True)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         elif site.target in self.dropped_outputs:
