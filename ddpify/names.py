@@ -26,7 +26,13 @@ SUMMARY_WRITERS = {
     "tensorboardX.SummaryWriter",
 }
 # Calls that return an experiment-tracker object: made on rank 0 only, its method calls guarded.
-TRACKER_FACTORIES = SUMMARY_WRITERS | {"wandb.init", "comet_ml.Experiment", "comet_ml.OfflineExperiment", "visdom.Visdom"}
+TRACKER_FACTORIES = SUMMARY_WRITERS | {
+    "wandb.init", "comet_ml.Experiment", "comet_ml.OfflineExperiment", "visdom.Visdom",
+    # (learning-tsp's `from tensorboard_logger import Logger as TbLogger`: an event file named by
+    # the second and the host, opened 'wb', that ranks starting together overwrite)
+    "tensorboard_logger.Logger", "tensorboardX.GlobalSummaryWriter", "neptune.init", "neptune.init_run",
+    "aim.Run", "dvclive.Live", "clearml.Task.init",
+}
 # Schedulers that decide from a metric the script passes in: it must be the same on every rank.
 METRIC_SCHEDULERS = {"torch.optim.lr_scheduler.ReduceLROnPlateau"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}

@@ -1144,3 +1144,104 @@ def test_a_script_whose_dataparallel_module_does_not_parse_is_refused_not_passed
     project(tmp_path, {"trainer.py": trainer, "main.py": "from trainer import Trainer\n\nTrainer.train(None)\n"})
     result = convert_file(tmp_path / "main.py")
     assert result.error and "DDP214" in result.error
+
+
+BRANCHING_BLOCK = (
+    "import torch.nn as nn\n\n\nclass UpsampleBlock(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.up2 = nn.Linear(8, 1)\n        self.up3 = nn.Linear(8, 1)\n\n"
+    "    def forward(self, x, scale):\n        return self.up2(x) if scale == 2 else self.up3(x)\n"
+)
+
+
+def test_a_model_built_from_an_imported_block_with_a_branch_per_argument_looks_for_unused_parameters(tmp_path):
+    # CARN: model/carn.py's Net builds ops.UpsampleBlock, which runs one branch per scale
+    project(tmp_path, {
+        "ops.py": BRANCHING_BLOCK.replace("return self.up2(x) if scale == 2 else self.up3(x)",
+                                          "if scale == 2:\n            return self.up2(x)\n        return self.up3(x)"),
+        "carn.py": (
+            "import torch.nn as nn\nimport ops\n\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.entry = nn.Linear(4, 8)\n        self.upsample = ops.UpsampleBlock()\n\n"
+            "    def forward(self, x, scale):\n        return self.upsample(self.entry(x), scale)\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom carn import Net\n\n"
+            "model = nn.DataParallel(Net())\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+            "for epoch in range(2):\n    for x, y in loader:\n        loss = ((model(x, 2) - y) ** 2).mean()\n"
+            "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+        ),
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert "ddp_wrap(Net(), find_unused_parameters=True)" in result.output
+    assert "it builds ops.UpsampleBlock" in next(d.message for d in result.diagnostics if d.code == "DDP127")
+
+
+def test_a_backbone_used_only_through_its_parts_is_idle():
+    import ast
+
+    from ddpify.project.neighbours import idle_parts
+
+    source = (
+        "import torch.nn as nn\nfrom torchvision import models\n\n\nclass ContextPath(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.features = models.resnet18(pretrained=True)\n"
+        "        self.conv1 = self.features.conv1\n\n    def forward(self, x):\n        return self.features.layer1(self.conv1(x))\n"
+    )
+    assert "only some parts of self.features" in idle_parts(ast.parse(source))["ContextPath"]
+    whole = source.replace("return self.features.layer1(self.conv1(x))", "return self.features(x)")
+    assert idle_parts(ast.parse(whole)) == {}
+
+
+def test_a_memory_bank_handed_to_a_trainer_is_refused(tmp_path):
+    # ECN: `self.em = nn.Parameter(...)` rows written by labels in a custom backward, the loss
+    # re-exported by reid/loss/__init__.py and handed to the project's Trainer
+    project(tmp_path, {
+        "reid/__init__.py": "",
+        "reid/loss/__init__.py": "from .invariance import InvNet\n",
+        "reid/loss/invariance.py": (
+            "import torch\nimport torch.nn as nn\n\n\nclass InvNet(nn.Module):\n    def __init__(self, n, d):\n"
+            "        super().__init__()\n        self.em = nn.Parameter(torch.zeros(n, d))\n\n"
+            "    def forward(self, x, y):\n        out = x.mm(self.em.t())\n        for f, t in zip(x, y):\n"
+            "            self.em[t] = 0.5 * self.em[t] + 0.5 * f.detach()\n        return out\n"
+        ),
+        "reid/trainers.py": (
+            "class Trainer:\n    def __init__(self, model, model_inv):\n        self.model, self.model_inv = model, model_inv\n\n"
+            "    def train(self, epoch, loader, optimizer):\n        for x, y in loader:\n"
+            "            loss = self.model_inv(self.model(x), y).mean()\n            optimizer.zero_grad()\n"
+            "            loss.backward()\n            optimizer.step()\n"
+        ),
+        "main.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "from reid.loss import InvNet\nfrom reid.trainers import Trainer\n\n"
+            "model = nn.DataParallel(nn.Linear(4, 4))\nmodel_inv = InvNet(10, 4)\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 10, (8,))), batch_size=4)\n"
+            "trainer = Trainer(model, model_inv)\nfor epoch in range(2):\n    trainer.train(epoch, loader, optimizer)\n"
+        ),
+    })
+    result = convert_file(tmp_path / "main.py")
+    assert result.error and "DDP118" in {d.code for d in result.diagnostics}
+
+
+def test_a_trainer_that_writes_through_project_helpers_is_reported(tmp_path):
+    # ban-vqa: train.train() logs with utils.Logger and saves with utils.save_model
+    project(tmp_path, {
+        "utils.py": (
+            "import torch\n\n\nclass Logger:\n    def __init__(self, path):\n        self.log_file = open(path, 'w')\n\n"
+            "    def write(self, msg):\n        self.log_file.write(msg + '\\n')\n\n\n"
+            "def save_model(path, model):\n    torch.save(model.state_dict(), path)\n"
+        ),
+        "train.py": (
+            "import utils\n\n\ndef train(model, loader, optimizer, output):\n    logger = utils.Logger(output + '/log.txt')\n"
+            "    for epoch in range(2):\n        for x, y in loader:\n            loss = ((model(x) - y) ** 2).mean()\n"
+            "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+            "        logger.write(str(loss.item()))\n    utils.save_model(output + '/model.pth', model)\n"
+        ),
+        "main.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom train import train\n\n"
+            "model = nn.DataParallel(nn.Linear(4, 1))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+            "train(model, loader, optimizer, 'out')\n"
+        ),
+    })
+    result = convert_file(tmp_path / "main.py")
+    assert "DDP616" in {d.code for d in result.diagnostics}

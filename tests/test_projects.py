@@ -654,3 +654,84 @@ def test_a_tools_and_lib_layout_trains_the_original_model_under_torchrun(tmp_pat
     assert after.stdout.count("val ") == before.stdout.count("val ") == 2
     evaluation = subprocess.run([sys.executable, "tools/test.py"], cwd=converted, env=env, capture_output=True, text=True, timeout=120)
     assert evaluation.returncode == 0 and "val " in evaluation.stdout, evaluation.stderr
+
+
+TRAIN_OR_EVAL_PROJECT = {
+    "trainer.py": (
+        "import torch\nimport torch.nn as nn\n\n\nclass Trainer:\n"
+        "    def __init__(self, model, data_iter, optimizer):\n"
+        "        self.model, self.data_iter, self.optimizer = model, data_iter, optimizer\n\n"
+        "    def train(self, epochs):\n        model = nn.DataParallel(self.model)\n"
+        "        for e in range(epochs):\n            for x, y in self.data_iter:\n"
+        "                loss = nn.functional.cross_entropy(model(x), y)\n"
+        "                self.optimizer.zero_grad()\n                loss.backward()\n                self.optimizer.step()\n"
+        "        torch.save(self.model.state_dict(), 'final.pt')\n\n"
+        "    def eval(self):\n        model = nn.DataParallel(self.model)\n        model.eval()\n        results = []\n"
+        "        for x, y in self.data_iter:\n            with torch.no_grad():\n"
+        "                results.append((model(x).argmax(1) == y).float())\n"
+        "        print('accuracy', torch.cat(results).mean().item(), 'over', len(torch.cat(results)))\n"
+    ),
+    "classify.py": (
+        "import sys\n\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+        "from trainer import Trainer\n\n\ndef main(mode):\n    torch.manual_seed(0)\n"
+        "    dataset = TensorDataset(torch.randn(36, 4), torch.randint(0, 3, (36,)))\n"
+        "    data_iter = DataLoader(dataset, batch_size=8)\n    model = nn.Linear(4, 3)\n"
+        "    trainer = Trainer(model, data_iter, torch.optim.SGD(model.parameters(), lr=0.1))\n"
+        "    if mode == 'train':\n        trainer.train(2)\n    else:\n        trainer.eval()\n\n\n"
+        "if __name__ == '__main__':\n    main(sys.argv[1])\n"
+    ),
+}
+
+
+def test_a_loader_a_trainer_evaluates_as_well_stays_whole_for_evaluation(tmp_path: Path) -> None:
+    # pytorchic-bert: classify.py builds one loader and hands it to train.Trainer, whose train()
+    # trains on self.data_iter and eval() (`--mode eval`) evaluates it: sharded where it is built,
+    # every rank evaluated half the set. It is sharded where the training loop draws from it.
+    original, converted = tmp_path / "original", tmp_path / "converted"
+    write_project(original, TRAIN_OR_EVAL_PROJECT)
+    write_project(converted, TRAIN_OR_EVAL_PROJECT)
+    for name, result in convert_tree(converted).items():
+        assert not result.error, result.error
+        (converted / name).write_text(result.output)
+    assert "DistributedSampler(" not in (converted / "classify.py").read_text()
+    assert "for x, y in ddp_shard(self.data_iter):" in (converted / "trainer.py").read_text()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "classify.py"]
+    for mode in ("train", "eval"):
+        before = subprocess.run([sys.executable, "classify.py", mode], cwd=original, env=env, capture_output=True, text=True, timeout=120)
+        assert before.returncode == 0, before.stderr
+        after = run_launched([*torchrun, mode], cwd=converted, env=env, timeout=300)
+        assert after.returncode == 0, after.stderr
+        if mode == "eval":
+            assert after.stdout.strip() == before.stdout.strip() == after.stdout.strip().splitlines()[-1]
+            assert "over 36" in after.stdout
+    for name, tensor in torch.load(original / "final.pt").items():
+        torch.testing.assert_close(torch.load(converted / "final.pt")[name], tensor, **TOLERANCE)
+
+
+def test_a_configuration_module_that_calls_its_own_helpers_at_import_is_not_refused(tmp_path: Path) -> None:
+    # FLAVR's config.py: `learn_arg = add_argument_group('Learning')` at import time is
+    # configuration, not training; DDP206 refused the whole folder for it.
+    write_project(tmp_path, {
+        "config.py": (
+            "import argparse\nparser = argparse.ArgumentParser()\n\n\ndef add_argument_group(name):\n"
+            "    return parser.add_argument_group(name)\n\n\nlearn_arg = add_argument_group('Learning')\n"
+            "learn_arg.add_argument('--lr', type=float, default=0.1)\n\n\ndef get_args():\n"
+            "    args, unparsed = parser.parse_known_args()\n    if unparsed:\n        print(unparsed)\n    return args, unparsed\n"
+        ),
+        "main.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport config\n\n"
+            "args, _ = config.get_args()\nmodel = nn.DataParallel(nn.Linear(4, 1))\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)\n"
+            "for epoch in range(2):\n    for x, y in loader:\n        opt.zero_grad()\n"
+            "        nn.functional.mse_loss(model(x), y).backward()\n        opt.step()\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values())
+    assert results["main.py"].changed and not results["config.py"].changed
+    trains_at_import = dict(TRAIN_OR_EVAL_PROJECT, **{"trainer.py": TRAIN_OR_EVAL_PROJECT["trainer.py"] + "\n\nTrainer(None, [], None).train(1)\n"})
+    write_project(tmp_path / "again", trains_at_import)
+    assert "DDP206" in {d.code for r in convert_tree(tmp_path / "again").values() for d in r.diagnostics}

@@ -24,7 +24,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.loaders import ITERABLE_WRAPPERS
-from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, walk
+from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, iterator_of, walk
 from ddpify.names import DATA_LOADER
 
 # Calls that count steps rather than draw data.
@@ -264,8 +264,8 @@ def _a_loader(arg: cst.BaseExpression, call: cst.Call, analyzer) -> bool:
 
 
 def _iterated_by_call(call: cst.Call, analyzer) -> list[cst.BaseExpression]:
-    if dotted(call.func) == "iter" and call.args:
-        return _data_expressions(call.args[0].value, analyzer)
+    if iterator_of(call) is not None:
+        return _data_expressions(iterator_of(call), analyzer)
     function = analyzer.scopes.local_function(call.func)
     if function is None or not any(isinstance(node, (cst.Yield)) for node in walk(function.body)):
         return []

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ParentNodeProvider, ScopeProvider
 
 from ddpify.analysis.tree import bound_names, calls_in, dotted, walk
 
@@ -75,9 +75,39 @@ class GuardUnits:
         inside = {id(node) for member in unit for node in walk(member)}
         for target in targets:
             references = self._references(target)
-            if references is None or not references or any(id(node) not in inside for node in references):
+            if references is None or not references:
+                return False
+            if any(id(node) not in inside and not self._bound_again_before(node, statement, target.value) for node in references):
                 return False
         return True
+
+    def _bound_again_before(self, read: cst.CSTNode, first: cst.BaseStatement, name: str) -> bool:
+        """Is ``read`` reached only by a later ``name = ...`` (FCHarDNet's second
+        ``save_path = os.path.join(...)`` for the best model), not by ``first``? A statement
+        binding it again comes before the read in a block that holds the read and not
+        ``first``, or, in the innermost block holding both, between them."""
+        above_first = set()
+        node = first
+        while node is not None:
+            above_first.add(id(node))
+            node = self._parent(node)
+        node = read
+        while node is not None and not isinstance(node, cst.Module):
+            parent = self._parent(node)
+            body = getattr(parent, "body", None)
+            if isinstance(parent, (cst.IndentedBlock, cst.Module)) and isinstance(body, (list, tuple)):
+                at_read = next((i for i, s in enumerate(body) if s is node), 0)
+                if id(parent) not in above_first:
+                    if any(_binds(statement, name) for statement in body[:at_read]):
+                        return True
+                else:
+                    at_first = next((i for i, s in enumerate(body) if id(s) in above_first), None)
+                    return at_first is not None and any(_binds(statement, name) for statement in body[at_first + 1 : at_read])
+            node = parent
+        return False
+
+    def _parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.metadata.get_metadata(ParentNodeProvider, node, None)
 
     def _references(self, name: cst.Name) -> list[cst.CSTNode] | None:
         scope = self.metadata.get_metadata(ScopeProvider, name, None)
@@ -110,6 +140,14 @@ class GuardUnits:
             return False
         body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
         return bool(body) and all(self.guardable(line) for line in body) and not any(self.unsafe(call) for call in calls_in(statement))
+
+
+def _binds(statement: cst.BaseStatement, name: str) -> bool:
+    """``name = ...`` on its own line."""
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
+        for small in statement.body
+    )
 
 
 def _path_code(call: cst.Call) -> str | None:

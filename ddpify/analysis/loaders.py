@@ -15,7 +15,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from ddpify.analysis.facts import Context, ForeignLoader, Function, LoaderSite
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import dotted, returns, root_name
+from ddpify.analysis.tree import dotted, iterator_of, returns, root_name
 
 # Calls that only wrap an iterable: the loader is their first argument.
 ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
@@ -122,16 +122,16 @@ class Loaders(Room):
 
     def iterator_sources(self, source: cst.BaseExpression) -> list[cst.BaseExpression]:
         """`iter(loader)` -> loader; `it` -> the loaders of every `it = iter(loader)`."""
-        if isinstance(source, cst.Call) and dotted(source.func) == "iter" and source.args:
-            return self.iterated(source.args[0].value)
+        if iterator_of(source) is not None:
+            return self.iterated(iterator_of(source))
         if not isinstance(source, cst.Name):
             return []
         scope = self.scopes.get_metadata(ScopeProvider, source, None)
         found = []
         for assignment in scope[source.value] if scope is not None else ():
             value, _ = self.scopes.assigned_value(assignment.node) if getattr(assignment, "node", None) is not None else (None, None)
-            if isinstance(value, cst.Call) and dotted(value.func) == "iter" and value.args:
-                found += self.iterated(value.args[0].value)
+            if iterator_of(value) is not None:
+                found += self.iterated(iterator_of(value))
         return found
 
     # -- which DataLoader calls an expression may be ---------------------------------------

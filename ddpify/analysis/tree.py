@@ -162,10 +162,25 @@ def root_name(node: cst.BaseExpression) -> cst.Name | None:
     return node if isinstance(node, cst.Name) else None
 
 
+def iterator_of(call: cst.BaseExpression) -> cst.BaseExpression | None:
+    """What ``iter(x)`` or ``x.__iter__()`` (pase's ``next(dloader.__iter__())``) iterates."""
+    if not isinstance(call, cst.Call):
+        return None
+    if dotted(call.func) == "iter" and call.args:
+        return call.args[0].value
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "__iter__" and not call.args:
+        return call.func.value
+    return None
+
+
 def batch_length(value: cst.BaseExpression) -> bool:
-    """``x.shape[0]``, ``x.size(0)``, ``len(x)``: how many samples a batch holds."""
+    """``x.shape[0]``, ``x.size(0)``, ``x.size()[0]``, ``len(x)``: how many samples a batch holds."""
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Attribute) and value.value.attr.value == "shape":
         return True
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call) and not value.value.args:
+        sized = value.value.func  # TinyBERT's `input_ids.size()[0]`
+        if isinstance(sized, cst.Attribute) and sized.attr.value == "size":
+            return True
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size":
         return True
     return isinstance(value, cst.Call) and dotted(value.func) == "len"

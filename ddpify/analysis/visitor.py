@@ -130,6 +130,8 @@ class Analyzer(cst.CSTVisitor):
         if context.function is None and context.cls is None and self.entry.runs_here(node, names):
             self.facts.module_level_runs = True
             self.facts.import_time_runs |= not self.scopes.in_main_guard
+            if not self.scopes.in_main_guard:
+                self.facts.import_time_calls.append(node)
         if is_training_call(node) or dotted(node.func) in self.facts.training_calls and not self._without_gradients(node):
             # (a function that trains, called under no_grad, evaluates: Wave-U-Net's validate()
             # calls compute_loss(), whose backward() runs only when asked)

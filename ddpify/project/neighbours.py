@@ -435,6 +435,45 @@ class ModuleSummary:
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
 
 
+_SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
+
+
+def _imported_idle_parts(path: Path, tree: ast.Module) -> dict[str, str]:
+    """Model classes with a part that gets no gradient in the project modules this one
+    imports, by the names they have here (`UpsampleBlock`, `ops.UpsampleBlock`)."""
+    return _imported(path, tree, lambda summary: summary.idle_parts)
+
+
+def _imported_writers(path: Path, tree: ast.Module) -> set[str]:
+    """Functions and classes of the project modules this one imports that write files
+    (ban-vqa's `utils.Logger(...)`, `utils.save_model(...)`), by their names here."""
+    return set(_imported(path, tree, lambda summary: dict.fromkeys(summary.writers | summary.writer_classes, "")))
+
+
+def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
+    """What ``pick`` takes from the summaries of the project modules this one imports, keyed
+    by the names they have here."""
+    folders, found = _search_folders(path.parent, tree), {}
+    _SUMMARISING.add(path)
+    try:
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                module = _module_file(folders, node.module or "", node.level, path.parent)
+                if module is None or module in _SUMMARISING:
+                    continue
+                taken = pick(_summary(module))
+                found.update((alias.asname or alias.name, taken[alias.name]) for alias in node.names if alias.name in taken)
+                found.update(taken if any(alias.name == "*" for alias in node.names) else {})
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    module = _module_file(folders, alias.name, 0, path.parent)
+                    if module is not None and module not in _SUMMARISING:
+                        found.update((f"{alias.asname or alias.name}.{name}", v) for name, v in pick(_summary(module)).items())
+    finally:
+        _SUMMARISING.discard(path)
+    return found
+
+
 @functools.lru_cache(maxsize=256)
 def _summary(path: Path) -> ModuleSummary:
     try:
@@ -486,13 +525,19 @@ def _summary(path: Path) -> ModuleSummary:
         and id(node) not in bases
         for node in ast.walk(tree)
     )
+    # (through a project helper that writes too: ban-vqa's train() logs with utils.Logger and
+    # saves with utils.save_model)
+    writing_helpers = writers | _imported_writers(path, tree)
     writing = frozenset(
         node.name for node in tree.body
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and (node.name in trainers or node.name in trainer_classes) and _writes(node)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and (node.name in trainers or node.name in trainer_classes)
+        and (_writes(node) or _calls_one_of(node, writing_helpers))
     )
     banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
+    # (and those it imports, which importers may take from here: reid/loss/__init__.py's InvNet)
+    banks |= frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.memory_banks, "")))
     return ModuleSummary(
-        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree), trainer_classes,
+        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree, _imported_idle_parts(path, tree)), trainer_classes,
         writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree, path),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
@@ -622,7 +667,7 @@ def _training_methods(cls: ast.ClassDef) -> dict[str, tuple[tuple[int, str], ...
     return found
 
 
-def idle_parts(tree: ast.Module) -> dict[str, str]:
+def idle_parts(tree: ast.Module, known: dict[str, str] | None = None) -> dict[str, str]:
     """Module classes with a part that gets no gradient: a submodule made in __init__ that no
     method uses, or a submodule's result that forward() computes and never reads."""
     found = {}
@@ -648,14 +693,80 @@ def idle_parts(tree: ast.Module) -> dict[str, str]:
         switched = _used_only_under_a_switch(made, methods)
         selected = _selected_by_an_argument(methods["forward"])
         frozen = _run_without_gradients(methods["forward"])
-        if unused or dropped or switched or selected or frozen:
+        pieced = _used_only_through_parts(methods)
+        if unused or dropped or switched or selected or frozen or pieced:
             found[cls.name] = (
                 f"self.{unused[0]} is never used" if unused else f"`{dropped}` is computed and never read" if dropped
                 else f"self.{switched[0]} is used only under `{switched[1]}` (a configuration switch)" if switched
                 else f"forward() runs only the part `{selected}` picks" if selected
-                else f"forward() runs self.{frozen} under no_grad"
+                else f"forward() runs self.{frozen} under no_grad" if frozen
+                else f"only some parts of self.{pieced[0]} are used (self.{pieced[0]}.{pieced[1]}, ...), never the whole"
             )
+    return _built_from_idle_parts(tree, found, known or {})
+
+
+def _built_from_idle_parts(tree: ast.Module, found: dict[str, str], known: dict[str, str]) -> dict[str, str]:
+    """A model class that builds, in its constructor, a class with a part that gets no
+    gradient (CARN's Net builds ops.UpsampleBlock, which runs one branch per scale) has that
+    part too: the classes of this module, and those `known` from the modules it imports."""
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    changed = True
+    while changed:
+        changed = False
+        for cls in classes:
+            if cls.name in found:
+                continue
+            init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
+            for node in ast.walk(init) if init is not None else ():
+                if not isinstance(node, ast.Call):
+                    continue
+                callee = ast.unparse(node.func)
+                part = found.get(callee) or known.get(callee) or found.get(callee.rpartition(".")[2])
+                if part:
+                    found[cls.name] = f"it builds {callee}, where {part}"
+                    changed = True
+                    break
     return found
+
+
+WHOLE_MODULE_METHODS = {
+    "parameters", "named_parameters", "modules", "named_modules", "train", "eval", "to", "cuda", "cpu", "half", "float",
+    "state_dict", "load_state_dict", "apply", "requires_grad_", "zero_grad", "buffers", "named_buffers", "register_buffer",
+}
+RUNS_THE_WHOLE = re.compile(r"(forward|extract|get|encode|decode|predict|compute|run|infer|embed|features?$|sample|generate|step|loss)", re.IGNORECASE)
+
+
+def _used_only_through_parts(methods: dict[str, ast.FunctionDef]) -> tuple[str, str] | None:
+    """``self.features = models.resnet18(...)`` of which the model only ever uses parts
+    (``self.features.conv1`` ... ``.layer4``, BiSeNet's context path; ``list(self.backbone.children())``),
+    never the whole: the parts it leaves (the classifier ``fc``) get no gradient."""
+    made = [
+        target.attr for node in ast.walk(methods["__init__"]) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+    ]
+    parents = {child: node for method in methods.values() for node in ast.walk(method) for child in ast.iter_child_nodes(node)}
+    for attr in made:
+        parts, whole = set(), False
+        for method in methods.values():
+            for node in ast.walk(method):
+                if not (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
+                        and node.value.id == "self" and isinstance(node.ctx, ast.Load)):
+                    continue
+                parent = parents.get(node)
+                if isinstance(parent, ast.Attribute) and parent.value is node:
+                    called = isinstance(parents.get(parent), ast.Call) and parents[parent].func is parent
+                    # (`self.features.layer1(x)` runs a part; `self.t_net.extract_feature(x)` a method
+                    # that runs the whole, as far as can be told)
+                    if called and parent.attr in WHOLE_MODULE_METHODS:
+                        continue  # about the whole, running nothing
+                    if not called or parent.attr in ("children", "named_children") or not RUNS_THE_WHOLE.match(parent.attr):
+                        parts.add(parent.attr)
+                        continue
+                whole = True
+        if parts and not whole:
+            return attr, sorted(parts)[0]
+    return None
 
 
 def _run_without_gradients(forward: ast.FunctionDef) -> str | None:
@@ -785,6 +896,10 @@ def _keeps_files(cls: ast.ClassDef) -> bool:
     return any(_writes(method) for method in methods) and not EVERY_RANK_WORDS.search(text)
 
 
+def _calls_one_of(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(call, ast.Call) and ast.unparse(call.func) in names for call in ast.walk(node))
+
+
 def _writes(node: ast.AST) -> bool:
     for call in ast.walk(node):
         if not isinstance(call, ast.Call):
@@ -809,6 +924,13 @@ def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
         node.args[0].value for node in ast.walk(cls)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_buffer"
         and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+    ]
+    # (ECN's exemplar memory: `self.em = nn.Parameter(torch.zeros(n, d))`, rows written by batch
+    # labels in a custom backward; a plain tensor attribute likewise)
+    buffers += [
+        target.attr for node in ast.walk(cls) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        and re.search(r"(^|\.)(Parameter|zeros|ones|empty|randn|rand|full)$", ast.unparse(node.value.func))
+        for target in node.targets if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
     ]
     for buffer in buffers:
         word = re.escape(buffer)

@@ -155,10 +155,19 @@ class BatchLossesTransform(Transform):
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
             for target in node.targets
         }
+        # (or handed to an object the loop calls: ECN's `trainer = Trainer(model, model_inv)`, then
+        # `trainer.train(...)` in the epoch loop)
+        carriers = {
+            dotted(target.target): instances[dotted(arg.value)]
+            for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            for arg in node.value.args if dotted(arg.value) in instances
+            for target in node.targets
+        }
         for loop in self.facts.training_loops:
             for call in calls_in(loop.body):
                 name = dotted(call.func)
-                made = name if name in names else instances.get(name)
+                made = name if name in names else instances.get(name) or carriers.get((name or "").rpartition(".")[0])
                 # (or handed to a helper that calls it: AlignedReID's DeepSupervision(criterion, ...))
                 handed = [instances[arg] for arg in (dotted(a.value) for a in call.args) if arg in instances]
                 made = made or (handed[0] if handed else None)

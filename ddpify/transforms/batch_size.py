@@ -42,6 +42,11 @@ made with each process's share::
 
     go = np.zeros([args.batch_size, n, 1])  ->  go = np.zeros([ddp_local_batch_size(args.batch_size), n, 1])
 
+DDP410  a training batch cut into the steps of a gradient accumulation (``xs = torch.split(x, 4)``,
+then a backward per piece) is cut into pieces of each process's share, as many as before::
+
+    xs = torch.split(x, 4)   ->   xs = torch.split(x, ddp_local_batch_size(4))
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -146,11 +151,51 @@ class BatchSizeTransform(Transform):
                 return updated_node.with_changes(comparisons=[updated_node.comparisons[0].with_changes(comparator=local)])
         return updated_node
 
+    def _split_into_steps(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
+        """``torch.split(x, 4)`` of a batch the training loop draws, the pieces its accumulation
+        steps (BigGAN's D steps over chunks of the loader's batch): each process holds its share
+        of the batch, so it cuts it into pieces of the share, as many as before."""
+        names = self.context.qualified(original.func)
+        if "torch.split" in names and len(original.args) >= 2 and original.args[0].keyword is None:
+            tensor, index = original.args[0].value, 1
+        elif isinstance(original.func, cst.Attribute) and original.func.attr.value == "split" and original.args and not names & {"str.split"}:
+            tensor, index = original.func.value, 0
+        else:
+            return None
+        size = original.args[index]
+        if size.keyword is not None or isinstance(size.value, (cst.List, cst.Tuple, cst.SimpleString)):
+            return None
+        if not isinstance(tensor, cst.Name) or tensor.value not in self._batch_names(original):
+            return None
+        self.context.report(
+            original,
+            "DDP410",
+            f"each batch is cut into training steps of `{self.context.code(size.value)}`: each process holds its share "
+            "of the batch, so it cuts it into steps of that share (ddp_local_batch_size), as many steps as before",
+        )
+        args = list(updated.args)
+        args[index] = args[index].with_changes(value=self._local(args[index].value))
+        return updated.with_changes(args=args)
+
+    def _batch_names(self, node: cst.CSTNode) -> set[str]:
+        """Names the training loops around ``node`` bind to what they draw (``for x, y in loader``)."""
+        found, loops = set(), set(map(id, self.facts.training_loops))
+        while node is not None:
+            if id(node) in loops and isinstance(node, cst.For):
+                found |= {n.value for n in walk(node.target) if isinstance(n, cst.Name)}
+            node = self.context.parent(node)
+        return found
+
     def _per_step_shape(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``np.zeros([args.batch_size, hp.num_mels, 1])`` in the training loop (Tacotron's GO
         frame, joined to each batch): DataParallel's global batch sized a tensor for the whole
         batch; each process now holds its share, so the tensor is sized by the share."""
-        if self.context.options.per_process_batch or not self._shapes_tensor(original):
+        if self.context.options.per_process_batch:
+            return updated
+        split = self._split_into_steps(original, updated)
+        if split is not None:
+            return split
+        if not self._shapes_tensor(original):
             return updated
         sizes = self._training_batch_sizes
         changed = False

@@ -37,8 +37,9 @@ from importlib import resources
 import libcst as cst
 from libcst.metadata import FunctionScope, Scope, ScopeProvider
 
-from ddpify.analysis import walk
+from ddpify.analysis import is_training_call, walk
 from ddpify.diagnostics import ENTRY, Severity
+from ddpify.names import DATA_PARALLEL
 from ddpify.transforms.base import HELPERS_PLACEHOLDER, Block, Pair, Transform, is_header, is_import
 
 TEMPLATE_IMPORTS = (  # (atexit, logging and re are imported inside the helpers: a script may bind those names)
@@ -217,7 +218,7 @@ class ProcessGroupTransform(Transform):
 
     def check(self) -> None:
         if self.context.is_library:
-            if self.facts.import_time_runs:
+            if self._wraps_or_trains_at_import():
                 self.context.report(
                     self.context.module,
                     "DDP206",
@@ -249,6 +250,29 @@ class ProcessGroupTransform(Transform):
                 Severity.ERROR,
             )
         self._report_conflicts()
+
+    def _wraps_or_trains_at_import(self) -> bool:
+        """Does the module-level code of this imported module wrap or train, itself or through
+        a function or class of the module it calls? (FLAVR's config.py calls its own
+        `add_argument_group(...)` at import time: that is configuration, not training.)"""
+        for call in self.facts.import_time_calls:
+            if self.context.qualified(call.func) & DATA_PARALLEL or is_training_call(call):
+                return True
+            definition = self._definition(call.func)
+            if definition is None:
+                return True  # not a function or class of this file: keep the refusal
+            inside = walk(definition)
+            wraps = {id(site.call) for site in self.facts.wraps}
+            if any(id(inner) in wraps or isinstance(inner, cst.Call) and is_training_call(inner) for inner in inside):
+                return True
+        return False
+
+    def _definition(self, func: cst.BaseExpression) -> cst.CSTNode | None:
+        if not isinstance(func, cst.Name):
+            return None
+        scope = self.context.metadata.get_metadata(ScopeProvider, func, None)
+        found = [a.node for a in scope[func.value] if isinstance(getattr(a, "node", None), (cst.FunctionDef, cst.ClassDef))] if scope else []
+        return found[0] if len(found) == 1 else None
 
     def _report_conflicts(self) -> None:
         # A function's own variable of that name (open-reid's `dist = torch.cdist(...)`)
