@@ -206,7 +206,7 @@ class SamplerTransform(Transform):
                 )
                 self._run_time[site.expr] = (site, why)
             elif not site.loaders and surely_not_a_loader(site, self.facts) is None:
-                self._run_time[site.expr] = (site, "it does not come from a DataLoader call of this file")
+                self._run_time[site.expr] = (site, "it is not traced to a DataLoader call of this file")
             elif not site.loaders:
                 # a list of batches made here (SpanBERT): each batch split between the ranks
                 self._run_time[site.expr] = (site, "it is a list of batches made here, not a DataLoader: each of its batches is split between the ranks, as DataParallel split it")
@@ -247,7 +247,7 @@ class SamplerTransform(Transform):
         covered = {call for site, _ in self._run_time.values() for call in site.loaders}
         for argument, (trainer, loaders, function) in self.facts.passed_loaders.items():
             if not loaders and argument not in self._run_time:
-                self._run_time[argument] = (DataSite(trainer, argument, (), function), "it does not come from a DataLoader call of this file")
+                self._run_time[argument] = (DataSite(trainer, argument, (), function), "it is not traced to a DataLoader call of this file")
         for call, reason in runtime.items():
             if call in covered:
                 continue
@@ -293,7 +293,7 @@ class SamplerTransform(Transform):
             original,
             "DDP312",
             f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
-            f"{batch}, reshuffled every pass",
+            f"{batch}; each pass over it is the next epoch",
         )
         shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
