@@ -79,7 +79,41 @@ class GuardUnits:
                 return False
             if any(id(node) not in inside and not self._bound_again_before(node, statement, target.value) for node in references):
                 return False
+            if self._read_in_the_next_pass(target, statement, inside, references):
+                return False
         return True
+
+    def _read_in_the_next_pass(self, target: cst.Name, statement: cst.BaseStatement, inside: set[int], references) -> bool:
+        """A read in the same loop above the binding (FCHarDNet's ``if score >= best_iou:``
+        above ``best_iou = score``): the binding reaches it on the loop's next pass, which
+        the scope's accesses (read before the binding, in text) do not say."""
+        loop = self._parent(statement)
+        while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+            loop = self._parent(loop)
+        if not isinstance(loop, (cst.For, cst.While)):
+            return False
+        scope = self.metadata.get_metadata(ScopeProvider, target, None)
+        known = {id(node) for node in references}
+        in_loop = {id(node) for node in walk(loop)}
+        return scope is not None and any(
+            id(access.node) in in_loop and id(access.node) not in inside and id(access.node) not in known
+            and not self._bound_before_in(access.node, loop, target.value)
+            for access in scope.accesses[target.value]
+        )
+
+    def _bound_before_in(self, read: cst.CSTNode, loop: cst.CSTNode, name: str) -> bool:
+        """Is ``name`` bound again above ``read`` in a block between it and ``loop`` (so each
+        pass rebinds it before the read: FCHarDNet's ``state = {...}`` above each save)?"""
+        node = read
+        while node is not None and node is not loop:
+            parent = self._parent(node)
+            body = getattr(parent, "body", None)
+            if isinstance(parent, cst.IndentedBlock) and isinstance(body, (list, tuple)):
+                at = next((i for i, s in enumerate(body) if s is node), 0)
+                if any(_binds(statement, name) for statement in body[:at]):
+                    return True
+            node = parent
+        return False
 
     def _bound_again_before(self, read: cst.CSTNode, first: cst.BaseStatement, name: str) -> bool:
         """Is ``read`` reached only by a later ``name = ...`` (FCHarDNet's second
