@@ -199,11 +199,30 @@ def stand_in_escapes(target: cst.BaseExpression, module: cst.Module, parent_of, 
     """The first use of a rank-0-only object bound to ``target`` (``writer``,
     ``self.writer``) that takes something from it outside a rank-0 guard, or None; a function
     of this file it is passed to is followed into (its parameter's uses, under that name)."""
+    return _escape_from([(dotted(target), module)], target, module, parent_of, guarded)
+
+
+def argument_escapes(made: cst.Call, module: cst.Module, parent_of, guarded: Callable[[cst.CSTNode], bool]) -> cst.CSTNode | None:
+    """stand_in_escapes for an object made as an argument (``train(SummaryWriter(...))``): its
+    uses under the parameter's name in the function of this file that receives it; the call
+    itself when it goes to nothing this file defines (nothing can be followed)."""
+    passed = _passed_to(made, parent_of, _functions(module))
+    if not passed:
+        return made
+    return _escape_from(passed, made, module, parent_of, guarded)
+
+
+def _functions(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
     functions: dict[str, list[cst.FunctionDef]] = {}
     for node in walk(module):
         if isinstance(node, cst.FunctionDef):
             functions.setdefault(node.name.value, []).append(node)
-    pending, seen = [(dotted(target), module)], set()
+    return functions
+
+
+def _escape_from(pending: list, target: cst.CSTNode, module: cst.Module, parent_of, guarded) -> cst.CSTNode | None:
+    functions = _functions(module)
+    seen = set()
     while pending:
         name, scope = pending.pop()
         if name is None or (name, id(scope)) in seen:

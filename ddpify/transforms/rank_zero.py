@@ -120,7 +120,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.analysis.guard_units import GuardUnits, bound_target, stand_in_escapes
+from ddpify.analysis.guard_units import GuardUnits, argument_escapes, bound_target, stand_in_escapes
 from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -614,6 +614,13 @@ class RankZeroTransform(Transform):
         parent = self.context.parent(call)
         if isinstance(parent, cst.Assign) and parent.value is call:
             return False
+        if isinstance(parent, cst.Arg) and parent.value is call and not self._under_rank_guard(call):
+            # `train(SummaryWriter(...))` in a function (at the top level it may run before the
+            # set-up, which the call itself may hold): followed into the function that receives it
+            if not isinstance(self._function_of(call), cst.FunctionDef):
+                return False
+            guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
+            return argument_escapes(call, self.context.module, self.context.parent, guarded) is None
         return isinstance(parent, (cst.Return, cst.DictElement, cst.Element)) and not self._under_rank_guard(call)
 
     def _tracker_with_item(self, call: cst.Call) -> bool:
