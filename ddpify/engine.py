@@ -123,8 +123,13 @@ class FileConversion:
         imports, read from disk, stand in for what project mode would link."""
         trainers = self.neighbours.trainers
         return ProjectLinks(
+            # (`from utils import *` where utils imports SummaryWriter: PatchmatchNet)
+            reexports=dict(self.neighbours.reexports),
             training_calls=frozenset(trainers),
-            parameter_loaders={name: list(params) for name, params in trainers.items() if params},
+            parameter_loaders={
+                name: list(params)
+                for name, params in [*trainers.items(), *self.neighbours.constructor_loaders.items()] if params
+            },
         )
 
     def facts(self, links: ProjectLinks | None) -> Facts:

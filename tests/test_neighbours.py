@@ -3,6 +3,7 @@ their writers run on rank 0, a DataParallel wrap inside them is named, not misse
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import run_launched
 from ddpify.api import convert_file
 from ddpify.cli import app
 
@@ -248,6 +250,7 @@ def validate(config, val_loader, model, criterion):
     return sum(criterion(model(x), y).item() for x, y in val_loader)
 '''
 INIT_PATHS = '''import os.path as osp
+import os
 import shutil
 import sys
 
@@ -535,6 +538,7 @@ def test_a_wrap_a_few_imports_down_is_found_and_names_folder_mode(tmp_path):
 
 
 LIIF_UTILS = '''import os
+import os
 import shutil
 
 
@@ -1245,3 +1249,76 @@ def test_a_trainer_that_writes_through_project_helpers_is_reported(tmp_path):
     })
     result = convert_file(tmp_path / "main.py")
     assert "DDP616" in {d.code for d in result.diagnostics}
+
+
+def test_a_loader_handed_to_a_trainer_class_constructor_is_training_data(tmp_path):
+    # CamStyle --camstyle 46: CamStyleTrainer(model, criterion, camstyle_loader) keeps
+    # `iter(self.camstyle_loader)` and draws from it with next() in train()
+    project(tmp_path, {
+        "trainers.py": (
+            "class CamStyleTrainer:\n    def __init__(self, model, criterion, camstyle_loader):\n"
+            "        self.model, self.criterion = model, criterion\n        self.camstyle_loader = camstyle_loader\n"
+            "        self.camstyle_loader_iter = iter(self.camstyle_loader)\n\n"
+            "    def train(self, epoch, data_loader, optimizer):\n        for x, y in data_loader:\n"
+            "            try:\n                cx, cy = next(self.camstyle_loader_iter)\n            except StopIteration:\n"
+            "                self.camstyle_loader_iter = iter(self.camstyle_loader)\n                cx, cy = next(self.camstyle_loader_iter)\n"
+            "            loss = self.criterion(self.model(x), y) + self.criterion(self.model(cx), cy)\n"
+            "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+        ),
+        "main.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainers import CamStyleTrainer\n\n\n"
+            "def main():\n    train_loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)\n"
+            "    camstyle_loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)\n"
+            "    model = nn.DataParallel(nn.Linear(4, 1))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    trainer = CamStyleTrainer(model, nn.MSELoss(), camstyle_loader)\n"
+            "    for epoch in range(2):\n        trainer.train(epoch, train_loader, optimizer)\n\n\nmain()\n"
+        ),
+    })
+    result = convert_file(tmp_path / "main.py")
+    assert not result.error, result.diagnostics
+    assert {d.message.split("'")[1] for d in result.diagnostics if d.code == "DDP301"} == {"train_loader", "camstyle_loader"}
+
+
+def test_a_project_function_returning_a_logger_it_makes_runs_on_rank_zero_with_a_stand_in(tmp_path):
+    # M2Det: `logger = set_logger(args.tensorboard)` makes the log folder and returns a
+    # TensorBoard Logger; sent to the other ranks as a value it failed to pickle
+    project(tmp_path, {
+        "utils/__init__.py": "",
+        "utils/core.py": (
+            "import os\nimport shutil\n\n\nclass Logger:\n    def __init__(self, path):\n        self.file = open(path + '/events', 'w')\n\n"
+            "    def scalar_summary(self, tag, value, step):\n        self.file.write(f'{tag} {value} {step}\\n')\n\n\n"
+            "def set_logger(status):\n    if status:\n        log_path = './logs/run'\n        if os.path.exists(log_path):\n"
+            "            shutil.rmtree(log_path)\n        os.makedirs(log_path)\n        logger = Logger(log_path)\n    else:\n"
+            "        logger = None\n    return logger\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom utils.core import set_logger\n\n"
+            "logger = set_logger(True)\nmodel = nn.DataParallel(nn.Linear(4, 1))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+            "for epoch in range(2):\n    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n"
+            "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+            "        logger.scalar_summary('loss', loss.item(), epoch)\n"
+        ),
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert "logger = set_logger(True) if dist.get_rank() == 0 else DdpNoOp()" in result.output
+    assert "ddp_from_rank_zero(set_logger" not in result.output
+
+
+PENET_HELPER = 'import csv\nimport os\n\n\nclass Logger:\n    def __init__(self, folder):\n        if not os.path.exists(folder):\n            os.makedirs(folder)\n        self.csv = os.path.join(folder, "train.csv")\n        self.best = float("inf")\n\n    def save_info(self, loss, epoch):\n        with open(self.csv, "a") as handle:\n            csv.writer(handle).writerow([epoch, loss])\n        return loss\n\n    def save_best(self, loss):\n        is_best = loss < self.best\n        self.best = min(loss, self.best)\n        return is_best\n'
+PENET_MAIN = 'import torch\nfrom helper import Logger\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef iterate(loader, model, optimizer, logger, epoch):\n    total = 0.0\n    for x, y in loader:\n        loss = nn.functional.mse_loss(model(x), y)\n        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n        total += loss.item()\n    avg = logger.save_info(total / len(loader), epoch)\n    is_best = logger.save_best(avg)\n    return is_best\n\n\ndef main():\n    torch.manual_seed(0)\n    logger = Logger("results")\n    model = nn.DataParallel(nn.Linear(4, 1))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)\n    for epoch in range(2):\n        if iterate(loader, model, optimizer, logger, epoch):\n            torch.save(model.state_dict(), "best.pth")\n\n\nif __name__ == "__main__":\n    main()\n'
+
+
+def test_results_of_a_project_logger_made_on_rank_zero_are_sent_to_every_rank(tmp_path):
+    # PENet's helper.logger: made on rank 0 only; `avg = logger.save_info(...)` and
+    # `is_best = logger.save_best(avg)` are called by rank 0 and sent to the others
+    project(tmp_path, {"helper.py": PENET_HELPER, "main.py": PENET_MAIN})
+    result = convert_file(tmp_path / "main.py")
+    assert 'logger = Logger("results") if dist.get_rank() == 0 else DdpNoOp()' in result.output
+    assert "is_best = ddp_from_rank_zero(logger.save_best(avg) if dist.get_rank() == 0 else None)" in result.output
+    (tmp_path / "main.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "main.py"]
+    run = run_launched(torchrun, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert len((tmp_path / "results" / "train.csv").read_text().splitlines()) == 2  # one row per epoch

@@ -735,3 +735,41 @@ def test_a_configuration_module_that_calls_its_own_helpers_at_import_is_not_refu
     trains_at_import = dict(TRAIN_OR_EVAL_PROJECT, **{"trainer.py": TRAIN_OR_EVAL_PROJECT["trainer.py"] + "\n\nTrainer(None, [], None).train(1)\n"})
     write_project(tmp_path / "again", trains_at_import)
     assert "DDP206" in {d.code for r in convert_tree(tmp_path / "again").values() for d in r.diagnostics}
+
+
+ATTGAN_PROJECT = {
+    "attgan.py": (
+        "import torch\nimport torch.nn as nn\nfrom torch import autograd\n\n\nclass AttGAN:\n"
+        "    def __init__(self, multi_gpu=False):\n        self.G = nn.Linear(4, 4)\n        self.D = nn.Linear(4, 1)\n"
+        "        if multi_gpu:\n            self.G = nn.DataParallel(self.G)\n            self.D = nn.DataParallel(self.D)\n"
+        "        self.optim_D = torch.optim.SGD(self.D.parameters(), lr=0.1)\n\n"
+        "    def trainD(self, img_a):\n        img_fake = self.G(img_a).detach()\n        d_real, d_fake = self.D(img_a), self.D(img_fake)\n\n"
+        "        def gradient_penalty(f, real):\n            x = real.clone().requires_grad_(True)\n            pred = f(x)\n"
+        "            grad = autograd.grad(outputs=pred, inputs=x, grad_outputs=torch.ones_like(pred), create_graph=True)[0]\n"
+        "            return ((grad.norm(2, dim=1) - 1.0) ** 2).mean()\n\n"
+        "        df_loss = d_fake.mean() - d_real.mean()\n        df_gp = gradient_penalty(self.D, img_a)\n"
+        "        d_loss = df_loss + 10.0 * df_gp\n        self.optim_D.zero_grad()\n        d_loss.backward()\n        self.optim_D.step()\n"
+        "        return d_loss.item()\n\n\n"
+        "if __name__ == '__main__':\n    attgan = AttGAN()\n    print(attgan.G)\n"
+    ),
+    "train.py": (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom attgan import AttGAN\n\n"
+        "attgan = AttGAN(multi_gpu=True)\nloader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n    for (img_a,) in loader:\n        attgan.trainD(img_a)\n"
+    ),
+    "test.py": (
+        "import torch\nfrom attgan import AttGAN\n\nattgan = AttGAN(multi_gpu=True)\nwith torch.no_grad():\n"
+        "    print(attgan.G(torch.randn(2, 4)))\n"
+    ),
+}
+
+
+def test_a_model_module_with_a_self_test_and_a_summed_gradient_penalty_converts_with_its_trainer(tmp_path: Path) -> None:
+    # AttGAN: attgan.py's `__main__` block only builds the model (its importers' library), its
+    # penalty is added to d_loss with one backward (DDP111 warns, not refuses); test.py only
+    # evaluates with the model, and is left as it is
+    write_project(tmp_path, ATTGAN_PROJECT)
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), {n: r.error for n, r in results.items()}
+    assert results["attgan.py"].changed and results["train.py"].changed and not results["test.py"].changed
+    assert "ddp_shard(loader)" in results["train.py"].output or "DistributedSampler(" in results["train.py"].output

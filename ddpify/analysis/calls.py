@@ -80,6 +80,12 @@ class CallGraph(Room):
         under ``if train:`` (or ``if not is_validate:``) on a parameter this call sets to the
         other literal (BERT-pytorch's ``iteration(..., train=False)``, flownet2's
         ``train(..., is_validate=True)``)."""
+        step = self._step_parameter(function)
+        if step is not None:
+            # it trains through the function it is passed (PatchmatchNet's process_samples
+            # with train_sample, not with test_sample)
+            value = self.argument_for(function, step, call)
+            return not isinstance(value, cst.Name) or value.value in self.facts.training_calls
         if function not in self._switches:
             self._switches[function] = self._training_switch(function)
         switch = self._switches[function]
@@ -97,6 +103,19 @@ class CallGraph(Room):
         if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
             return True
         return (value.value == "True") == trains_when
+
+    def _step_parameter(self, function: Function) -> cst.Param | None:
+        """The parameter through which alone ``function`` trains: every training call in it is
+        a call of that parameter (``sample_function(model, sample, ...)``)."""
+        training = [call for call, context in self.scopes.calls if context.function is function and self._trains_here(call)]
+        params = {p.name.value: p for p in function.params.params}
+        names = {call.func.value if isinstance(call.func, cst.Name) else None for call in training}
+        if len(names) != 1 or None in names or next(iter(names)) not in params:
+            return None
+        return params[next(iter(names))]
+
+    def _trains_here(self, call: cst.Call) -> bool:
+        return is_training_call(call) or (dotted(call.func) or "") in self.facts.training_calls
 
     def _training_switch(self, function: Function) -> tuple[cst.Param, bool] | None:
         """The parameter that switches every training call of ``function`` on, and the value

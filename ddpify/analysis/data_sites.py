@@ -17,6 +17,8 @@ the others where the loop draws from them (``ddp_shard(loader)``, sharded at run
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import libcst as cst
@@ -363,21 +365,94 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
     by_name: dict[str, list[cst.FunctionDef]] = {}
     for function in functions:
         by_name.setdefault(function.name.value, []).append(function)
-    trains = {function for function in functions if any(is_training_call(call) for call in calls_in(function.body))}
+    # (a function decorated to run without gradients never trains: PatchmatchNet's
+    # `@make_nograd_func def test_sample(...)`, though it calls the shared process_sample)
+    quiet = {function for function in functions if any(NO_GRAD_DECORATOR.search(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "") for d in function.decorators)}
+    trains = {function for function in functions if function not in quiet and any(is_training_call(call) for call in calls_in(function.body))}
+    switches = {function: _training_switch(function) for function in trains}
     grown = True
     while grown:
         grown = False
         for function in functions:
-            if function not in trains and any(
-                callee in trains for call in calls_in(function.body) for callee in _callees(call, by_name)
+            if function not in trains and function not in quiet and any(
+                callee in trains and _trains_at(callee, call, switches) for call in calls_in(function.body) for callee in _callees(call, by_name)
             ):
                 trains.add(function)
                 grown = True
-    return frozenset(
+    named = {
         dotted(call.func)
         for call in calls_in(module)
-        if dotted(call.func) and any(callee in trains for callee in _callees(call, by_name))
-    )
+        if dotted(call.func) and any(callee in trains and _trains_at(callee, call, switches) for callee in _callees(call, by_name))
+    }
+    # (and the step functions' own names: PatchmatchNet hands `train_sample` on as a value)
+    named |= {function.name.value for function in trains if function.name.value in by_name and len(by_name[function.name.value]) == 1}
+    return frozenset(named | _step_parameters(functions, by_name, trains))
+
+
+def _step_parameters(functions: list[cst.FunctionDef], by_name: dict, trains: set) -> set[str]:
+    """Parameters called as functions (PatchmatchNet's ``sample_function(model, sample, ...)``
+    in process_samples) where a call passes a step function of the file for them
+    (``process_samples(args, train_sample, ...)``): calling one is a training step there."""
+    found = set()
+    for function in functions:
+        params = [p.name.value for p in function.params.params]
+        called = {call.func.value for call in calls_in(function.body) if isinstance(call.func, cst.Name) and call.func.value in params}
+        for call in (c for other in functions for c in calls_in(other.body)):
+            if function not in _callees(call, by_name):
+                continue
+            positional = [a.value for a in call.args if a.keyword is None and not a.star]
+            for name in called:
+                index = params.index(name)
+                value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+                value = value if value is not None else positional[index] if index < len(positional) else None
+                if isinstance(value, cst.Name) and any(f in trains for f in by_name.get(value.value, [])):
+                    found.add(name)
+    return found
+
+
+NO_GRAD_DECORATOR = re.compile(r"no_?grad|inference_mode", re.IGNORECASE)
+
+
+def _training_switch(function: cst.FunctionDef) -> tuple[int, str, bool] | None:
+    """The parameter (position, name) under whose ``if p:`` (or ``if not p:``) every training
+    call of ``function`` sits, and whether true trains: PatchmatchNet's process_sample steps
+    only ``if is_training:``."""
+    params = [p.name.value for p in function.params.params]
+    found = set()
+    for statement in walk(function.body):
+        if not isinstance(statement, cst.If):
+            continue
+        test, trains_when = statement.test, True
+        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+            test, trains_when = test.expression, False
+        if isinstance(test, cst.Name) and test.value in params and any(is_training_call(c) for c in calls_in(statement.body)):
+            found.add((params.index(test.value), test.value, trains_when))
+    training = [c for c in calls_in(function.body) if is_training_call(c)]
+    if len(found) != 1:
+        return None
+    switch = found.pop()
+    guarded = {id(c) for s in walk(function.body) if isinstance(s, cst.If) and _names_switch(s.test, switch[1]) for c in calls_in(s.body)}
+    return switch if all(id(c) in guarded for c in training) else None
+
+
+def _names_switch(test: cst.BaseExpression, name: str) -> bool:
+    inner = test.expression if isinstance(test, cst.UnaryOperation) else test
+    return isinstance(inner, cst.Name) and inner.value == name
+
+
+def _trains_at(function: cst.FunctionDef, call: cst.Call, switches: dict) -> bool:
+    """Does this call of ``function`` train? Not when it sets the switch to the other literal."""
+    switch = switches.get(function)
+    if switch is None:
+        return True
+    index, name, trains_when = switch
+    value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    if value is None and index < len(positional):
+        value = positional[index]
+    if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
+        return True
+    return (value.value == "True") == trains_when
 
 
 def _callees(call: cst.Call, by_name: dict[str, list[cst.FunctionDef]]) -> list[cst.FunctionDef]:

@@ -123,6 +123,9 @@ class Facts:
     module_level_runs: bool = False
     import_time_runs: bool = False  # module_level_runs outside the `__main__` block
     import_time_calls: list[cst.Call] = field(default_factory=list)  # the calls that make it so
+    # functions whose loop trains at some calls and evaluates at others (PatchmatchNet's
+    # process_samples, handed train_sample or test_sample): what they print is not a shard's
+    training_and_evaluating: set = field(default_factory=set)
     metric_schedulers: set[str] = field(default_factory=set)  # `scheduler` = ReduceLROnPlateau(...)
     names: set[str] = field(default_factory=set)  # every name the module uses (fresh names avoid them)
     # `n_gpu` / `args.n_gpu`: bound only ever to torch.cuda.device_count()

@@ -195,11 +195,13 @@ def _path_code(call: cst.Call) -> str | None:
     return None
 
 
-def stand_in_escapes(target: cst.BaseExpression, module: cst.Module, parent_of, guarded: Callable[[cst.CSTNode], bool]) -> cst.CSTNode | None:
+def stand_in_escapes(
+    target: cst.BaseExpression, module: cst.Module, parent_of, guarded: Callable[[cst.CSTNode], bool], fetch=None
+) -> cst.CSTNode | None:
     """The first use of a rank-0-only object bound to ``target`` (``writer``,
     ``self.writer``) that takes something from it outside a rank-0 guard, or None; a function
     of this file it is passed to is followed into (its parameter's uses, under that name)."""
-    return _escape_from([(dotted(target), module)], target, module, parent_of, guarded)
+    return _escape_from([(dotted(target), module)], target, module, parent_of, guarded, fetch)
 
 
 def argument_escapes(made: cst.Call, module: cst.Module, parent_of, guarded: Callable[[cst.CSTNode], bool]) -> cst.CSTNode | None:
@@ -220,7 +222,7 @@ def _functions(module: cst.Module) -> dict[str, list[cst.FunctionDef]]:
     return functions
 
 
-def _escape_from(pending: list, target: cst.CSTNode, module: cst.Module, parent_of, guarded) -> cst.CSTNode | None:
+def _escape_from(pending: list, target: cst.CSTNode, module: cst.Module, parent_of, guarded, fetch=None) -> cst.CSTNode | None:
     functions = _functions(module)
     seen = set()
     while pending:
@@ -238,10 +240,22 @@ def _escape_from(pending: list, target: cst.CSTNode, module: cst.Module, parent_
                 pending.append((alias, module))
                 continue
             escape = _escape(node, parent_of, guarded)
-            if escape is not None:
+            if escape is not None and not (fetch is not None and _fetched(escape, node, parent_of, fetch)):
                 return escape
             pending += _passed_to(node, parent_of, functions)
     return None
+
+
+def _fetched(escape: cst.CSTNode, use: cst.CSTNode, parent_of, fetch) -> bool:
+    """``is_best = logger.save_best(...)`` (PENet's logger): a method's result bound whole, which
+    rank 0 computes and sends to the others, when ``fetch`` (the call) allows it."""
+    call = parent_of(escape)
+    if not isinstance(call, cst.Call) or call.func is not escape or not isinstance(escape, cst.Attribute):
+        return False
+    assign = parent_of(call)
+    if not isinstance(assign, cst.Assign) or assign.value is not call:
+        return False
+    return bool(fetch(call))
 
 
 def _alias(use: cst.CSTNode, parent_of) -> str | None:

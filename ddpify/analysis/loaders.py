@@ -18,7 +18,12 @@ from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import dotted, iterator_of, returns, root_name
 
 # Calls that only wrap an iterable: the loader is their first argument.
-ITERABLE_WRAPPERS = {"builtins.enumerate", "builtins.iter", "builtins.zip"}
+ITERABLE_WRAPPERS = {
+    "builtins.enumerate", "builtins.iter", "builtins.zip",
+    # progress bars and iteration helpers of other libraries: they hand the loader's batches on
+    # (AttGAN's `for img_a, att_a in progressbar(train_dataloader):`)
+    "progressbar.progressbar", "rich.progress.track", "itertools.islice", "itertools.cycle",
+}
 
 
 class Loaders(Room):
@@ -225,6 +230,7 @@ class Loaders(Room):
         found = []
         for call, context in self.calls.call_sites(function):
             if not self.calls.trains_at(function, call):
+                self.facts.training_and_evaluating.add(function)
                 continue  # `iteration(epoch, val_loader, train=False)`: that loader is evaluated
             argument = self.calls.argument_for(function, param, call)
             if argument is not None:

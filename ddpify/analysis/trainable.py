@@ -39,11 +39,21 @@ def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cs
     return found
 
 
+# A model's own method named for freezing or unfreezing its layers (SiamMask's
+# `model.features.unfix(ratio)`, a backbone's `freeze()`), not BatchNorm's running statistics.
+FREEZING_METHOD = re.compile(r"^(un)?(fix|freeze)(_(?!bn|batchnorm)\w+)?$|^(unfreeze|freeze)_layers?$", re.IGNORECASE)
+
+
 def _changes_trainable_set(node: cst.CSTNode, facts: Facts) -> bool:
     if isinstance(node, cst.AssignTarget) and (dotted(node.target) or "").endswith(".requires_grad"):
         return _may_be_parameters(node.target.value, facts)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "requires_grad_":
         return _may_be_parameters(node.func.value, facts)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and FREEZING_METHOD.match(node.func.attr.value):
+        owner = (dotted(node.func.value) or "").split(".")[0]
+        return owner in facts.model_names or owner in {site.target for site in facts.wraps} or bool(
+            facts.wraps and owner and any(dotted(site.module_arg) == owner for site in facts.wraps if site.module_arg is not None)
+        )
     return False
 
 

@@ -90,10 +90,14 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     # arguments there and hands them to what it imports (hotpot's main.py: `train(config)`).
     # (or wraps a model there and calls on: Cold-Diffusion's `model = DataParallel(...)`, then
     # `trainer = Trainer(model, ...)`, `trainer.train()`)
+    # (a `__main__` block that only builds what the module defines, AttGAN's attgan.py smoke
+    # test `attgan = AttGAN(args)`, trains nothing: the module is its importers' library)
+    defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if info.runs and _self_test_only(tree, {node.name for node in defined}):
+        info.runs = False
     info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or (
         _wraps_at_top_level(tree.body) and any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body)
     )
-    defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     segment = _segments(source)
     info.functions = {node.name for node in defined}
     info.function_sources = {node.name: segment(node) for node in defined}
@@ -152,6 +156,22 @@ def _wraps_at_top_level(body: list[ast.stmt]) -> bool:
         for node in body if isinstance(node, (ast.Assign, ast.Expr))
         for call in ast.walk(node)
     )
+
+
+def _self_test_only(tree: ast.Module, functions: set[str]) -> bool:
+    """The module's `__main__` block runs no loop, no training step and none of the module's
+    functions: it builds an object of a class defined here and looks at it."""
+    blocks = [node for node in tree.body if isinstance(node, ast.If) and _is_main_test(node.test)]
+    if len(blocks) != 1:
+        return False
+    block = blocks[0]
+    if any(isinstance(node, (ast.For, ast.While)) for node in ast.walk(block)):
+        return False
+    calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)]
+    named = {ast.unparse(call.func) for call in calls}
+    if any(name in functions or name.rpartition(".")[2] in ("backward", "step", "train", "fit", "run", "main") for name in named):
+        return False
+    return True
 
 
 def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:

@@ -141,8 +141,10 @@ class ProjectConversion:
             return None
         if entry.path not in self._evaluation:
             trains = any(BACKWARD.search(member.source) for member in members)
+            # (AttGAN's test.py builds the project's model, whose constructor wraps it, and calls
+            # none of its training methods: it evaluates)
             self._evaluation[entry.path] = len(members) > 1 and (
-                not trains or _evaluates_only(self.project, entry, members)
+                not trains or _evaluates_only(self.project, entry, members) or not _reaches_training(entry, members)
             )
         return [] if self._evaluation[entry.path] else members
 
@@ -342,6 +344,15 @@ class ProjectConversion:
 
 
 ALREADY_CONVERTED = re.compile(r"^# Distributed (set-up|helpers) added by ddpify", re.MULTILINE)
+
+
+def _reaches_training(entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
+    """Does the entry train itself, or call a function or method of its modules that trains
+    (by name: `attgan.trainG(...)`, `train(...)`)? A `.train()` of the model counts too."""
+    if BACKWARD.search(entry.source) or entry.wraps:
+        return True
+    names = {name.rpartition(".")[2] for member in members if member is not entry for name in member.training_defs}
+    return any(re.search(rf"\b{re.escape(name)}\s*\(", entry.source) for name in names)
 
 
 def _route_parameters(

@@ -73,6 +73,10 @@ class Neighbours:
     # `train(config, train_loader, model, ...)`): the loop around the call trains, and the
     # loader passed there is sharded where it is built
     trainers: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    # trainer classes whose constructor takes a loader a training method draws from (CamStyle's
+    # `CamStyleTrainer(model, criterion, camstyle_loader)`, drawn with next() in train()), as
+    # bound here -> those parameters: the loader passed there is training data
+    constructor_loaders: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
     # model classes with parts whose parameters get no gradient (a submodule never called, a
     # result forward() computes and drops: Background-Matting's model_enc_multi), as bound
     # here -> the part
@@ -134,7 +138,8 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     loops_training_data = re.search(r"^\s*for .+ in .*\btrain\w*", source, re.MULTILINE) is not None
     calls_trainer = any(len(re.findall(rf"\b{re.escape(name)}\b", source)) > 1 for name in found.trainers)
     # (BERT4Rec-VAE: `trainer = trainer_factory(...)`, then `trainer.train()`)
-    runs_a_trainer = re.search(r"\b\w*trainer\w*\.(train|fit|run)\(", source, re.IGNORECASE) is not None
+    # (ncsnv2: `runner = eval(config.runner)(args, config)`, then `runner.train()`)
+    runs_a_trainer = re.search(r"\b\w*(trainer|runner|solver|learner|engine)\w*\.(train|fit|run)\(", source, re.IGNORECASE) is not None
     if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer:
         return None
     script = Path(path).parent
@@ -160,6 +165,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     folders = _search_folders(script.parent, tree)
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
+    constructed: dict[str, tuple[tuple[int, str], ...]] = {}
     idle: dict[str, str] = {}
     naming: list[str] = []
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
@@ -178,6 +184,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
         pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
         trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
+        constructed.update((f"{bound}.{name}", params) for name, params in summary.constructor_loaders.items())
         idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
         trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
         writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
@@ -210,7 +217,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
                 if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
                     as_module(alias.asname or alias.name, _summary(sub))
-                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls)):
+                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders)):
                     _bind(found, kind, alias)
                 for names, kind in ((summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers)):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
@@ -272,7 +279,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
         wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
-        checkpoint_readers=frozenset(readers),
+        checkpoint_readers=frozenset(readers), constructor_loaders=constructed,
     )
 
 
@@ -433,6 +440,7 @@ class ModuleSummary:
     summing: frozenset[str] = frozenset()  # functions that return a sum of everything
     device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
+    constructor_loaders: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -503,16 +511,26 @@ def _summary(path: Path) -> ModuleSummary:
             classes.add(node.name)
     writers |= _calling_writers(tree, writers)
     writers -= _reaching_the_model(tree)
+    # (a writer that returns an object it made, M2Det's set_logger -> Logger(log_path): made on
+    # rank 0 only like a logger class, never sent to the other ranks as a value)
+    classes |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in writers and _returns_an_object(node)}
     # (DataParallelWithCallback of Synchronized-BatchNorm: first-order-model's train())
     # (a class statement that subclasses DataParallel wraps nothing: Wave-U-Net's model/utils.py)
     wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", re.sub(r"^\s*class .*$", "", source, flags=re.M)) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
+        # (`from .reader import *`, or by the package's own name: ncsnv2's `from runners.ncsn_runner import *`)
+        own = path.parent.name + "."
         wraps = any(
             _summary(sub).wraps
-            for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
-            for sub in [_module_file([path.parent], node.module, 0, path.parent)] if sub is not None
+            for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and (node.level == 1 or node.module.startswith(own))
+            for sub in [_module_file([path.parent], node.module[len(own):] if node.module.startswith(own) and not node.level else node.module, 0, path.parent)]
+            if sub is not None and sub != path
         )
-    freezing = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _freezes_after_init(node))
+    freezing = {node.name: "" for node in tree.body if isinstance(node, ast.ClassDef) and _freezes_after_init(node)}
+    # (and those that subclass or build one: SiamMask's Custom builds ResDown(Features), whose
+    # unfix() turns requires_grad on after the wrap)
+    known = _imported(path, tree, lambda summary: dict.fromkeys(summary.freezing_classes, ""))
+    freezing = frozenset(_through_classes(tree, freezing, known, ""))
     pairwise = frozenset(
         node.name for node in tree.body
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and PAIRWISE.search(ast.unparse(node))
@@ -542,6 +560,7 @@ def _summary(path: Path) -> ModuleSummary:
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "torch.load(" in ast.unparse(node)),
+        {node.name: params for node in tree.body if isinstance(node, ast.ClassDef) for params in [_constructor_loaders(node)] if params},
     )
 
 
@@ -645,6 +664,38 @@ def _dp_classes(tree: ast.Module, aliases: dict[str, str]) -> dict[str, Subclass
     return found
 
 
+def _constructor_loaders(cls: ast.ClassDef) -> tuple[tuple[int, str], ...]:
+    """Constructor parameters kept as ``self.x`` (or as ``self.it = iter(self.x)``) that a
+    training method of the class reads: the loaders it trains on besides the ones its methods
+    are passed (CamStyleTrainer's camstyle_loader)."""
+    methods = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+    init = methods.get("__init__")
+    training = set(_training_methods(cls))
+    if init is None or not training:
+        return ()
+    read = {
+        node.attr for name in training for node in ast.walk(methods[name])
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+    params = [a.arg for a in init.args.args[1:]]
+    found = []
+    for node in ast.walk(init):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)):
+            continue
+        value, attr = node.value, node.targets[0].attr
+        if isinstance(value, ast.Name) and value.id in params and attr in read and "loader" in (value.id + attr).lower():
+            found.append((params.index(value.id), value.id))
+        kept = {n.attr for n in ast.walk(value) if isinstance(n, ast.Attribute)} | {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        if isinstance(value, ast.Call) and ast.unparse(value.func) == "iter" and attr in read:
+            for param in params:
+                if param in kept or any(
+                    isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id == param
+                    and isinstance(a.targets[0], ast.Attribute) and a.targets[0].attr in kept for a in ast.walk(init)
+                ):
+                    found.append((params.index(param), param))
+    return tuple(dict.fromkeys(found))
+
+
 def _training_methods(cls: ast.ClassDef) -> dict[str, tuple[tuple[int, str], ...]]:
     """PointRCNN's ``Trainer.train(..., train_loader, ...)`` iterating its loader and calling
     ``self._train_it(batch)``, which runs backward()/step(): method -> loader parameters
@@ -707,8 +758,15 @@ def idle_parts(tree: ast.Module, known: dict[str, str] | None = None) -> dict[st
 
 def _built_from_idle_parts(tree: ast.Module, found: dict[str, str], known: dict[str, str]) -> dict[str, str]:
     """A model class that builds, in its constructor, a class with a part that gets no
-    gradient (CARN's Net builds ops.UpsampleBlock, which runs one branch per scale) has that
-    part too: the classes of this module, and those `known` from the modules it imports."""
+    gradient (CARN's Net builds ops.UpsampleBlock, which runs one branch per scale), or that
+    subclasses one, has that part too: the classes of this module, and those `known` from the
+    modules it imports."""
+    return _through_classes(tree, found, known, "it builds {callee}, where {part}")
+
+
+def _through_classes(tree: ast.Module, found: dict[str, str], known: dict[str, str], why: str) -> dict[str, str]:
+    """``found`` (class -> why) grown by the classes of this module that subclass one of
+    ``found`` or ``known``, or build one in their constructor."""
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     changed = True
     while changed:
@@ -717,13 +775,12 @@ def _built_from_idle_parts(tree: ast.Module, found: dict[str, str], known: dict[
             if cls.name in found:
                 continue
             init = next((m for m in cls.body if isinstance(m, ast.FunctionDef) and m.name == "__init__"), None)
-            for node in ast.walk(init) if init is not None else ():
-                if not isinstance(node, ast.Call):
-                    continue
-                callee = ast.unparse(node.func)
+            named = [ast.unparse(base) for base in cls.bases]
+            named += [ast.unparse(node.func) for node in (ast.walk(init) if init is not None else ()) if isinstance(node, ast.Call)]
+            for callee in named:
                 part = found.get(callee) or known.get(callee) or found.get(callee.rpartition(".")[2])
-                if part:
-                    found[cls.name] = f"it builds {callee}, where {part}"
+                if part is not None:
+                    found[cls.name] = why.format(callee=callee, part=part)
                     changed = True
                     break
     return found
@@ -898,6 +955,30 @@ def _keeps_files(cls: ast.ClassDef) -> bool:
 
 def _calls_one_of(node: ast.AST, names: set[str]) -> bool:
     return any(isinstance(call, ast.Call) and ast.unparse(call.func) in names for call in ast.walk(node))
+
+
+def _returns_an_object(function: ast.FunctionDef) -> bool:
+    """Does it return a writer object it makes (``return Logger(path)``, or a name bound to one)?"""
+    made = {
+        target.id for node in ast.walk(function) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        and _a_class_name(node.value.func) for target in node.targets if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            if any(isinstance(v, ast.Call) and _a_class_name(v.func) or isinstance(v, ast.Name) and v.id in made for v in values):
+                return True
+    return False
+
+
+WRITER_CLASS_NAME = re.compile(r"(Logger|Writer|Summary|Board|Visdom|Recorder|Visuali[sz]er|Tracker|Experiment|Stream)$")
+
+
+def _a_class_name(func: ast.AST) -> bool:
+    """A class that keeps a file or a connection open (a logger, a writer): not plain data
+    such as ``argparse.Namespace`` that travels between ranks."""
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return bool(WRITER_CLASS_NAME.search(name))
 
 
 def _writes(node: ast.AST) -> bool:

@@ -249,6 +249,15 @@ class DdpSplit:
         return getattr(self.source, name)
 
 
+def ddp_drawn(draw, *args, **kwargs):
+    """A training batch the script draws itself (MusicTransformer's
+    ``dataset.slide_seq2seq_batch(...)``), drawn alike on every rank (Python's and numpy's
+    random generators are alike on every rank, as the script seeded them), then this rank's
+    share of it, as DataParallel's scatter split it."""
+    batch = draw(*args, **kwargs)
+    return ddp_scatter(batch) if dist.get_world_size() > 1 else batch
+
+
 def ddp_scatter(item):
     """This rank's share of a batch: every tensor (and numpy array) split along its first
     dimension, tuples, lists and dicts walked into, anything else whole, as DataParallel's scatter."""
@@ -485,6 +494,12 @@ def ddp_any(flag):
     agreed = torch.tensor(float(bool(flag)), device=ddp_device())
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     return bool(agreed.item())
+
+
+def ddp_all(flag):
+    """True on every rank when it is true on all (every process calls it): a training step
+    taken on a condition this rank computed is taken by all or by none."""
+    return not ddp_any(not flag)
 
 
 def ddp_no_sync(model, accumulating):

@@ -133,6 +133,8 @@ class ConversionContext:
 
     def qualified(self, node: cst.CSTNode) -> set[str]:
         names = {self.facts.reexports.get(q.name, q.name) for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        if not names and isinstance(node, cst.Name) and node.value in self.facts.reexports:
+            return {self.facts.reexports[node.value]}  # bound by a star import of a project module
         if names or not self.facts.star_imports:
             return names
         return star_imported_torch(node, lambda name: self.metadata.get_metadata(ScopeProvider, name, None))

@@ -44,6 +44,16 @@ reaches the test, so it is decided alike: every rank skips when any does::
     if loss.isnan():        ->   if ddp_any(loss.isnan()):
         continue                     continue
 
+DDP808  a training step (``optimizer.step()``, ``backward()``) taken under a test of what this
+rank computed (SiamMask's ``if is_valid_number(loss.item()): optimizer.step()``): one rank would
+step and another not, and the copies of the model drift apart (or wait in an all-reduce).
+A test of the loss decides on its mean across ranks, the value DataParallel tested::
+
+    if is_valid_number(loss.item()):   ->   if is_valid_number(ddp_mean(loss).item()):
+        optimizer.step()                        optimizer.step()
+
+A test on anything else than a loss is taken by all ranks only when it holds on all (``ddp_all``).
+
 DDP803  (warning) a training loop skips or leaves an iteration on a per-rank condition that
 not every rank reaches (under another per-rank condition), or an ``except`` around
 ``backward()``: one rank then skips a backward the others run, and DDP's all-reduce waits for
@@ -55,7 +65,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
+from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, is_training_call, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
 
@@ -67,6 +77,7 @@ class DecisionsTransform(Transform):
         super().__init__(context)
         self._averaged_tests: dict[cst.If, set[str]] = {}  # early stops decided on the mean
         self._agreed_tests: set[cst.If] = set()  # per-rank skips decided alike on every rank
+        self._stepping_tests: set[cst.If] = set()  # training steps taken on a per-rank test
         self._fed_metrics: dict[cst.Name, str] = {}  # loop-computed values an early-stop object is given
 
     def check(self) -> None:
@@ -121,7 +132,14 @@ class DecisionsTransform(Transform):
         for node in walk(loop.body):
             if innermost_loop(node, self.context.parent) is not loop:
                 continue  # checked with its own loop's counters
-            if isinstance(node, cst.If) and self._may_differ(loop, node, loop_names):
+            if (
+                isinstance(node, cst.If) and loop in self.facts.training_loops and self._may_differ(loop, node, loop_names)
+                and any(isinstance(inner, cst.Call) and is_training_call(inner) for inner in walk(node.body))
+                and not any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body))
+                and same_path_on_every_rank(node, self.context.parent)
+            ):
+                self._stepping_tests.add(node)
+            elif isinstance(node, cst.If) and self._may_differ(loop, node, loop_names):
                 if any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body)):
                     metrics = self._epoch_metrics(loop, node) if loop in self.facts.epoch_hooks else None
                     if metrics:
@@ -185,6 +203,26 @@ class DecisionsTransform(Transform):
         }
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node in self._stepping_tests:
+            shown = self.context.code(original_node.test)
+            losses = {n.value for n in walk(original_node.test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
+            if losses and not [c for c in calls_in(original_node.test) if dotted(c.func) in self.facts.model_names]:
+                # on the loss DataParallel saw: the mean of the ranks' losses, the same everywhere
+                self.context.use_helper("ddp_mean")
+                self.context.report(
+                    original_node, "DDP808",
+                    f"`if {shown}:` takes a training step on this rank's {', '.join(sorted(losses))}: it decides on the "
+                    "mean across ranks, the global batch's value, so every rank steps alike",
+                )
+                return updated_node.with_changes(test=updated_node.test.visit(_AverageValues(losses)))
+            self.context.use_helper("ddp_all")
+            self.context.report(
+                original_node,
+                "DDP808",
+                f"`if {shown}:` takes a training step on what this rank computed: every rank takes it only when "
+                "all may (ddp_all), so the model stays the same on every rank",
+            )
+            return updated_node.with_changes(test=cst.Call(func=cst.Name("ddp_all"), args=[cst.Arg(updated_node.test)]))
         if original_node in self._agreed_tests:
             self.context.use_helper("ddp_any")
             self.context.report(
@@ -332,6 +370,25 @@ def _objects_read(test: cst.BaseExpression) -> set[str]:
             if base and base not in ("args", "self", "opt", "cfg", "config", "np", "torch", "math"):
                 found.add(base)
     return found
+
+
+class _AverageValues(cst.CSTTransformer):
+    """``loss`` -> ``ddp_mean(loss)`` inside one condition, also where a value is read from it
+    (``loss.item()``), never a field of the same name (``self.loss``, ``x.loss``)."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+        if original_node.attr.value in self.names:
+            return updated_node.with_changes(attr=original_node.attr)  # a field: left as it is
+        return updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node.value in self.names:
+            return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
+        return updated_node
 
 
 class _AverageNames(cst.CSTTransformer):

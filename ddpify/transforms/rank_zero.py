@@ -50,6 +50,21 @@ other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 ``log, writer = utils.set_save_path(path)``, which clears and remakes the run folder) runs on
 rank 0 only too; the other ranks get one stand-in per returned value.
 
+DDP619  a result of a method of an object made on rank 0 only, bound whole where every rank
+goes (PENet's ``is_best = logger.rank_conditional_save_best(mode, avg, epoch)``): rank 0 calls it
+and every rank gets its result, so the object stays on rank 0 only::
+
+    is_best = logger.save_best(avg)
+    # becomes
+    is_best = ddp_from_rank_zero(logger.save_best(avg) if dist.get_rank() == 0 else None)
+
+DDP618  ``input(...)`` is asked on rank 0 only (the other ranks have no terminal: they would wait
+forever), and every rank gets its answer::
+
+    response = input("Overwrite? (Y/N)")
+    # becomes
+    response = ddp_from_rank_zero(input("Overwrite? (Y/N)") if dist.get_rank() == 0 else None)
+
 DDP617  (single-file mode) a project function that writes files and returns plain values
 every rank goes on using (SimSiam's ``args = get_args()``, which makes a timestamped log
 folder; squad's ``get_save_dir()``, a fresh numbered run folder): rank 0 runs it once and
@@ -120,12 +135,15 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.analysis.guard_units import GuardUnits, argument_escapes, bound_target, stand_in_escapes
+from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, stand_in_escapes
 from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
 TQDM_WRITES = tuple(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std."))
+# Experiment trackers driven through their module (a run started by `wandb.init`): their
+# calls as statements run on rank 0 only, as wandb.init does.
+TRACKER_MODULES = {"wandb", "mlflow", "tensorboard_logger"}
 WANDB_CALLS = tuple(f"wandb.{name}" for name in ("init", "log", "save", "watch", "finish"))
 # tensorboard_logger (WideResNet): configure() starts an event file, log_value() writes to it
 TENSORBOARD_LOGGER = tuple(f"tensorboard_logger.{name}" for name in ("configure", "log_value", "log_histogram", "log_images"))
@@ -175,12 +193,14 @@ class RankZeroTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._made_here: set[cst.CSTNode] = set()  # statements making a rank-0-only tracker
+        self._fetches: set[cst.Call] = set()  # method results of rank-0-only objects, sent from rank 0
 
     def check(self) -> None:
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
         self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
         self._report_writing_trainers()
+        self._plan_fetches()
 
     def _report_writing_trainers(self) -> None:
         writing = self.context.neighbours.writing_trainers
@@ -205,6 +225,10 @@ class RankZeroTransform(Transform):
         if self._shows_output(call):
             return None  # ddp_setup() quiets the other ranks' output: no guard needed
         if self.context.qualified(call.func) & SIDE_EFFECTS:
+            return call
+        if any(name.split(".")[0] in TRACKER_MODULES for name in self.context.qualified(call.func)):
+            # the tracker module's own API as a statement (`wandb.config.update(args)` after a
+            # rank-0-only wandb.init(): raises on the other ranks)
             return call
         if self._imported_saver(call.func) and not self._from_project(call.func):
             return call
@@ -401,6 +425,23 @@ class RankZeroTransform(Transform):
         if "os.makedirs" in names and keyword_arg(original_node, "exist_ok") is None and not self._in_folder_unit(original_node):
             self.context.report(original_node, "DDP605", "os.makedirs(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
+        if original_node in self._fetches:
+            self.context.add_import("torch.distributed", None, "dist")
+            self.context.use_helper("ddp_from_rank_zero")
+            self.context.report(
+                original_node, "DDP619",
+                f"`{self.context.code(original_node.func)}(...)` of an object made on rank 0 only: rank 0 calls it and "
+                "every rank gets its result",
+            )
+            asked = cst.parse_expression(f"ddp_from_rank_zero(_ if {self._rank_zero} else None)")
+            return asked.with_changes(args=[cst.Arg(asked.args[0].value.with_changes(body=updated_node))])
+        if "builtins.input" in names and self._asks_on_every_rank(original_node):
+            # (ncsnv2's "Folder already exists. Overwrite? (Y/N)": only rank 0 has the terminal)
+            self.context.add_import("torch.distributed", None, "dist")
+            self.context.use_helper("ddp_from_rank_zero")
+            self.context.report(original_node, "DDP618", "input() is asked on rank 0 only; every rank gets its answer")
+            asked = cst.parse_expression(f"ddp_from_rank_zero(_ if {self._rank_zero} else None)")
+            return asked.with_changes(args=[cst.Arg(asked.args[0].value.with_changes(body=updated_node))])
         if names & TRACKER_FACTORIES and self._tracker_value(original_node):
             return self._made_on_rank_zero(original_node, updated_node)
         if names & TRACKER_FACTORIES and self._tracker_with_item(original_node):
@@ -409,6 +450,21 @@ class RankZeroTransform(Transform):
             self.context.report(original_node, "DDP605", "Path.mkdir(..., exist_ok=True): every rank may create it")
             return append_arg(updated_node, keyword("exist_ok", cst.Name("True")))
         return updated_node
+
+    def _asks_on_every_rank(self, call: cst.Call) -> bool:
+        """An input() every rank reaches, in a function (at the top level it may run before
+        the set-up), where every rank goes on the same path."""
+        if not isinstance(self._function_of(call), cst.FunctionDef) or self._under_rank_guard(call):
+            return False
+        node = self.context.parent(call)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, (cst.If, cst.While)) and not self._same_path_on_every_rank(node.body):
+                # a folder's existence, checked before anything writes it, is the same for all
+                calls = calls_in(node.test)
+                if not calls or not all((dotted(c.func) or "").endswith(EXISTENCE_CHECKS) for c in calls):
+                    return False
+            node = self.context.parent(node)
+        return True
 
     def _in_folder_unit(self, node: cst.CSTNode) -> bool:
         """Part of a folder set-up that rank 0 does alone (see GuardUnits): no exist_ok needed."""
@@ -591,7 +647,11 @@ class RankZeroTransform(Transform):
         """Does a value taken from the rank-0 object bound to ``target`` leave a guard? Then
         it is made on every rank, with a warning that says where."""
         guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
-        escape = stand_in_escapes(target, self.context.module, self.context.parent, guarded)
+        fetched: list[cst.Call] = []
+        fetch = lambda call: self._fetchable(call) and (fetched.append(call) or True)  # noqa: E731
+        escape = stand_in_escapes(target, self.context.module, self.context.parent, guarded, fetch)
+        if escape is None:
+            self._fetches.update(fetched)
         if escape is not None:
             line = self.context.position(escape)[0]
             self.context.report(
@@ -602,6 +662,32 @@ class RankZeroTransform(Transform):
                 Severity.WARNING,
             )
         return escape is not None
+
+    def _fetchable(self, call: cst.Call) -> bool:
+        """A method result of a rank-0-only object that rank 0 can send to the others: every
+        rank reaches the call, in a function (after the set-up), running nothing of the model."""
+        return (
+            isinstance(self._function_of(call), cst.FunctionDef)
+            and self._same_path_on_every_rank(call)
+            and not any(self._reaches_model(inner) for inner in calls_in(call))
+        )
+
+    def _plan_fetches(self) -> None:
+        """Decided before the walk (a function above the object's binding may read from it):
+        the objects made on rank 0 only, and the method results rank 0 sends to the others."""
+        for node in walk(self.context.module):
+            if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and self._tracker_made(node.value)):
+                continue
+            if self._import_time(node) or self._under_rank_guard(node):
+                continue
+            target = bound_target(node)
+            if target is None:
+                continue
+            guarded = lambda n: n is not None and (self._units.guarded(n) or self._would_guard(n))  # noqa: E731
+            fetched: list[cst.Call] = []
+            fetch = lambda call: self._fetchable(call) and (fetched.append(call) or True)  # noqa: E731
+            if stand_in_escapes(target, self.context.module, self.context.parent, guarded, fetch) is None:
+                self._fetches.update(fetched)
 
     def _tracker_made(self, call: cst.Call) -> bool:
         """A tracker, or an object of a project class that keeps files open for writing
@@ -800,7 +886,9 @@ class RankZeroTransform(Transform):
         if not shown:
             return pair
         where = None
-        if self.context.is_library:
+        if self._function_of(original) in self.facts.training_and_evaluating:
+            where = "this loop also evaluates, on data every rank holds whole"
+        elif self.context.is_library:
             where = "the callers of this imported module's function are not in sight"
         elif self._guarded_above(original):
             where = "only rank 0 runs this line"

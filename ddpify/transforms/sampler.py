@@ -52,6 +52,12 @@ DataLoader, an IterableDataset) stops the script with a clear error before train
     # becomes (only the training pass is sharded)
     for inputs, labels in ddp_shard(dataloaders[phase]) if phase == 'train' else dataloaders[phase]:
 
+DDP313  a training loop that draws its batch by calling the script's own batch function each
+step (``batch_x, batch_y = dataset.slide_seq2seq_batch(bs, L)``, the result fed to the wrapped
+model): every rank draws alike and takes its share of the batch::
+
+    x, y = data.get_batch(64)   ->   x, y = ddp_drawn(data.get_batch, 64)
+
 DDP304  (error; a warning with ``--allow-partial``) the script trains, but its training loop
 draws from no DataLoader (a list of batches made here, tensors sliced by hand: nothing
 ``ddp_shard`` can split), or its training step is out of sight (no ``backward()``/``step()``
@@ -66,7 +72,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import TRAINING_WORDS, LoaderSite, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
+from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
@@ -87,6 +93,8 @@ class SamplerTransform(Transform):
         # data expression of a training loop (original node) -> (its site, why): wrapped in
         # ddp_shard(...), sharded where the loop draws from it
         self._run_time: dict[cst.BaseExpression, tuple[DataSite, str]] = {}
+        # the script's own batch function called by a training loop -> that loop (ddp_drawn)
+        self._drawn: dict[cst.Call, cst.CSTNode] = {}
 
     def check(self) -> None:
         runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
@@ -119,7 +127,7 @@ class SamplerTransform(Transform):
                     Severity.WARNING,
                 )
         trains_ddp = bool(self.facts.wraps) or self.context.model_elsewhere
-        if trains_ddp and (self.facts.training_loaders or self._run_time):
+        if trains_ddp and (self.facts.training_loaders or self._run_time or self._drawn):
             for loop in self._unfed_training_loops():
                 self.context.report_unsound(loop, "DDP304", self._no_loader(loop))
         out_of_sight = self._training_out_of_sight()
@@ -151,6 +159,7 @@ class SamplerTransform(Transform):
             and not self.facts.training_loaders
             and not self.facts.loader_parameters
             and not self._run_time
+            and not self._drawn
         ):
             unfed = self._unfed_training_loops()
             innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
@@ -211,6 +220,7 @@ class SamplerTransform(Transform):
                 # a list of batches made here (SpanBERT): each batch split between the ranks
                 self._run_time[site.expr] = (site, "it is a list of batches made here, not a DataLoader: each of its batches is split between the ranks, as DataParallel split it")
         self._split_drawn_batches()
+        self._split_drawn_calls()
         self._shard_passed_at_run_time(runtime)
         self.context.run_time_loaders.update(call for site, _ in self._run_time.values() if not site.regrouped for call in site.loaders)
         self.context.run_time_shards.update(
@@ -237,6 +247,84 @@ class SamplerTransform(Transform):
                 if source is not None and isinstance(source, (cst.Name, cst.Attribute)):
                     reason = "it is an iterator of the script's own, not a DataLoader: every rank draws its batches alike and takes its share of each, as DataParallel split it"
                     self._run_time.setdefault(source, (DataSite(loop, source, (), context.function), reason))
+
+    def _split_drawn_calls(self) -> None:
+        """A training loop that draws no loader but calls the script's own batch function each
+        step (MusicTransformer's ``batch_x, batch_y = dataset.slide_seq2seq_batch(...)``, fed
+        to the wrapped model): every rank makes the same draw and takes its share of the batch,
+        as DataParallel's scatter split it (ddp_drawn). Not with a wrap that splits along
+        another dimension than the first (``DataParallel(model, dim=1)``)."""
+        if any(keyword_arg(site.call, "dim") is not None for site in self.facts.wraps):
+            return
+        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()}
+        for loop in self.facts.training_loops:
+            if loop in fed and isinstance(loop, cst.For):
+                self._split_joined_draws(loop)
+            if loop in fed or any(other in fed for other in walk(loop.body)) or not _calls_backward(loop):
+                continue
+            fed_to_model = self._fed_to_the_model(loop)
+            for node in walk(loop.body):
+                if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
+                    continue
+                if innermost_loop(node, self.context.parent) is not loop or without_gradients(node, self.context.parent, self.context.code):
+                    continue
+                if self._draws_a_batch(node.value) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
+                    self._drawn[node.value] = loop
+
+    def _split_joined_draws(self, loop: cst.For) -> None:
+        """A loader's batch joined with more samples the script draws each step (EEG-Conformer's
+        ``aug_data, aug_label = self.interaug(...)``, then ``img = torch.cat((img, aug_data))``):
+        each process holds its share of the loader's batch, and takes its share of the draw."""
+        batch = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+        drawn: dict[str, cst.Call] = {}
+        for node in walk(loop.body):
+            if not isinstance(node, cst.Assign) or innermost_loop(node, self.context.parent) is not loop:
+                continue
+            targets = {n for t in node.targets for n in bound_names(t.target)}
+            reads = {n.value for n in walk(node.value) if isinstance(n, cst.Name)}
+            if reads & batch:
+                batch |= targets
+            elif isinstance(node.value, cst.Call) and not self._library_call(node.value) and not without_gradients(node, self.context.parent, self.context.code):
+                drawn.update((name, node.value) for name in targets)
+        for call in calls_in(loop.body):
+            if not ({"torch.cat", "numpy.concatenate", "torch.concat"} & self.context.qualified(call.func)) or not call.args:
+                continue
+            parts = {n.value for n in walk(call.args[0].value) if isinstance(n, cst.Name)}
+            if parts & batch:
+                for name in parts & drawn.keys():
+                    self._drawn[drawn[name]] = loop
+
+    def _library_call(self, call: cst.Call) -> bool:
+        """torch's, numpy's, a builtin's, or a model's: not a draw of the script's own."""
+        name = dotted(call.func) or ""
+        if name in self.facts.model_names or name.rpartition(".")[0] in self.facts.model_names:
+            return True
+        return any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func))
+
+    def _draws_a_batch(self, call: cst.Call) -> bool:
+        """The script's own batch function: not torch's, numpy's or a model's, named for a batch."""
+        name = dotted(call.func) or ""
+        if name in self.facts.model_names or name.rpartition(".")[0] in self.facts.model_names:
+            return False
+        if any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func)):
+            return False
+        return "batch" in name.rpartition(".")[2].lower()
+
+    def _fed_to_the_model(self, loop: cst.CSTNode) -> set[str]:
+        """Names whose values reach a call of a wrapped model in ``loop`` (through the
+        assignments of the loop that compute from them: ``x = torch.from_numpy(x).to(device)``)."""
+        models = self.facts.model_names
+        fed = {
+            n.value for call in calls_in(loop.body)
+            if (dotted(call.func) or "").removesuffix(".forward") in models
+            for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)
+        }
+        assigns = [node for node in walk(loop.body) if isinstance(node, cst.Assign)]
+        for _ in range(3):  # a few steps back along the assignments
+            for assign in assigns:
+                if {n for t in assign.targets for n in bound_names(t.target)} & fed:
+                    fed |= {n.value for n in walk(assign.value) if isinstance(n, cst.Name)}
+        return fed
 
     def _shard_passed_at_run_time(self, runtime: dict[cst.Call, str]) -> None:
         """A training loader that cannot be sharded where it is built and that no loop here
@@ -390,7 +478,7 @@ class SamplerTransform(Transform):
     def _unfed_training_loops(self) -> list[cst.CSTNode]:
         """Training loops that neither draw from a known loader nor sit inside or around one
         that does (an epoch loop around the loader loop, a chunk loop inside it)."""
-        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()}
+        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()} | set(self._drawn.values())
         unfed = []
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):
@@ -514,6 +602,15 @@ class SamplerTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._run_time:
             return self._shard_at_run_time(original_node, updated_node)
+        if original_node in self._drawn:
+            self.context.report(
+                original_node,
+                "DDP313",
+                f"`{self.context.code(original_node.func)}(...)` draws training samples each step: every rank makes "
+                "the same draw (Python's and numpy's generators are alike on every rank) and takes its share of "
+                "them, as DataParallel split the batch (ddp_drawn)",
+            )
+            return updated_node.with_changes(func=cst.Name("ddp_drawn"), args=[cst.Arg(updated_node.func), *updated_node.args])
         site: LoaderSite | None = self.facts.loaders.get(original_node)
         if site is None or not site.training or original_node not in self.context.sharded_loaders:
             return updated_node

@@ -347,10 +347,18 @@ class WrapModelTransform(Transform):
             )
 
         penalty, outputs = spread(has_penalty), spread(has_output)
+        values: dict[str, list[cst.BaseExpression]] = {}
+        for assign in assigns:
+            for target in assign.targets:
+                if isinstance(target.target, cst.Name):
+                    values.setdefault(target.target.value, []).append(assign.value)
         for call in walk(body):
             if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
                 loss = call.func.value
-                if has_penalty(loss, penalty) and not has_output(loss, outputs - penalty):
+                # (a loss bound to a sum of both, AttGAN's `d_loss = df_loss + lambda_gp * df_gp`:
+                # its terms are looked at)
+                terms = values.get(loss.value, [loss]) if isinstance(loss, cst.Name) else [loss]
+                if has_penalty(loss, penalty) and not any(has_output(term, outputs - penalty) for term in terms):
                     return call
         return None
 
