@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import run_launched
+from conftest import GLOO_EXIT_ABORT, run_launched
 from ddpify.api import convert_file
 from ddpify.cli import app
 
@@ -1319,6 +1319,51 @@ def test_results_of_a_project_logger_made_on_rank_zero_are_sent_to_every_rank(tm
     (tmp_path / "main.py").write_text(result.output)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "main.py"]
-    run = run_launched(torchrun, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert run.returncode == 0, run.stderr
+    # one run only (a rerun would append its rows): the gloo exit abort comes after the script ended
+    run = run_launched(torchrun, attempts=1, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0 or GLOO_EXIT_ABORT in run.stderr, run.stderr
     assert len((tmp_path / "results" / "train.csv").read_text().splitlines()) == 2  # one row per epoch
+
+
+CYCLING_PACKAGE = {'pkg/__init__.py': '', 'pkg/cb/__init__.py': 'from .callback import Callback\nfrom .history import History\n', 'pkg/cb/callback.py': 'class Callback:\n    pass\n', 'pkg/cb/history.py': 'from pkg.cb import Callback\n\n\nclass History(Callback):\n    pass\n', 'pkg/trainer/__init__.py': 'from .sup import fit\n', 'pkg/trainer/sup.py': 'from pkg.cb import History\n\n\ndef fit(model, opt, loader):\n    h = History()\n    for x, y in loader:\n        loss = model(x).sum()\n        opt.zero_grad(); loss.backward(); opt.step()\n    return h\n', 'setup.py': "from setuptools import setup; setup(name='pkg')\n", 'train.py': 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom pkg.trainer import fit\n\nif __name__ == "__main__":\n    torch.manual_seed(0)\n    model = nn.Linear(4, 2)\n    model = nn.DataParallel(model)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    ds = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))\n    loader = DataLoader(ds, batch_size=8, shuffle=True)\n    for x, y in loader:\n        loss = nn.functional.cross_entropy(model(x), y)\n        opt.zero_grad(); loss.backward(); opt.step()\n    print("done")\n'}
+
+
+def test_a_package_whose_submodule_imports_the_package_back_is_read_once(tmp_path):
+    # machine (i-machine-think): callbacks/history.py imports `machine.util.callbacks`, whose
+    # __init__ re-exports history: the reader recursed without end (RecursionError)
+    project(tmp_path, CYCLING_PACKAGE)
+    result = convert_file(tmp_path / "train.py")
+    assert result.changed and not result.error
+
+
+HRNET_UTILS = "import os\nimport logging\nimport time\nfrom pathlib import Path\n\nimport torch\nimport torch.optim as optim\n\n\ndef create_logger(cfg, cfg_name, phase='train'):\n    root_output_dir = Path(cfg['OUTPUT_DIR'])\n    if not root_output_dir.exists():\n        print('=> creating {}'.format(root_output_dir))\n        root_output_dir.mkdir()\n    cfg_name = os.path.basename(cfg_name).split('.')[0]\n    final_output_dir = root_output_dir / 'wflw' / cfg_name\n    final_output_dir.mkdir(parents=True, exist_ok=True)\n    time_str = time.strftime('%Y-%m-%d-%H-%M')\n    log_file = '{}_{}_{}.log'.format(cfg_name, time_str, phase)\n    final_log_file = final_output_dir / log_file\n    head = '%(asctime)-15s %(message)s'\n    logging.basicConfig(filename=str(final_log_file), format=head)\n    logger = logging.getLogger()\n    logger.setLevel(logging.INFO)\n    console = logging.StreamHandler()\n    logging.getLogger('').addHandler(console)\n    tensorboard_log_dir = Path(cfg['LOG_DIR']) / 'wflw' / (cfg_name + '_' + time_str)\n    tensorboard_log_dir.mkdir(parents=True, exist_ok=True)\n    return logger, str(final_output_dir), str(tensorboard_log_dir)\n\n\ndef get_optimizer(cfg, model):\n    return optim.SGD(filter(lambda p: p.requires_grad, model.parameters()), lr=0.1)\n\n\ndef save_checkpoint(states, predictions, is_best, output_dir, filename='checkpoint.pth'):\n    preds = predictions.cpu().data.numpy()\n    torch.save(states, os.path.join(output_dir, filename))\n    torch.save(preds, os.path.join(output_dir, 'current_pred.pth'))\n    latest_path = os.path.join(output_dir, 'latest.pth')\n    if os.path.islink(latest_path):\n        os.remove(latest_path)\n    os.symlink(os.path.join(output_dir, filename), latest_path)\n    if is_best and 'state_dict' in states.keys():\n        torch.save(states['state_dict'].module, os.path.join(output_dir, 'model_best.pth'))\n"
+
+
+def test_a_project_logger_returned_with_run_folders_is_made_once_and_sent_to_every_rank(tmp_path):
+    # HRNet-Facial-Landmark-Detection: `logger, final_output_dir, tb_log_dir = create_logger(...)`;
+    # a stand-in for the call could not be unpacked on the other ranks (ValueError)
+    project(tmp_path, {
+        "utils.py": HRNET_UTILS,
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport utils\n\n\n"
+            "def main():\n    logger, final_output_dir, tb_log_dir = utils.create_logger({'OUTPUT_DIR': 'output', 'LOG_DIR': 'log'}, 'x.yaml')\n"
+            "    logger.info('start')\n    model = nn.DataParallel(nn.Linear(4, 1))\n    optimizer = utils.get_optimizer(None, model)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+            "    for epoch in range(2):\n        for x, y in loader:\n            loss = ((model(x) - y) ** 2).mean()\n"
+            "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+            "        torch.save(model.state_dict(), final_output_dir + '/model.pth')\n\n\nmain()\n"
+        ),
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert "ddp_from_rank_zero(utils.create_logger(" in result.output and "DdpNoOp()" not in result.output.split("def main")[-1]
+
+
+DATA_PARALLEL_BY_FUNCTION = {'entry_functional.py': 'from pkg.train_fn import train\n\nif __name__ == "__main__":\n    train()\n', 'pkg/__init__.py': '', 'pkg/train_fn.py': 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom pkg.utils import dp_workaround\n\n\ndef train(epochs=2):\n    model = nn.Linear(4, 2)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=8, shuffle=True)\n    for ep in range(epochs):\n        for x, y in loader:\n            if torch.cuda.device_count() > 1:\n                out = dp_workaround(model, x)\n            else:\n                out = model(x)\n            loss = nn.functional.mse_loss(out, y)\n            opt.zero_grad(); loss.backward(); opt.step()\n    torch.save(model.state_dict(), "w.pt")\n', 'pkg/utils.py': 'import torch\n\n\ndef dp_workaround(model, *input):\n    device_ids = list(range(torch.cuda.device_count()))\n    replicas = torch.nn.parallel.replicate(model, device_ids)\n    inputs = torch.nn.parallel.scatter(input, device_ids)\n    replicas = replicas[:len(inputs)]\n    outputs = torch.nn.parallel.parallel_apply(replicas, inputs)\n    return torch.nn.parallel.gather(outputs, device_ids[0])\n\n\n', 'pyproject.toml': "[project]\nname='x'\n"}
+
+
+def test_a_script_whose_project_trains_with_data_parallel_by_function_is_refused_naming_folder_mode(tmp_path):
+    # Real-Time-Voice-Cloning: synthesizer_train.py calls train(), which runs replicate and
+    # parallel_apply (data_parallel_workaround): "nothing to convert" before
+    project(tmp_path, DATA_PARALLEL_BY_FUNCTION)
+    result = convert_file(tmp_path / "entry_functional.py")
+    assert result.error and "DDP214" in {d.code for d in result.diagnostics}

@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call
+from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call, walk
 from ddpify.names import DATA_PARALLEL
 
 # Module-level calls that only configure (safe before the process group exists).
@@ -46,7 +46,14 @@ class Entry(Room):
         configuration: set[str] = set()  # names bound to configuration objects (parsers, loggers)
         # Set-up needs torch: never before the last top-level import (scripts set
         # CUDA_VISIBLE_DEVICES or sys.path first and import torch after).
-        found = [i for i, statement in enumerate(module.body) if imports(statement)]
+        # (but before a wrap at the top level, with imports below it: high-res-stereo)
+        wrapping = {id(site.call) for site in self.facts.wraps}
+        first_wrap = next(
+            (i for i, statement in enumerate(module.body)
+             if not isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and any(id(n) in wrapping for n in walk(statement))),
+            len(module.body),
+        )
+        found = [i for i, statement in enumerate(module.body) if imports(statement) and i < first_wrap]
         last_import = found[-1] if found else -1
         for index, statement in enumerate(module.body):
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or index < last_import:

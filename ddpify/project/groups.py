@@ -352,6 +352,17 @@ def _reaches_training(entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
     if BACKWARD.search(entry.source) or entry.wraps:
         return True
     names = {name.rpartition(".")[2] for member in members if member is not entry for name in member.training_defs}
+    # (and what calls those, in their modules: the trainer's fit() runs its train_epoch())
+    for member in members:
+        if member is entry:
+            continue
+        grown = True
+        while grown:
+            grown = False
+            for name, words in member.def_words.items():
+                if name not in names and words & names:
+                    names.add(name)
+                    grown = True
     return any(re.search(rf"\b{re.escape(name)}\s*\(", entry.source) for name in names)
 
 

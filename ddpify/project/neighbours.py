@@ -462,7 +462,6 @@ def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
     """What ``pick`` takes from the summaries of the project modules this one imports, keyed
     by the names they have here."""
     folders, found = _search_folders(path.parent, tree), {}
-    _SUMMARISING.add(path)
     try:
         for node in tree.body:
             if isinstance(node, ast.ImportFrom):
@@ -478,12 +477,25 @@ def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
                     if module is not None and module not in _SUMMARISING:
                         found.update((f"{alias.asname or alias.name}.{name}", v) for name, v in pick(_summary(module)).items())
     finally:
-        _SUMMARISING.discard(path)
+        pass
     return found
 
 
-@functools.lru_cache(maxsize=256)
 def _summary(path: Path) -> ModuleSummary:
+    """What a project module holds, read once. A module whose summary is being made (imports
+    that come back to it: machine's `callbacks/history.py` imports its own package) reads as
+    empty there, and is not kept so."""
+    if path in _SUMMARISING:
+        return ModuleSummary()
+    _SUMMARISING.add(path)
+    try:
+        return _read_summary(path)
+    finally:
+        _SUMMARISING.discard(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_summary(path: Path) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
         tree = ast.parse(source)
@@ -517,6 +529,9 @@ def _summary(path: Path) -> ModuleSummary:
     # (DataParallelWithCallback of Synchronized-BatchNorm: first-order-model's train())
     # (a class statement that subclasses DataParallel wraps nothing: Wave-U-Net's model/utils.py)
     wraps = re.search(r"(?<!Distributed)DataParallel(WithCallback)?\(", re.sub(r"^\s*class .*$", "", source, flags=re.M)) is not None
+    # (DataParallel by function: Real-Time-Voice-Cloning's data_parallel_workaround runs
+    # replicate/parallel_apply in its train())
+    wraps = wraps or re.search(r"\b(data_parallel|parallel_apply)\s*\(", source) is not None
     if path.name == "__init__.py" and not wraps:  # a package re-exporting its modules' classes (DrQA's DocReader)
         # (`from .reader import *`, or by the package's own name: ncsnv2's `from runners.ncsn_runner import *`)
         own = path.parent.name + "."
@@ -958,17 +973,17 @@ def _calls_one_of(node: ast.AST, names: set[str]) -> bool:
 
 
 def _returns_an_object(function: ast.FunctionDef) -> bool:
-    """Does it return a writer object it makes (``return Logger(path)``, or a name bound to one)?"""
+    """Does it return only a writer object it makes (``return Logger(path)``, or a name bound
+    to one)? Not a tuple (HRNet's create_logger returns a logging logger and two paths: plain
+    values, which rank 0 sends to the others, DDP617)."""
     made = {
         target.id for node in ast.walk(function) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
         and _a_class_name(node.value.func) for target in node.targets if isinstance(target, ast.Name)
     }
-    for node in ast.walk(function):
-        if isinstance(node, ast.Return) and node.value is not None:
-            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-            if any(isinstance(v, ast.Call) and _a_class_name(v.func) or isinstance(v, ast.Name) and v.id in made for v in values):
-                return True
-    return False
+    returns = [node.value for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
+    return bool(returns) and not any(isinstance(value, ast.Tuple) for value in returns) and any(
+        isinstance(v, ast.Call) and _a_class_name(v.func) or isinstance(v, ast.Name) and v.id in made for v in returns
+    )
 
 
 WRITER_CLASS_NAME = re.compile(r"(Logger|Writer|Summary|Board|Visdom|Recorder|Visuali[sz]er|Tracker|Experiment|Stream)$")
@@ -978,7 +993,7 @@ def _a_class_name(func: ast.AST) -> bool:
     """A class that keeps a file or a connection open (a logger, a writer): not plain data
     such as ``argparse.Namespace`` that travels between ranks."""
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    return bool(WRITER_CLASS_NAME.search(name))
+    return name[:1].isupper() and bool(WRITER_CLASS_NAME.search(name))  # not logging.getLogger
 
 
 def _writes(node: ast.AST) -> bool:

@@ -210,7 +210,11 @@ class BatchLossesTransform(Transform):
             for node in walk(self.context.module):
                 if isinstance(node, cst.Assign):
                     made = _without_moves(node.value)  # `losses.Proxy_Anchor(...).cuda()`
-                    is_class = isinstance(made, cst.Call) and (dotted(made.func) or "_").rpartition(".")[2][:1].isupper()
+                    # (or a class looked up in the configuration: proxynca_pp's
+                    # `config['criterion']['type'](...)`)
+                    is_class = isinstance(made, cst.Call) and (
+                        (dotted(made.func) or "_").rpartition(".")[2][:1].isupper() or isinstance(made.func, cst.Subscript)
+                    )
                     for target in node.targets:
                         name = dotted(target.target)
                         if name:
@@ -219,9 +223,17 @@ class BatchLossesTransform(Transform):
         return self._class_instances
 
     def _builds_optimizer(self, call: cst.Call) -> bool:
-        return any(
+        if any(
             name.startswith("torch.optim.") and ".lr_scheduler." not in name and name.count(".") == 2
             for name in self.context.qualified(call.func)
+        ):
+            return True
+        # (an optimizer class looked up in the configuration, given parameter groups:
+        # proxynca_pp's `config['opt']['type']([{'params': ...}, ...])`)
+        named = isinstance(call.func, cst.Subscript) or "opt" in (dotted(call.func) or "").rpartition(".")[2].lower()
+        return named and any(
+            isinstance(inner.func, cst.Attribute) and inner.func.attr.value == "parameters"
+            for arg in call.args for inner in calls_in(arg.value)
         )
 
     def _trained_modules(self, optimizer: cst.Call) -> list[str]:

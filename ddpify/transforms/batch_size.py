@@ -47,6 +47,14 @@ then a backward per piece) is cut into pieces of each process's share, as many a
 
     xs = torch.split(x, 4)   ->   xs = torch.split(x, ddp_local_batch_size(4))
 
+DDP411  a function called in the training loop given the loader's batch size (facenet's
+``forward_pass(imgs, model, batch_size=batch_size)``, which cuts a joined batch back apart at
+it) is given each process's share::
+
+    forward_pass(imgs, model, batch_size=batch_size)
+    # becomes
+    forward_pass(imgs, model, batch_size=ddp_local_batch_size(batch_size))
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -59,7 +67,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, walk
+from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
 
@@ -177,6 +185,37 @@ class BatchSizeTransform(Transform):
         args[index] = args[index].with_changes(value=self._local(args[index].value))
         return updated.with_changes(args=args)
 
+    def _batch_size_handed_on(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
+        """A function of the script called in the training loop with the loader's batch size
+        (facenet's ``forward_pass(imgs, model, batch_size=batch_size)``, which cuts the anchors,
+        positives and negatives back apart at it): each process holds its share, so the
+        function is given the share."""
+        if any(q.split(".")[0] in ("torch", "numpy", "builtins", "logging") for q in self.context.qualified(original.func)):
+            return None
+        sizes = self._training_batch_sizes
+        if not sizes or not any(self.context.code(arg.value) in sizes for arg in original.args):
+            return None
+        if self._shapes_tensor(original) or not self._in_a_batch_loop(original):
+            return None
+        args = [
+            arg.with_changes(value=self._local(arg.value)) if self.context.code(arg.value) in sizes else arg
+            for arg in updated.args
+        ]
+        self.context.report(
+            original,
+            "DDP411",
+            f"`{self.context.code(original.func)}(...)` is given DataParallel's global batch size: each process holds "
+            "its share of the batch, so it is given the share (ddp_local_batch_size)",
+        )
+        return updated.with_changes(args=args)
+
+    def _in_a_batch_loop(self, node: cst.CSTNode) -> bool:
+        """In the loop that draws the batches and trains on each (not an epoch loop around it,
+        where a dataset may be given the batch size to make its batches: facenet's triplets)."""
+        loop = innermost_loop(node, self.context.parent)
+        training = set(self.facts.training_loops)
+        return loop in training and not any(inner in training for inner in walk(loop.body))
+
     def _batch_names(self, node: cst.CSTNode) -> set[str]:
         """Names the training loops around ``node`` bind to what they draw (``for x, y in loader``)."""
         found, loops = set(), set(map(id, self.facts.training_loops))
@@ -195,6 +234,9 @@ class BatchSizeTransform(Transform):
         split = self._split_into_steps(original, updated)
         if split is not None:
             return split
+        handed = self._batch_size_handed_on(original, updated)
+        if handed is not None:
+            return handed
         if not self._shapes_tensor(original):
             return updated
         sizes = self._training_batch_sizes

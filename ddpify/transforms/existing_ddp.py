@@ -49,11 +49,16 @@ DDP010  (warning) a ``--gpu`` argument with a number as default picks the device
 (``torch.cuda.set_device(args.gpu)``): under torchrun every rank would use that GPU unless
 the script sets it from the local rank.
 
-DDP013  (warning) the script's own DDP path wraps with apex's DistributedDataParallel (the
-pytorch-pretrained-BERT era: ERNIE, SemBERT), which apex no longer ships: under the printed
-launch line every rank stops at that import; its DataParallel branch needed no apex. Replace it
-with ``torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])`` (apex's
-``delay_allreduce`` has no torch keyword).
+DDP013  the script's own DDP path wraps with apex's DistributedDataParallel (the
+pytorch-pretrained-BERT era: ERNIE, SemBERT, kg-bert), which apex no longer ships: under the
+launch line every rank stopped at that import; its DataParallel branch needed no apex. The
+import becomes torch's (apex's own keywords, ``delay_allreduce``, dropped)::
+
+    from apex.parallel import DistributedDataParallel as DDP
+    # becomes
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+(a warning where it is spelled otherwise: replace it by hand).
 
 DDP005  (error) neither switch is found: a half-done hand conversion; finish it by hand.
 """
@@ -77,6 +82,14 @@ DISTRIBUTED_WORDS = re.compile(r"dist|ddp|parallel|launcher|multi|rank|world|gpu
 # what a batch size divided by it is divided among: GPUs, processes, nodes
 COUNT_OF_PROCESSES = re.compile(r"gpu|world|node|nproc|process|replica|device", re.IGNORECASE)
 
+
+
+# Keywords apex's DistributedDataParallel takes and torch's does not.
+APEX_ONLY = {
+    "delay_allreduce", "message_size", "allreduce_trigger_params", "shared_param", "num_allreduce_streams",
+    "allreduce_communicators", "gradient_average", "gradient_predivide_factor", "retain_allreduce_buffers",
+    "allreduce_always_fp32",
+}
 
 class ExistingDdpTransform(Transform):
     CODE_PREFIX = "DDP0"
@@ -241,8 +254,19 @@ class ExistingDdpTransform(Transform):
             )
 
     def _report_apex_ddp(self, anchor: cst.CSTNode) -> None:
+        """apex's DistributedDataParallel imported by name (`from apex.parallel import
+        DistributedDataParallel as DDP`) becomes torch's; any other spelling is warned about."""
+        self._apex_imports = [
+            node for node in walk(self.context.module)
+            if isinstance(node, cst.ImportFrom) and self.context.code(node.module) == "apex.parallel"
+            and not isinstance(node.names, cst.ImportStar) and len(node.names) == 1
+            and node.names[0].name.value == "DistributedDataParallel"
+        ]
+        self._apex_names = {
+            (node.names[0].asname.name.value if node.names[0].asname else "DistributedDataParallel") for node in self._apex_imports
+        }
         code = self.context.module.code
-        if re.search(r"from\s+apex\.parallel\s+import\s+[^\n]*DistributedDataParallel|apex\.parallel\.DistributedDataParallel", code):
+        if not self._apex_imports and re.search(r"from\s+apex\.parallel\s+import\s+[^\n]*DistributedDataParallel|apex\.parallel\.DistributedDataParallel", code):
             self.context.report(
                 anchor,
                 "DDP013",
@@ -250,6 +274,17 @@ class ExistingDdpTransform(Transform):
                 "every rank would stop at that import; replace it with torch.nn.parallel.DistributedDataParallel",
                 Severity.WARNING,
             )
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
+        if original_node not in getattr(self, "_apex_imports", ()):
+            return updated_node
+        self.context.report(
+            original_node,
+            "DDP013",
+            "the script's own DDP path imported apex's DistributedDataParallel, which apex no longer ships (every "
+            "rank stopped at that import): torch's DistributedDataParallel takes its place",
+        )
+        return updated_node.with_changes(module=cst.parse_expression("torch.nn.parallel"))
 
     def _choose_launch(self) -> None:
         path = self.context.path
@@ -452,6 +487,12 @@ class ExistingDdpTransform(Transform):
         return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if dotted(original_node.func) in getattr(self, "_apex_names", ()) and any(
+            arg.keyword is not None and arg.keyword.value in APEX_ONLY for arg in original_node.args
+        ):
+            # apex's own options (delay_allreduce=True) have no torch keyword
+            kept = [arg for arg in updated_node.args if arg.keyword is None or arg.keyword.value not in APEX_ONLY]
+            return updated_node.with_changes(args=kept)
         if original_node in getattr(self, "_eval_samplers", ()):
             self.context.add_import("torch.utils.data", "SequentialSampler")
             self.context.report(

@@ -421,5 +421,16 @@ def _after_imports(block: Block) -> int:
     at = 0
     while at < len(block) and is_header(block[at][1]):
         at += 1
-    imports = [index for index, (_, statement) in enumerate(block) if is_import(statement)]
+    # (never after a statement that already calls a helper: high-res-stereo wraps its model at
+    # the top level, above a second block of imports)
+    module = cst.Module([])
+    first_use = next(
+        (index for index, (_, statement) in enumerate(block) if not is_import(statement)
+         and HELPER_USE.search(module.code_for_node(statement))),
+        len(block),
+    )
+    imports = [index for index, (_, statement) in enumerate(block) if is_import(statement) and index < first_use]
     return max(at, imports[-1] + 1) if imports else at
+
+
+HELPER_USE = re.compile(r"\bddp_\w+\(|\bDdp\w+\(|\bdist\.")

@@ -141,6 +141,7 @@ from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
 TQDM_WRITES = tuple(f"tqdm.{module}tqdm.write" for module in ("", "auto.", "notebook.", "std."))
+LOGGING_METHODS = {"debug", "info", "warning", "warn", "error", "critical", "exception", "log", "setLevel", "addHandler"}
 # Experiment trackers driven through their module (a run started by `wandb.init`): their
 # calls as statements run on rank 0 only, as wandb.init does.
 TRACKER_MODULES = {"wandb", "mlflow", "tensorboard_logger"}
@@ -591,8 +592,14 @@ class RankZeroTransform(Transform):
         return names if not self._under_rank_guard(assign) else None
 
     def _ever_called(self, name: cst.Name, binding: cst.Assign) -> bool:
-        """Is ``name`` (or a method of it, ``log.info(...)``) called anywhere?"""
-        return any(self._uses_calling(name, binding))
+        """Is ``name`` (or a method of it) called anywhere, other than as a logging logger
+        (``logger.info(...)``: a logging.Logger travels between ranks by its name; HRNet's
+        create_logger returns one with its run folders)?"""
+        return any(called and not self._logging_call(node) for node, called in self._uses_calling(name, binding, with_nodes=True))
+
+    def _logging_call(self, node: cst.Name) -> bool:
+        parent = self.context.parent(node)
+        return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in LOGGING_METHODS
 
     def _writer_values_shared(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         what = dotted(original.value.func)
@@ -612,9 +619,9 @@ class RankZeroTransform(Transform):
         ``writer.add_scalar(...)``)? Only such an object can be a stand-in elsewhere."""
         return all(self._uses_calling(name, binding))
 
-    def _uses_calling(self, name: cst.Name, binding: cst.Assign):
+    def _uses_calling(self, name: cst.Name, binding: cst.Assign, with_nodes: bool = False):
         """For each use of ``name`` outside ``binding``: is it a call of it or of one of its
-        methods?"""
+        methods? (with the use, when ``with_nodes``)"""
         bound = {id(n) for n in walk(binding)}
         for node in walk(self.context.module):
             if not isinstance(node, cst.Name) or node.value != name.value or id(node) in bound:
@@ -622,7 +629,8 @@ class RankZeroTransform(Transform):
             parent = self.context.parent(node)
             method = isinstance(parent, cst.Attribute) and parent.value is node
             called = parent if method else node
-            yield isinstance(self.context.parent(called), cst.Call) and self.context.parent(called).func is called
+            calling = isinstance(self.context.parent(called), cst.Call) and self.context.parent(called).func is called
+            yield (node, calling) if with_nodes else calling
 
     def _writer_values_on_rank_zero(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
         names = self._project_writer_values(original)
