@@ -1367,3 +1367,25 @@ def test_a_script_whose_project_trains_with_data_parallel_by_function_is_refused
     project(tmp_path, DATA_PARALLEL_BY_FUNCTION)
     result = convert_file(tmp_path / "entry_functional.py")
     assert result.error and "DDP214" in {d.code for d in result.diagnostics}
+
+
+def test_an_argument_a_project_writer_fills_in_on_rank_zero_is_sent_to_every_rank(tmp_path):
+    # FlowFormer: `process_cfg(cfg)` makes the run folder and sets `cfg.log_dir`; run on rank 0
+    # only, the other ranks had no log_dir (AttributeError)
+    project(tmp_path, {
+        "misc.py": (
+            "import os\n\n\ndef process_cfg(cfg):\n    log_dir = 'logs/' + cfg.name\n    cfg.log_dir = log_dir\n"
+            "    os.makedirs(log_dir)\n"
+        ),
+        "train.py": (
+            "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "from misc import process_cfg\n\n\ndef main(cfg):\n    process_cfg(cfg)\n    model = nn.DataParallel(nn.Linear(4, 1))\n"
+            "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+            "    for x, y in loader:\n        loss = ((model(x) - y) ** 2).mean()\n        optimizer.zero_grad()\n"
+            "        loss.backward()\n        optimizer.step()\n    torch.save(model.state_dict(), cfg.log_dir + '/final.pth')\n\n\n"
+            "if __name__ == '__main__':\n    main(argparse.Namespace(name='run'))\n"
+        ),
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert "cfg = ddp_from_rank_zero(cfg if dist.get_rank() == 0 else None)" in result.output

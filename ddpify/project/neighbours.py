@@ -108,6 +108,9 @@ class Neighbours:
     # functions of those modules that read a checkpoint (torch.load: MMT's load_checkpoint), as
     # bound here: every rank calling one waits for rank 0's saves first (DDP615)
     checkpoint_readers: frozenset[str] = frozenset()
+    # writers that set fields of an argument (FlowFormer's process_cfg: `cfg.log_dir = ...`), as
+    # bound here -> the positions of those arguments: run on rank 0, the others get the object
+    mutating_writers: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
@@ -166,6 +169,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
     constructed: dict[str, tuple[tuple[int, str], ...]] = {}
+    mutating: dict[str, tuple[int, ...]] = {}
     idle: dict[str, str] = {}
     naming: list[str] = []
     trainer_classes: dict[str, dict[str, tuple[tuple[int, str], ...]]] = {}
@@ -185,6 +189,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
         trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
         constructed.update((f"{bound}.{name}", params) for name, params in summary.constructor_loaders.items())
+        mutating.update((f"{bound}.{name}", found) for name, found in summary.mutating_writers.items())
         idle.update((f"{bound}.{name}", part) for name, part in summary.idle_parts.items())
         trainer_classes.update((f"{bound}.{name}", methods) for name, methods in summary.trainer_classes.items())
         writing.update(f"{bound}.{name}" for name in summary.writing_trainers)
@@ -217,7 +222,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
                 if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
                     as_module(alias.asname or alias.name, _summary(sub))
-                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders)):
+                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers)):
                     _bind(found, kind, alias)
                 for names, kind in ((summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers)):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
@@ -279,7 +284,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
         wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
-        checkpoint_readers=frozenset(readers), constructor_loaders=constructed,
+        checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
     )
 
 
@@ -441,6 +446,7 @@ class ModuleSummary:
     device_pickers: frozenset[str] = frozenset()  # functions that call torch.cuda.set_device
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
     constructor_loaders: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)  # see Neighbours
+    mutating_writers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -576,6 +582,8 @@ def _read_summary(path: Path) -> ModuleSummary:
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "torch.load(" in ast.unparse(node)),
         {node.name: params for node in tree.body if isinstance(node, ast.ClassDef) for params in [_constructor_loaders(node)] if params},
+        {node.name: found for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in writers
+         for found in [_mutated_arguments(node)] if found},
     )
 
 
@@ -677,6 +685,16 @@ def _dp_classes(tree: ast.Module, aliases: dict[str, str]) -> dict[str, Subclass
                 if isinstance(plan, SubclassPlan):
                     found[node.name] = plan
     return found
+
+
+def _mutated_arguments(function: ast.FunctionDef) -> tuple[int, ...]:
+    """Positions of the parameters whose fields the function sets (`cfg.log_dir = ...`)."""
+    params = [a.arg for a in function.args.args]
+    set_on = {
+        target.value.id for node in ast.walk(function) if isinstance(node, ast.Assign)
+        for target in node.targets if isinstance(target, (ast.Attribute, ast.Subscript)) and isinstance(target.value, ast.Name)
+    }
+    return tuple(index for index, name in enumerate(params) if name in set_on)
 
 
 def _constructor_loaders(cls: ast.ClassDef) -> tuple[tuple[int, str], ...]:

@@ -50,6 +50,17 @@ other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 ``log, writer = utils.set_save_path(path)``, which clears and remakes the run folder) runs on
 rank 0 only too; the other ranks get one stand-in per returned value.
 
+DDP620  an object a project function fills in while it writes files (FlowFormer's
+``process_cfg(cfg)`` sets ``cfg.log_dir`` and makes that folder) runs on rank 0 only; every rank
+then gets rank 0's object::
+
+    process_cfg(cfg)
+    # becomes
+    if dist.get_rank() == 0:
+        process_cfg(cfg)
+    dist.barrier()
+    cfg = ddp_from_rank_zero(cfg if dist.get_rank() == 0 else None)
+
 DDP619  a result of a method of an object made on rank 0 only, bound whole where every rank
 goes (PENet's ``is_best = logger.rank_conditional_save_best(mode, avg, epoch)``): rank 0 calls it
 and every rank gets its result, so the object stays on rank 0 only::
@@ -858,9 +869,27 @@ class RankZeroTransform(Transform):
         if any(writes) and barrier:
             # Nothing may read a file before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
+        if barrier:
+            # an object a writer of the project filled in on rank 0 (FlowFormer's process_cfg
+            # sets cfg.log_dir): every rank gets rank 0's
+            for name in self._filled_in(run):
+                self.context.use_helper("ddp_from_rank_zero")
+                self.context.report(run[0][0], "DDP620", f"`{name}`, filled in by a writer that runs on rank 0 only, is sent to every rank")
+                emitted.append(cst.parse_statement(f"{name} = ddp_from_rank_zero({name} if {self._rank_zero} else None)"))
         # The first emitted statement stands for the run's first original: set-up placed
         # before that original must come before the guard (it calls dist.get_rank()).
         return [(run[0][0] if index == 0 else None, statement) for index, statement in enumerate(emitted)]
+
+    def _filled_in(self, run: list[Pair]) -> list[str]:
+        """Names passed, in the run, to a project writer at a position it sets fields of."""
+        mutating = self.context.neighbours.mutating_writers
+        found = []
+        for original, _ in run:
+            for call in calls_in(original) if original is not None else ():
+                positions = mutating.get(dotted(call.func) or "", ())
+                positional = [a.value for a in call.args if a.keyword is None and not a.star]
+                found += [positional[i].value for i in positions if i < len(positional) and isinstance(positional[i], cst.Name)]
+        return list(dict.fromkeys(found))
 
     def _report_guarded(self, original: cst.BaseStatement, barrier: bool) -> bool:
         """Report DDP601 for one guarded statement; True if it writes or removes files, which
