@@ -468,22 +468,19 @@ def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
     """What ``pick`` takes from the summaries of the project modules this one imports, keyed
     by the names they have here."""
     folders, found = _search_folders(path.parent, tree), {}
-    try:
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom):
-                module = _module_file(folders, node.module or "", node.level, path.parent)
-                if module is None or module in _SUMMARISING:
-                    continue
-                taken = pick(_summary(module))
-                found.update((alias.asname or alias.name, taken[alias.name]) for alias in node.names if alias.name in taken)
-                found.update(taken if any(alias.name == "*" for alias in node.names) else {})
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    module = _module_file(folders, alias.name, 0, path.parent)
-                    if module is not None and module not in _SUMMARISING:
-                        found.update((f"{alias.asname or alias.name}.{name}", v) for name, v in pick(_summary(module)).items())
-    finally:
-        pass
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            module = _module_file(folders, node.module or "", node.level, path.parent)
+            if module is None:
+                continue
+            taken = pick(_summary(module))  # (a module being read reads as empty: imports may cycle)
+            found.update((alias.asname or alias.name, taken[alias.name]) for alias in node.names if alias.name in taken)
+            found.update(taken if any(alias.name == "*" for alias in node.names) else {})
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                module = _module_file(folders, alias.name, 0, path.parent)
+                if module is not None:
+                    found.update((f"{alias.asname or alias.name}.{name}", v) for name, v in pick(_summary(module)).items())
     return found
 
 

@@ -665,12 +665,7 @@ class RankZeroTransform(Transform):
     def _escapes(self, target: cst.BaseExpression, made: cst.CSTNode, code: str, what: str) -> bool:
         """Does a value taken from the rank-0 object bound to ``target`` leave a guard? Then
         it is made on every rank, with a warning that says where."""
-        guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
-        fetched: list[cst.Call] = []
-        fetch = lambda call: self._fetchable(call) and (fetched.append(call) or True)  # noqa: E731
-        escape = stand_in_escapes(target, self.context.module, self.context.parent, guarded, fetch)
-        if escape is None:
-            self._fetches.update(fetched)
+        escape = self._escape_or_fetch(target)
         if escape is not None:
             line = self.context.position(escape)[0]
             self.context.report(
@@ -700,13 +695,20 @@ class RankZeroTransform(Transform):
             if self._import_time(node) or self._under_rank_guard(node):
                 continue
             target = bound_target(node)
-            if target is None:
-                continue
-            guarded = lambda n: n is not None and (self._units.guarded(n) or self._would_guard(n))  # noqa: E731
-            fetched: list[cst.Call] = []
-            fetch = lambda call: self._fetchable(call) and (fetched.append(call) or True)  # noqa: E731
-            if stand_in_escapes(target, self.context.module, self.context.parent, guarded, fetch) is None:
-                self._fetches.update(fetched)
+            if target is not None:
+                self._escape_or_fetch(target)
+
+    def _escape_or_fetch(self, target: cst.BaseExpression) -> cst.CSTNode | None:
+        """The first use that takes a value from the rank-0-only object bound to ``target``
+        outside a guard; None when there is none, and then the method results rank 0 sends
+        to the others are planned (DDP619)."""
+        guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
+        fetched: list[cst.Call] = []
+        fetch = lambda call: self._fetchable(call) and (fetched.append(call) or True)  # noqa: E731
+        escape = stand_in_escapes(target, self.context.module, self.context.parent, guarded, fetch)
+        if escape is None:
+            self._fetches.update(fetched)
+        return escape
 
     def _tracker_made(self, call: cst.Call) -> bool:
         """A tracker, or an object of a project class that keeps files open for writing

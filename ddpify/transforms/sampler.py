@@ -303,12 +303,7 @@ class SamplerTransform(Transform):
 
     def _draws_a_batch(self, call: cst.Call) -> bool:
         """The script's own batch function: not torch's, numpy's or a model's, named for a batch."""
-        name = dotted(call.func) or ""
-        if name in self.facts.model_names or name.rpartition(".")[0] in self.facts.model_names:
-            return False
-        if any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func)):
-            return False
-        return "batch" in name.rpartition(".")[2].lower()
+        return not self._library_call(call) and "batch" in (dotted(call.func) or "").rpartition(".")[2].lower()
 
     def _fed_to_the_model(self, loop: cst.CSTNode) -> set[str]:
         """Names whose values reach a call of a wrapped model in ``loop`` (through the
