@@ -22,6 +22,8 @@ import pytest
 
 from conftest import FIXTURES, fixture_inputs, run_launched
 from ddpify.api import convert_source
+from ddpify.verify.checks import LaunchOutcome, run_checks
+from ddpify.verify.runner import _reports
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.e2e
@@ -110,6 +112,23 @@ def runs(request, tmp_path_factory):
 
 def test_both_ranks_end_with_identical_weights(runs):
     assert_same(params(runs["dir"] / "p-ddp", 0), params(runs["dir"] / "p-ddp", 1), exact=True)
+
+
+def test_verify_passes_every_check_on_the_two_rank_run(runs):
+    # `ddpify verify`'s checks, read from this run's probe reports (the same probe verify
+    # launches): one set of runs per fixture serves both (tests/test_verify.py launches verify
+    # itself on the fixtures whose equivalence only verify's shuffling-off run can show).
+    outcome = LaunchOutcome(2, runs["ddp"].returncode, False, 0.0, runs["ddp"].stderr[-3000:])
+    found = {check.name: check for check in run_checks(outcome, _reports(runs["dir"] / "p-ddp"))}
+    failed = {name: check.reason for name, check in found.items() if check.passed is False}
+    assert not failed, failed
+    for name in ("every rank finishes", "weights identical across ranks", "no line printed by more than one rank"):
+        assert found[name].verdict == "PASS", (name, found[name].reason)
+    # (batches split at run time from a list or a generator: no loader whose samples verify could count)
+    no_loader = "e2e: no loader" in runs["case"].read_text()
+    assert found["each training sample once per epoch"].verdict == ("SKIP" if no_loader else "PASS")
+    if "shuffle=True" in runs["case"].read_text():
+        assert found["new order every epoch when shuffling"].verdict == "PASS"
 
 
 def test_each_line_is_printed_once(runs):
