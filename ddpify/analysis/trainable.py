@@ -186,3 +186,33 @@ def partly_trained(module: cst.Module, facts: Facts) -> dict[str, str]:
             found[site.target] = f"its optimizer trains {', '.join(taught)} but not {', '.join(idle)}, which {site.target} runs"
     return found
 
+
+
+HUB_PACKAGES = re.compile(r"^(transformers|pytorch_pretrained_bert|pytorch_transformers|peft|sentence_transformers)(\.|$)")
+
+
+def hub_models(module: cst.Module, facts: Facts) -> dict[str, str]:
+    """Wrapped models that are (or are built by) pretrained models of Hugging Face's libraries:
+    ``model = BertForRelation.from_pretrained(...)`` of a project class on ``BertPreTrainedModel``
+    (PURE), ``BertModel(config)``. Such a model holds parts the training often leaves idle (the
+    pooler when only the sequence output is read, a head another task uses), and DDP stops at
+    the next step unless it looks for them; Hugging Face's own Trainer runs DDP with
+    find_unused_parameters=True by default for that reason. Wrapped name -> the call."""
+    imported = {
+        alias.asname.name.value if alias.asname else dotted(alias.name)
+        for node in walk(module) if isinstance(node, cst.ImportFrom) and node.module is not None
+        and HUB_PACKAGES.match(dotted(node.module) or "") and not isinstance(node.names, cst.ImportStar)
+        for alias in node.names
+    }
+    if not imported and not HUB_PACKAGES.search("\n".join(re.findall(r"^\s*import ([\w.]+)", module.code, re.MULTILINE))):
+        return {}
+    found: dict[str, str] = {}
+    for node in walk(module):
+        if not isinstance(node, cst.Assign) or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
+            continue
+        name, made = dotted(node.targets[0].target), dotted(node.value.func) or ""
+        if name not in facts.model_names:
+            continue
+        if made.endswith(".from_pretrained") or made in imported or HUB_PACKAGES.match(made):
+            found.setdefault(name, cst.Module([]).code_for_node(node.value.func) + "(...)")
+    return found

@@ -420,6 +420,32 @@ class DdpModel(DistributedDataParallel):
     """DDP that also answers for the model's own attributes (`model.encoder`), as code
     written for the bare model reads them (a project's helper, out of the converter's sight)."""
 
+    made = []  # wrapped, not yet stepped
+
+    def __init__(self, module, **options):
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        super().__init__(module, **options)
+        if not DdpModel.made:
+            register_optimizer_step_pre_hook(DdpModel.first_step)
+        DdpModel.made.append(self)
+        self.ddp_unseen = True
+
+    def forward(self, *args, **kwargs):
+        """Weights a pass past the wrapper set from its own batch (ArtFlow's `glow.module(x)`
+        starts Glow's ActNorm from the data it sees) differ per rank, and DDP only averages
+        gradients: rank 0's are every rank's at the first forward, and at the first step
+        (a start made inside the first forward)."""
+        if self.ddp_unseen:
+            self.ddp_unseen = False
+            ddp_broadcast_weights(self)
+        return super().forward(*args, **kwargs)
+
+    @staticmethod
+    def first_step(optimizer, args, kwargs):
+        while DdpModel.made:
+            ddp_broadcast_weights(DdpModel.made.pop())
+
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)

@@ -64,7 +64,9 @@ A model class of the file (or, in single-file mode, of the project modules it im
 has a part whose parameters get no gradient (a submodule made in ``__init__`` that no method
 uses; a submodule's result that ``forward()`` computes and never reads, Background-Matting's
 ``multi_feat = self.model_enc_multi(multi)``; a part ``forward()`` picks by an argument,
-Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127).
+Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127), and so does a pretrained model
+of Hugging Face's libraries (``BertForRelation.from_pretrained(...)``, PURE: its pooler idles when
+only the sequence output is read), as Hugging Face's Trainer does.
 
 DDP129  a DataParallel subclass of the file or of the project (project/dp_subclasses.py)
 that only answers for the model's attributes, or only changes how one process splits each
@@ -140,7 +142,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, walk, without_gradients
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import partly_trained, trainable_set_changes, unused_outputs
+from ddpify.analysis.trainable import hub_models, partly_trained, trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
@@ -199,6 +201,7 @@ class WrapModelTransform(Transform):
         }
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         self.partly_trained = partly_trained(self.context.module, self.facts)
+        self.hub_models = hub_models(self.context.module, self.facts)
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
@@ -228,7 +231,8 @@ class WrapModelTransform(Transform):
         func = call.func
         if not isinstance(func, cst.Attribute) or dotted(func.value) not in self.facts.model_names:
             return False
-        if func.attr.value in MODULE_METHODS or func.attr.value.startswith("_"):
+        # (`model.module(x)`: the module inside, called past the wrapper, ArtFlow's ActNorm start)
+        if func.attr.value in MODULE_METHODS or func.attr.value.startswith("_") or func.attr.value == "module":
             return False
         return call not in self.sites
 
@@ -721,6 +725,15 @@ class WrapModelTransform(Transform):
                 "DDP127",
                 f"an output of {site.target} is never used (`{self.dropped_outputs[site.target]}`): parameters that "
                 "only make it get no gradient, so DDP looks for them at each step (find_unused_parameters=True)",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif site.target in self.hub_models:
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"{site.target} is a Hugging Face pretrained model (`{self.hub_models[site.target]}`): parts the training "
+                "leaves idle (a pooler when only the sequence output is read) get no gradient, so DDP looks for them at "
+                "each step (find_unused_parameters=True), as Hugging Face's Trainer does",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)
