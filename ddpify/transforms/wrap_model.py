@@ -435,21 +435,26 @@ class WrapModelTransform(Transform):
     def _split_widened_guard(self, original: cst.If, updated: cst.If) -> list:
         """``if args.cuda: model = DP(model); model = model.cuda()``: only the wrap must run
         whenever the world size is above one; the statements beside it keep the condition
-        they had (`.cuda()` on a CPU-only machine, a flag's own settings)."""
+        they had (`.cuda()` on a CPU-only machine, a flag's own settings). An ``else`` goes with
+        the statements before the wrap (PointPWC's ``if args.multi_gpu is not None:
+        device_ids = args.multi_gpu.split(','); ...`` would read a None flag on every rank)."""
         before_wrap, after_wrap = [], []
         # The sync-BN callbacks edit_block removed from the body are not in `updated`.
         originals = [statement for statement in original.body.body if not self._removed_sync_bn(statement)]
         updates = updated.body.body
         wrap_at = [i for i, statement in enumerate(originals) if any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps)]
-        if original.orelse is not None or len(originals) != len(updates) or len(originals) < 2 or len(wrap_at) != 1:
+        if len(originals) != len(updates) or len(originals) < 2 or len(wrap_at) != 1:
             return [(original, updated)]
         before_wrap, wrapping, after_wrap = updates[: wrap_at[0]], updates[wrap_at[0]], updates[wrap_at[0] + 1 :]
+        if original.orelse is not None and not before_wrap:
+            return [(original, updated)]
         pieces = []
         if before_wrap:
             pieces.append(updated.with_changes(test=original.test, body=updated.body.with_changes(body=before_wrap)))
-        pieces.append(updated.with_changes(body=updated.body.with_changes(body=[wrapping]), leading_lines=[] if pieces else updated.leading_lines))
+        alone = updated.with_changes(body=updated.body.with_changes(body=[wrapping]), orelse=None)
+        pieces.append(alone.with_changes(leading_lines=[] if pieces else updated.leading_lines))
         if after_wrap:
-            pieces.append(updated.with_changes(test=original.test, body=updated.body.with_changes(body=after_wrap), leading_lines=[]))
+            pieces.append(alone.with_changes(test=original.test, body=updated.body.with_changes(body=after_wrap), leading_lines=[]))
         if before_wrap:
             pieces[0] = pieces[0].with_changes(leading_lines=updated.leading_lines)
         return [(original if index == 0 else None, piece) for index, piece in enumerate(pieces)]
