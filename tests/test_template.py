@@ -409,10 +409,12 @@ def test_ranks_share_each_epoch_and_reshuffle_for_the_next(monkeypatch, make):
 
 
 def test_a_batch_sampler_has_each_batch_split(monkeypatch):
+    # contiguous parts, as DataParallel's scatter cut them (a sampler may arrange each batch
+    # for that cut: Multilingual_Text_to_Speech's language groups)
     batches = [[0, 1, 2], [3, 4, 5, 6], [7]]
     loader = torch.utils.data.DataLoader(INDICES, batch_sampler=batches)
     zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
-    assert zero == [[0, 2], [3, 5], [7]] and one == [[1], [4, 6], [7]]
+    assert zero == [[0, 1], [3, 4], [7]] and one == [[2], [5, 6], [7]]
 
 
 def test_options_are_kept(monkeypatch):
@@ -663,3 +665,63 @@ def test_an_endless_batch_sampler_with_a_negative_length_is_drawn_batch_by_batch
     _as_rank(monkeypatch, 0)
     drawn = iter(template.ddp_shard(torch.utils.data.DataLoader(INDICES, batch_sampler=MinusOneLength())))
     assert [len(next(drawn)[0]) for _ in range(3)] == [2, 2, 2]
+
+
+class _RandomPicks(torch.utils.data.Dataset):
+    """VDNet's shape: each item is a random pick, whatever the index."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        import random
+
+        return torch.tensor([random.random(), __import__("numpy").random.rand()])
+
+
+def test_the_data_loading_draws_per_rank_and_the_script_alike(monkeypatch):
+    import random
+
+    from torch.utils.data import dataloader as loading
+
+    seen, after, seeds = {}, {}, {}
+    for rank in (0, 1):
+        # (each rank a process of its own: the patched DataLoader internals are put back)
+        monkeypatch.setattr(loading._BaseDataLoaderIter, "__init__", loading._BaseDataLoaderIter.__init__)
+        monkeypatch.setattr(loading._SingleProcessDataLoaderIter, "_next_data", loading._SingleProcessDataLoaderIter._next_data)
+        _as_rank(monkeypatch, rank)
+        random.seed(3), __import__("numpy").random.seed(3), torch.manual_seed(3)
+        template.ddp_own_data_draws()
+        loader = torch.utils.data.DataLoader(_RandomPicks(), batch_size=4)
+        seen[rank] = torch.cat([batch for batch in loader])
+        seeds[rank] = iter(loader)._base_seed
+        after[rank] = (random.random(), __import__("numpy").random.rand())
+    assert not torch.equal(seen[0], seen[1]), "each rank's dataset draws its own samples"
+    assert seeds[1] == seeds[0] + 1, "workers are seeded per rank"
+    assert after[0] == after[1], "the script's own draws stay alike"
+    assert after[0][0] == (random.seed(3), random.random())[1], "fetches leave the script's stream where it was"
+
+
+class _FileLogger:
+    """HPLFlowNet's Logger: it keeps the handle the script reads (`logger.out_fd`)."""
+
+    def __init__(self, path):
+        self.out_fd = open(path, "w")
+
+    def log(self, text):
+        self.out_fd.write(text)
+        self.out_fd.flush()
+        __import__("os").fsync(self.out_fd.fileno())
+
+
+def test_a_quiet_object_writes_its_files_on_rank_zero_only(monkeypatch, tmp_path):
+    for rank in (1, 0):
+        _as_rank(monkeypatch, rank)
+        monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+        logger = template.ddp_quiet(_FileLogger, tmp_path / f"log{rank}.txt")
+        logger.log("epoch 0\n")  # a real file on every rank (fsync works)
+        logger.out_fd.close()
+    assert (tmp_path / "log0.txt").read_text() == "epoch 0\n" and not (tmp_path / "log1.txt").exists()
+    import builtins
+
+    assert builtins.open is open, "the real open() is back"

@@ -65,7 +65,8 @@ def ddp_share_random_state():
     After the first optimizer step the other ranks draw their own dropout and noise from
     torch, as DataParallel's replicas did for their own samples. Python's and numpy's
     generators stay alike on every rank: a dataset built each epoch that shuffles its list
-    with them (pytorch-0.4-yolov3) must give every rank the same order to take its share of."""
+    with them (pytorch-0.4-yolov3) must give every rank the same order to take its share of;
+    what the data loading draws is each rank's own (ddp_own_data_draws)."""
     import random
     import sys
 
@@ -87,6 +88,44 @@ def ddp_share_random_state():
 
     split.done = False
     register_optimizer_step_post_hook(split)
+    ddp_own_data_draws()
+
+
+def ddp_own_data_draws():
+    """Random draws of the data loading are each rank's own, as each of DataParallel's batches
+    drew its samples' once: DataLoader workers are seeded per rank, and a dataset read in this
+    process (num_workers=0) draws from this rank's Python and numpy streams while the script's
+    own draws stay alike (VDNet's dataset picks each sample with `random`, whatever the index:
+    alike, every rank would train on the same samples)."""
+    import random
+    import sys
+
+    from torch.utils.data import dataloader as loading
+
+    rank, own = dist.get_rank(), {}
+    begin, fetch = loading._BaseDataLoaderIter.__init__, loading._SingleProcessDataLoaderIter._next_data
+
+    def seeded_per_rank(self, loader):
+        begin(self, loader)
+        self._base_seed += rank  # each worker seeds torch, random and numpy from it
+
+    def fetched_per_rank(self):
+        numpy = sys.modules.get("numpy")
+        shared = random.getstate(), numpy and numpy.random.get_state()
+        if not own:  # from the script's state at the first fetch (seeded runs repeat)
+            random.seed(hash(shared[0]) + rank)
+            numpy and numpy.random.seed((hash(shared[0]) + rank) % 2**32)
+        else:
+            random.setstate(own["random"])
+            numpy and own["numpy"] is not None and numpy.random.set_state(own["numpy"])
+        try:
+            return fetch(self)
+        finally:
+            own.update(random=random.getstate(), numpy=numpy and numpy.random.get_state())
+            random.setstate(shared[0])
+            numpy and numpy.random.set_state(shared[1])
+
+    loading._BaseDataLoaderIter.__init__, loading._SingleProcessDataLoaderIter._next_data = seeded_per_rank, fetched_per_rank
 
 
 def ddp_from_rank_zero(value):
@@ -308,7 +347,7 @@ def ddp_rebuildable(loader):
 class DdpShard(torch.utils.data.Sampler):
     """This rank's share of a sampler: every rank draws the same order (its random generators
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
-    as many steps), or of a batch sampler every world-size-th sample of each batch."""
+    as many steps), or of a batch sampler its part of each batch (ddp_part)."""
 
     def __init__(self, sampler, dataset, per_batch):
         self.sampler, self.dataset, self.per_batch, self.epoch, self.chosen = sampler, dataset, per_batch, 0, None
@@ -325,7 +364,7 @@ class DdpShard(torch.utils.data.Sampler):
         drawn = ddp_same_draw(self.sampler, self.epoch)
         world, rank = dist.get_world_size(), dist.get_rank()
         if self.per_batch:
-            return ((batch * world)[rank : max(len(batch), world) : world] for batch in map(list, drawn))
+            return (ddp_part(batch, world, rank) for batch in map(list, drawn))
         if not isinstance(drawn, list):  # an endless sampler: every world-size-th of its draws
             import itertools
 
@@ -335,6 +374,17 @@ class DdpShard(torch.utils.data.Sampler):
 
     def __len__(self):
         return len(self.sampler) if self.per_batch else -(-len(self.sampler) // dist.get_world_size())
+
+
+def ddp_part(batch, world, rank):
+    """This rank's contiguous part of a batch, as DataParallel's scatter cut it (a batch
+    sampler may arrange each batch for that cut: Multilingual_Text_to_Speech's language
+    groups); a batch shorter than the world gives each rank one of its samples."""
+    if len(batch) < world:
+        return [batch[rank % len(batch)]]
+    size, larger = divmod(len(batch), world)
+    start = rank * size + min(rank, larger)
+    return batch[start : start + size + (rank < larger)]
 
 
 def ddp_same_draw(sampler, epoch):
@@ -540,6 +590,29 @@ def ddp_rank():
 
 def ddp_world_size():
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def ddp_quiet(make, *args, **kwargs):
+    """``make(*args, **kwargs)``; on ranks other than 0 the files it opens for writing are
+    nameless temporary files: a real object (its file handle read outside a guard, HPLFlowNet's
+    ``logger.out_fd``; a SummaryWriter's log folder) whose writes nobody sees."""
+    import builtins
+    import tempfile
+
+    opened = builtins.open
+    if ddp_rank() == 0:
+        return make(*args, **kwargs)
+
+    def unseen(file, mode="r", *more, **options):
+        if not set(mode) & set("wax+"):
+            return opened(file, mode, *more, **options)
+        return tempfile.TemporaryFile(mode, *more[:1], **options)  # (fsync works: not the null device)
+
+    builtins.open = unseen
+    try:
+        return make(*args, **kwargs)
+    finally:
+        builtins.open = opened
 
 
 class DdpNoOp:

@@ -51,6 +51,7 @@ TEMPLATE_IMPORTS = (  # (atexit, logging and re are imported inside the helpers:
 TEMPLATE_NAMES = (
     "ddp_setup",
     "ddp_share_random_state",
+    "ddp_own_data_draws",
     "ddp_from_rank_zero",
     "ddp_self_check",
     "ddp_after_step",
@@ -65,6 +66,7 @@ TEMPLATE_NAMES = (
     "ddp_resampled",
     "ddp_rebuildable",
     "DdpShard",
+    "ddp_part",
     "ddp_same_draw",
     "ddp_draw_by_draw",
     "DdpSameRandom",
@@ -82,6 +84,7 @@ TEMPLATE_NAMES = (
     "ddp_no_sync",
     "ddp_rank",
     "ddp_world_size",
+    "ddp_quiet",
     "DdpNoOp",
 )
 # ddp_setup's optional steps: a line marked `# ddpify:<name>` is kept only when <name> is
