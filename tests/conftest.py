@@ -33,8 +33,9 @@ def run_launched(command: list[str], attempts: int = 3, **kwargs):
     """subprocess.run for torchrun commands, repeating runs lost to the gloo exit abort."""
     import subprocess
 
-    for _ in range(attempts):
+    for attempt in range(1, attempts + 1):
         result = subprocess.run(command, capture_output=True, text=True, **kwargs)
+        result.attempts = attempt  # (a repeated run may have left files: tests that count them ask)
         if result.returncode == 0 or GLOO_EXIT_ABORT not in result.stderr:
             return result
     return result

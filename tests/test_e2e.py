@@ -205,7 +205,8 @@ def test_writer_used_by_every_rank_writes_once(runs):
     # A stand-in on rank 1 (no AttributeError in train()); rank 0 writes the events file.
     # The work folder holds the 2-rank run's file and the world-of-one run's file.
     assert len(list((runs["dir"] / "original" / "runs").glob("events.out.tfevents.*"))) == 1
-    assert len(list((runs["dir"] / "runs").glob("events.out.tfevents.*"))) == 2
+    # (one more for each 2-rank run lost to the gloo exit abort and repeated)
+    assert len(list((runs["dir"] / "runs").glob("events.out.tfevents.*"))) == 1 + runs["ddp"].attempts
 
 
 @only("meters_cpu_loss")

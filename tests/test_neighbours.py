@@ -177,7 +177,8 @@ def test_a_writer_made_in_a_with_item_is_rank_zero_only(tmp_path):
 def test_uses_of_an_alias_of_a_stand_in_are_followed(tmp_path, use, on_every_rank):
     project(tmp_path, {"train.py": WITH_WRITER.replace('args_writer.add_scalar("loss", loss.item(), step)', use)})
     output = convert_file(tmp_path / "train.py").output
-    assert ('writer = SummaryWriter("runs")\n' in output) is on_every_rank
+    # (made on every rank: a real writer, whose files are unseen temporaries off rank 0)
+    assert ('writer = ddp_quiet(SummaryWriter, "runs")\n' in output) is on_every_rank
 
 
 FREEZING_MODEL = '''import torch.nn as nn
@@ -1389,3 +1390,62 @@ def test_an_argument_a_project_writer_fills_in_on_rank_zero_is_sent_to_every_ran
     })
     result = convert_file(tmp_path / "train.py")
     assert "cfg = ddp_from_rank_zero(cfg if dist.get_rank() == 0 else None)" in result.output
+
+
+def test_a_relative_sys_path_entry_is_also_read_from_the_folders_above(tmp_path):
+    # person-reid-triplet-loss-baseline: script/experiment/train.py does sys.path.insert(0, '.')
+    # and is run from the repository root, where its package tri_loss is
+    script = '''import sys
+sys.path.insert(0, '.')
+import torch
+import torch.nn as nn
+from tri_loss.utils import Logger
+
+log = Logger("log.txt")
+model = nn.DataParallel(nn.Linear(2, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)
+for x in loader:
+    loss = model(x).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    log.write(str(loss.item()))
+'''
+    logger = 'class Logger:\n    def __init__(self, path):\n        self.file = open(path, "w")\n\n    def write(self, text):\n        self.file.write(text)\n'
+    project(tmp_path, {"tri_loss/__init__.py": "", "tri_loss/utils.py": logger, "script/experiment/train.py": script})
+    result = convert_file(tmp_path / "script" / "experiment" / "train.py")
+    assert "Logger" in " ".join(d.message for d in result.diagnostics), result.diagnostics
+
+
+def test_a_writer_a_package_re_exports_with_a_star_import_is_made_on_rank_zero(tmp_path):
+    # Random-Erasing: utils/__init__.py does `from .logger import *`; cifar.py `from utils import Logger`
+    script = '''import torch
+import torch.nn as nn
+from utils import Logger
+
+log = Logger("log.txt")
+model = nn.DataParallel(nn.Linear(2, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)
+for x in loader:
+    loss = model(x).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    log.write(str(loss.item()))
+'''
+    logger = 'class Logger:\n    def __init__(self, path):\n        self.file = open(path, "w")\n\n    def write(self, text):\n        self.file.write(text)\n'
+    project(tmp_path, {"utils/__init__.py": "from .logger import *\n", "utils/logger.py": logger, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert any(d.code == "DDP606" and "Logger" in d.message for d in result.diagnostics), result.diagnostics
+
+
+def test_a_script_calling_the_training_function_of_a_module_whose_imports_wrap_is_refused(tmp_path):
+    # score_sde_pytorch: main.py -> run_lib.train() -> models/utils.py's create_model wraps
+    run_lib = "from models import utils as mutils\n\n\ndef train(config, workdir):\n    model = mutils.create_model(config)\n    return model\n"
+    create = "import torch\n\n\ndef create_model(config):\n    return torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"
+    main = "import run_lib\n\n\ndef main(config):\n    run_lib.train(config, '/tmp/work')\n"
+    project(tmp_path, {"models/__init__.py": "", "models/utils.py": create, "run_lib.py": run_lib, "main.py": main})
+    result = convert_file(tmp_path / "main.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"] and "`run_lib`" in result.diagnostics[0].message

@@ -143,7 +143,11 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     # (BERT4Rec-VAE: `trainer = trainer_factory(...)`, then `trainer.train()`)
     # (ncsnv2: `runner = eval(config.runner)(args, config)`, then `runner.train()`)
     runs_a_trainer = re.search(r"\b\w*(trainer|runner|solver|learner|engine)\w*\.(train|fit|run)\(", source, re.IGNORECASE) is not None
-    if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer:
+    # (score_sde: main.py calls `run_lib.train(...)` of the very module whose imports wrap)
+    calls_its_training = any(
+        re.search(rf"(?<![\w.]){re.escape(module)}\.\w*(train|fit|run)\w*\(", source) for module in found.wrapping_modules
+    )
+    if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer and not calls_its_training:
         return None
     script = Path(path).parent
     common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))
@@ -376,9 +380,14 @@ def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
                 for part in arg.args if isinstance(part, ast.Constant) and isinstance(part.value, str)
             ]
             for constant in literal:
-                candidate = (folder / constant.value).resolve()
-                if candidate.is_dir() and candidate not in found:
-                    found.append(candidate)
+                # A relative path is relative to where the script is run from: its folder, or
+                # the repository root above it (`sys.path.insert(0, '.')` in
+                # script/experiment/train.py, run from the root: person-reid-triplet-loss-baseline)
+                bases = [folder] if Path(constant.value).is_absolute() else [folder, *list(folder.parents)[:3]]
+                for base in bases:
+                    candidate = (base / constant.value).resolve()
+                    if candidate.is_dir() and candidate not in found:
+                        found.append(candidate)
     for candidate in _joined_folders(folder, tree):
         if candidate not in found:
             found.append(candidate)
@@ -524,6 +533,11 @@ def _read_summary(path: Path) -> ModuleSummary:
         elif isinstance(node, ast.ClassDef) and _keeps_files(node):
             writers.add(node.name)
             classes.add(node.name)
+    # (names a package re-exports are its own to its importers: Random-Erasing's utils/__init__.py
+    # does `from .logger import *`, and train.py `from utils import Logger, savefig`)
+    taken = _imported(path, tree, lambda summary: {**dict.fromkeys(summary.writers, False), **dict.fromkeys(summary.writer_classes, True)})
+    writers |= set(taken)
+    classes |= {name for name, is_class in taken.items() if is_class}
     writers |= _calling_writers(tree, writers)
     writers -= _reaching_the_model(tree)
     # (a writer that returns an object it made, M2Det's set_logger -> Logger(log_path): made on
@@ -552,7 +566,7 @@ def _read_summary(path: Path) -> ModuleSummary:
     pairwise = frozenset(
         node.name for node in tree.body
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and PAIRWISE.search(ast.unparse(node))
-    )
+    ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, "")))
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
     bases = {id(part) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases for part in ast.walk(base)}

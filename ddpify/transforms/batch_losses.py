@@ -209,12 +209,7 @@ class BatchLossesTransform(Transform):
             bound: dict[str, bool] = {}
             for node in walk(self.context.module):
                 if isinstance(node, cst.Assign):
-                    made = _without_moves(node.value)  # `losses.Proxy_Anchor(...).cuda()`
-                    # (or a class looked up in the configuration: proxynca_pp's
-                    # `config['criterion']['type'](...)`)
-                    is_class = isinstance(made, cst.Call) and (
-                        (dotted(made.func) or "_").rpartition(".")[2][:1].isupper() or isinstance(made.func, cst.Subscript)
-                    )
+                    is_class = _makes_an_instance(node.value)
                     for target in node.targets:
                         name = dotted(target.target)
                         if name:
@@ -346,6 +341,22 @@ def _transposed(node: cst.BaseExpression) -> bool:
 def _reads_self(node: cst.BaseExpression) -> bool:
     """Does the operand use an attribute of ``self`` (a weight, a centre table)?"""
     return any(isinstance(n, cst.Name) and n.value == "self" for n in walk(node))
+
+
+def _makes_an_instance(value: cst.BaseExpression) -> bool:
+    """A class's instance: ``losses.Proxy_Anchor(...).cuda()``, a class looked up in the
+    configuration (proxynca_pp's ``config['criterion']['type'](...)``), one of several picked by
+    a key or a test (CosFace's ``{'MCP': MarginCosineProduct(...), ...}[args.classifier_type]``)."""
+    made = _without_moves(value)
+    if isinstance(made, cst.Subscript) and isinstance(made.value, cst.Dict):
+        return bool(made.value.elements) and all(
+            isinstance(element, cst.DictElement) and _makes_an_instance(element.value) for element in made.value.elements
+        )
+    if isinstance(made, cst.IfExp):
+        return _makes_an_instance(made.body) and _makes_an_instance(made.orelse)
+    return isinstance(made, cst.Call) and (
+        (dotted(made.func) or "_").rpartition(".")[2][:1].isupper() or isinstance(made.func, cst.Subscript)
+    )
 
 
 def _without_moves(value: cst.BaseExpression) -> cst.BaseExpression:

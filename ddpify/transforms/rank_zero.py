@@ -558,6 +558,8 @@ class RankZeroTransform(Transform):
         if code == "DDP609":
             return self._file_on_rank_zero(original_node, updated_node, message)
         target = bound_target(original_node)
+        if target is not None and code == "DDP606" and self._escape_or_fetch(target) is not None:
+            return self._made_quietly(original_node, updated_node, target, what)
         if target is not None and self._escapes(target, original_node, code, what):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
@@ -567,6 +569,22 @@ class RankZeroTransform(Transform):
             self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _made_quietly(self, original: cst.Assign, updated: cst.Assign, target: cst.BaseExpression, what: str) -> cst.Assign:
+        """A writer or tracker some code reads outside a guard (HPLFlowNet's ``logger.out_fd``):
+        a stand-in could not give it, so every rank makes a real one, and on the other ranks
+        the files it opens for writing are nameless temporary files (ddp_quiet)."""
+        escape = self._escape_or_fetch(target)
+        line = self.context.position(escape)[0]
+        self.context.report(
+            original,
+            "DDP606",
+            f"{what}(...) is made on every rank (line {line} takes `{self.context.code(escape)}` from it outside a "
+            "rank-0 guard): on ranks other than 0 the files it opens for writing are nameless temporary files",
+        )
+        self.context.use_helper("ddp_quiet")
+        call = updated.value
+        return updated.with_changes(value=call.with_changes(func=cst.Name("ddp_quiet"), args=[cst.Arg(call.func), *call.args]))
 
     def _file_on_rank_zero(self, original: cst.Assign, updated: cst.Assign, message: str) -> cst.Assign:
         """The other ranks open the null device with the same mode: a file like the other."""
