@@ -158,8 +158,24 @@ class DecisionsTransform(Transform):
         computed (``average = train(...)``), and so possibly differ between ranks?"""
         reads = _reads_data(test_owner.test) or (
             loop in self.facts.epoch_hooks and bool(_variables(test_owner.test) & self._computed(loop))
+        ) or (
+            # (GANet: `valid = target[mask].size()[0]`, then `if valid > 0:` around the whole step)
+            loop in self.facts.training_loops and bool(_variables(test_owner.test) & self._taken_from_data(loop))
         )
         return reads and not same_on_every_rank(test_owner.test, loop_names)
+
+    def _taken_from_data(self, loop: cst.CSTNode) -> set[str]:
+        """Names a training loop binds from an indexing or a call (what it draws and computes
+        from the batch), not from counting (``step = step + 1``)."""
+        return {
+            name
+            for node in walk(loop.body)
+            if isinstance(node, cst.Assign) and innermost_loop(node, self.context.parent) is loop
+            and any(isinstance(part, (cst.Subscript, cst.Call)) for part in walk(node.value))
+            for target in node.targets
+            for name in [dotted(target.target)]
+            if name
+        }
 
     def _epoch_metrics(self, loop: cst.CSTNode, test_owner: cst.If) -> set[str] | None:
         """Names an epoch loop's early stop reads that the loop computes. Averaged across ranks

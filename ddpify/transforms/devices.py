@@ -60,7 +60,7 @@ from ddpify.analysis import walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
-CUDA_INDEX = re.compile(r"cuda:\d+")
+CUDA_INDEX = re.compile(r"cuda:\d+(,\d+)*")  # (PMG's "cuda:0,1" named the GPUs DataParallel used)
 
 
 class DevicesTransform(Transform):

@@ -988,11 +988,25 @@ class RankZeroTransform(Transform):
         shown = {name: "ddp_mean" for name in _loss_names(call, self._derived_losses)}
         if not shown:
             return {}
-        counters = self._shard_counters(original)
+        counters, means = self._shard_counters(original), self._shard_means(original)
         for name in _variable_names(call):
             if name in counters and name not in shown:
                 shown[name] = "ddp_sum"
+            elif name in means and name not in shown:
+                shown[name] = "ddp_mean"
         return shown
+
+    def _shard_means(self, node: cst.CSTNode) -> set[str]:
+        """Names the training loops of ``node``'s function add each step's mean to
+        (``epoch_error += error.item()``, ``error = torch.mean(...)``): the mean across ranks."""
+        function = self._function_of(node) if not isinstance(node, cst.Module) else node
+        return {
+            inner.target.value
+            for loop in self.facts.training_loops if self._function_of(loop) is function
+            for inner in walk(loop)
+            if isinstance(inner, cst.AugAssign) and isinstance(inner.operator, cst.AddAssign)
+            and isinstance(inner.target, cst.Name) and self._adds_a_mean(loop, inner.value)
+        }
 
     def _shard_counters(self, node: cst.CSTNode) -> set[str]:
         """Names the training loops of ``node``'s function add batch quantities to
@@ -1011,9 +1025,22 @@ class RankZeroTransform(Transform):
                     and isinstance(inner.operator, cst.AddAssign)
                     and isinstance(inner.target, cst.Name)
                     and not isinstance(inner.value, cst.Integer)
+                    and not self._adds_a_mean(loop, inner.value)
                 ):
                     found.add(inner.target.value)
         return found - self._derived_losses
+
+    def _adds_a_mean(self, loop: cst.CSTNode, value: cst.BaseExpression) -> bool:
+        """``epoch_error += error.item()`` with ``error = torch.mean(...)`` (GANet): a mean per
+        step added up (and divided by the steps), not a count of the shard."""
+        inner = value.func.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" else value
+        if not isinstance(inner, cst.Name):
+            return False
+        return any(
+            isinstance(node, cst.Assign) and any(dotted(t.target) == inner.value for t in node.targets)
+            and re.search(r"\bmean\(", self.context.code(node.value)) is not None
+            for node in walk(loop)
+        )
 
     def _function_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
         parent = self.context.parent(node)
