@@ -17,6 +17,10 @@ CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "
 OTHER_CODES = {
     "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
+    "DDP014": "DDP014  (warning) the script's own DDP path (pytorch/examples' --multiprocessing-distributed, a "
+    "--distributed flag) trains on DataLoaders built here with no DistributedSampler anywhere (EfficientDet.Pytorch): "
+    "under its switch every rank would train on all the data. That path is not taken: its DataParallel path is "
+    "converted like any other (sampler, batch share, rank-0 writes), and the launch line runs it without the switch.",
     "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file of the project was refused, so "
     "this one is left untouched too: a project converts whole or not at all (a converted module under an unconverted "
     "entry would fail at its first collective; a model class found by importlib links files the import graph does not "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ddpify.analysis import Analysis, Facts, activate
+from ddpify.analysis import Analysis, Facts, activate, walk
 from ddpify.analysis.data_sites import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
@@ -226,7 +226,7 @@ def _transforms_for(context: ConversionContext) -> tuple:
     if facts.existing_ddp and context.role == SCRIPT and facts.wraps:
         # a script with its own DDP path beside DataParallel takes that path, also when it
         # hands its loader to a project function (TransGAN: its DDP branch was switched off)
-        return EXISTING_DDP
+        return TRANSFORMS if _own_path_unsharded(context) else EXISTING_DDP
     if context.model_elsewhere or facts.loader_functions or facts.sharded_parameter_calls or facts.loader_parameters:
         # trains a model wrapped elsewhere, builds or passes loaders trained on elsewhere
         return TRANSFORMS
@@ -237,6 +237,31 @@ def _transforms_for(context: ConversionContext) -> tuple:
     # A module that only names the class (isinstance checks in a library) gets those names
     # rewritten and nothing else: set-up, samplers and guards belong to the script that wraps.
     return EXISTING_DDP if facts.existing_ddp else TRANSFORMS if facts.wraps else REFERENCES_ONLY
+
+
+def _own_path_unsharded(context: ConversionContext) -> bool:
+    """The script's own DDP path trains on loaders built here with no DistributedSampler
+    anywhere (EfficientDet.Pytorch: every rank trained on all the data): that path is not
+    taken; the DataParallel one is converted, and the report says so (DDP014)."""
+    facts = context.facts
+    if not facts.fed_loops or any(_samples(node) for node in walk(context.module)):
+        return False
+    context.report(
+        facts.distributed_uses[0],
+        "DDP014",
+        "the script's own DDP path shards no training data (no DistributedSampler: every rank would train on all of "
+        "it): not taken; its DataParallel path is converted instead (launch without the script's own distributed "
+        "switch)",
+        Severity.WARNING,
+    )
+    return True
+
+
+def _samples(node: cst.CSTNode) -> bool:
+    """A DistributedSampler named, or a sampler handed to a loader (its own path may shard)."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return (node.value if isinstance(node, cst.Name) else node.attr.value) == "DistributedSampler"
+    return isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value in ("sampler", "batch_sampler")
 
 
 # check's forms of DataParallel that convert cannot rewrite: functional, forks, variants.
