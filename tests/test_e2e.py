@@ -242,3 +242,8 @@ def test_unseeded_split_is_the_same_on_every_rank(runs):
 def test_whole_model_pickle_loads_without_a_process_group(runs):
     loaded = torch.load(runs["dir"] / "whole_model.pt", weights_only=False)
     assert isinstance(loaded, torch.nn.Sequential), type(loaded)
+
+
+@only("head_beside_model")
+def test_a_head_wrapped_on_its_own_keeps_its_checkpoint_keys(runs):
+    assert lines_with(runs["ddp"].stdout, "head keys") == lines_with(runs["original"].stdout, "head keys") == ["head keys: ['weight']"]

@@ -456,13 +456,15 @@ def ddp_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def ddp_wrap(module, **options):
+def ddp_wrap(module, keys_unwrapped=False, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
-    module in a process with no group, is only moved there."""
+    module in a process with no group, is only moved there. With ``keys_unwrapped`` (a head
+    DataParallel never wrapped) its state_dict keeps the keys it had."""
     module = module.to(ddp_device())
     if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
         module = DdpModel(module, device_ids=ids, **options)
+        module.ddp_keys_unwrapped = keys_unwrapped
     return module
 
 
@@ -503,6 +505,11 @@ class DdpModel(DistributedDataParallel):
             if name == "module":
                 raise
             return getattr(self.module, name)
+
+    def state_dict(self, *args, **kwargs):
+        if getattr(self, "ddp_keys_unwrapped", False):
+            return self.module.state_dict(*args, **kwargs)
+        return super().state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict=True, **kwargs):
         """A checkpoint saved by the bare model (no `module.` prefix) loads too: code that

@@ -27,15 +27,19 @@ apart; DDP synchronises gradients, not buffers of modules it does not wrap::
     ...
     ctx.lut[y] = momentum * ctx.lut[y] + (1 - momentum) * x    # refused
 
-DDP119  (refuses; a warning with ``--allow-partial``) a module the optimizer trains and the
-training loop calls that is not wrapped (face.evoLVe's ``HEAD`` beside the wrapped
-``BACKBONE``, a loss with its own weights): DataParallel computed its gradients from the
-whole batch on one device; under DDP nothing averages them across processes, and each rank
-would train its own copy::
+DDP119  a module the optimizer trains and the training loop calls that is not wrapped
+(face.evoLVe's ``HEAD`` beside the wrapped ``BACKBONE``, CosFace's margin head picked from a
+dict): DataParallel computed its gradients from the whole batch on one device; under DDP
+nothing would average them across processes, and each rank would train its own copy. A head
+gets a DDP wrap of its own after its binding (or after the model's wrap), its state_dict
+keeping the keys it had::
 
-    BACKBONE = nn.DataParallel(BACKBONE)
-    OPTIMIZER = optim.SGD([*BACKBONE.parameters(), *HEAD.parameters()], lr=0.1)
-    outputs = HEAD(BACKBONE(inputs), labels)     # refused: HEAD is trained outside DDP
+    BACKBONE = nn.DataParallel(BACKBONE)          BACKBONE = ddp_wrap(BACKBONE)
+    HEAD = ArcFace(512, classes)            ->    HEAD = ArcFace(512, classes)
+                                                  HEAD = ddp_wrap(HEAD, keys_unwrapped=True)
+
+A loss with weights of its own (Proxy-Anchor's proxies) is refused (a warning with
+``--allow-partial``): wrapped, it is exact only when it is a mean of per-sample terms.
 
 Losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
 (``...Loss``, ``...Criterion``, ``Triplet...``, ``NCE...``, ``Memory...``) or a function whose
@@ -67,6 +71,10 @@ EVALUATION_NAME = re.compile(r"^(test|eval|valid|evaluate|validate)", re.IGNOREC
 
 class BatchLossesTransform(Transform):
     CODE_PREFIX = "DDP11"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._head_wraps: dict[cst.SimpleStatementLine, str] = {}  # statement -> head wrapped after it
 
     def check(self) -> None:
         if not self.facts.wraps or not self.facts.training_loops:
@@ -192,6 +200,17 @@ class BatchLossesTransform(Transform):
                 continue
             for trained in self._trained_modules(node):
                 if trained in called and trained not in wrapped and trained in self._built_from_classes:
+                    after = self._head_wrap_place(trained)
+                    if after is not None:
+                        self._head_wraps[after] = trained
+                        self.context.report(
+                            node,
+                            "DDP119",
+                            f"the optimizer trains `{trained}`, which the training loop calls outside the wrap (a head "
+                            "beside the model): it gets a DDP wrap of its own, so its gradients are averaged across "
+                            "processes as DataParallel computed them from the whole batch (its checkpoints keep their keys)",
+                        )
+                        continue
                     self.context.report_unsound(
                         node,
                         "DDP119",
@@ -200,6 +219,54 @@ class BatchLossesTransform(Transform):
                         f"across processes and each rank would train its own `{trained}`; wrap it too by hand",
                     )
                     return
+
+    def _head_wrap_place(self, trained: str) -> cst.SimpleStatementLine | None:
+        """Where a head (not a loss: a loss of its own weights is exact under DDP only when it is
+        a mean of per-sample terms) gets its own wrap: after its one binding, or after the
+        model's wrap when that comes later, both in the same function."""
+        if LOSS_CLASS.search(trained) or re.search(r"loss|criterion", trained, re.IGNORECASE):
+            return None
+        bindings = [
+            node for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and any(dotted(t.target) == trained for t in node.targets)
+        ]
+        if len(bindings) != 1 or LOSS_CLASS.search(self.context.code(bindings[0].value)):
+            return None
+        wrap = next((site.call for site in self.facts.wraps), None)
+        statements = [self._statement_of(node) for node in (bindings[0], wrap) if node is not None]
+        if len(statements) != 2 or None in statements:
+            return None
+        functions = {self._function_of(statement) for statement in statements}
+        loops = [node for statement in statements for node in self._ancestors(statement) if isinstance(node, (cst.For, cst.While))]
+        if len(functions) != 1 or loops:
+            return None
+        return max(statements, key=lambda statement: self.context.position(statement))
+
+    def _statement_of(self, node: cst.CSTNode) -> cst.SimpleStatementLine | None:
+        while node is not None and not isinstance(node, cst.SimpleStatementLine):
+            node = self.context.parent(node)
+        return node
+
+    def _ancestors(self, node: cst.CSTNode):
+        node = self.context.parent(node)
+        while node is not None:
+            yield node
+            node = self.context.parent(node)
+
+    def _function_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return next((n for n in self._ancestors(node) if isinstance(n, cst.FunctionDef)), None)
+
+    def edit_block(self, owner: cst.CSTNode, block):
+        if not self._head_wraps:
+            return block
+        edited = []
+        for original, updated in block:
+            edited.append((original, updated))
+            if original in self._head_wraps:
+                name = self._head_wraps[original]
+                self.context.use_helper("ddp_wrap")
+                edited.append((None, cst.parse_statement(f"{name} = ddp_wrap({name}, keys_unwrapped=True)")))
+        return edited
 
     @property
     def _built_from_classes(self) -> set[str]:
