@@ -943,7 +943,7 @@ def test_a_project_function_that_makes_a_run_folder_runs_once_and_every_rank_get
 
     project(tmp_path, {"arguments.py": GET_ARGS, "train.py": ARGS_TRAIN})
     result = convert_file(tmp_path / "train.py")
-    assert "args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)" in result.output
+    assert "args = ddp_shared_values(get_args() if dist.get_rank() == 0 else None)" in result.output
     assert "DDP617" in {d.code for d in result.diagnostics}
     (tmp_path / "train.py").write_text(result.output)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
@@ -1303,7 +1303,7 @@ def test_a_project_function_returning_a_logger_it_makes_runs_on_rank_zero_with_a
     })
     result = convert_file(tmp_path / "train.py")
     assert "logger = set_logger(True) if dist.get_rank() == 0 else DdpNoOp()" in result.output
-    assert "ddp_from_rank_zero(set_logger" not in result.output
+    assert "ddp_shared_values(set_logger" not in result.output
 
 
 PENET_HELPER = 'import csv\nimport os\n\n\nclass Logger:\n    def __init__(self, folder):\n        if not os.path.exists(folder):\n            os.makedirs(folder)\n        self.csv = os.path.join(folder, "train.csv")\n        self.best = float("inf")\n\n    def save_info(self, loss, epoch):\n        with open(self.csv, "a") as handle:\n            csv.writer(handle).writerow([epoch, loss])\n        return loss\n\n    def save_best(self, loss):\n        is_best = loss < self.best\n        self.best = min(loss, self.best)\n        return is_best\n'
@@ -1356,7 +1356,7 @@ def test_a_project_logger_returned_with_run_folders_is_made_once_and_sent_to_eve
         ),
     })
     result = convert_file(tmp_path / "train.py")
-    assert "ddp_from_rank_zero(utils.create_logger(" in result.output and "DdpNoOp()" not in result.output.split("def main")[-1]
+    assert "ddp_shared_values(utils.create_logger(" in result.output and "DdpNoOp()" not in result.output.split("def main")[-1]
 
 
 DATA_PARALLEL_BY_FUNCTION = {'entry_functional.py': 'from pkg.train_fn import train\n\nif __name__ == "__main__":\n    train()\n', 'pkg/__init__.py': '', 'pkg/train_fn.py': 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom pkg.utils import dp_workaround\n\n\ndef train(epochs=2):\n    model = nn.Linear(4, 2)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=8, shuffle=True)\n    for ep in range(epochs):\n        for x, y in loader:\n            if torch.cuda.device_count() > 1:\n                out = dp_workaround(model, x)\n            else:\n                out = model(x)\n            loss = nn.functional.mse_loss(out, y)\n            opt.zero_grad(); loss.backward(); opt.step()\n    torch.save(model.state_dict(), "w.pt")\n', 'pkg/utils.py': 'import torch\n\n\ndef dp_workaround(model, *input):\n    device_ids = list(range(torch.cuda.device_count()))\n    replicas = torch.nn.parallel.replicate(model, device_ids)\n    inputs = torch.nn.parallel.scatter(input, device_ids)\n    replicas = replicas[:len(inputs)]\n    outputs = torch.nn.parallel.parallel_apply(replicas, inputs)\n    return torch.nn.parallel.gather(outputs, device_ids[0])\n\n\n', 'pyproject.toml': "[project]\nname='x'\n"}

@@ -200,7 +200,7 @@ def test_a_project_function_that_makes_the_run_folder_runs_once_in_folder_mode_t
         "train.py": TRAIN_WITH.format(imports="from arguments import get_args", setup="    args = get_args()\n", after="    print(args.log_dir)"),
     })
     train = convert_tree(tmp_path)["train.py"]
-    assert "args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)" in train.output
+    assert "args = ddp_shared_values(get_args() if dist.get_rank() == 0 else None)" in train.output
 
 
 def test_a_flat_script_that_hands_its_wrapped_model_to_a_project_trainer_object_converts(tmp_path: Path) -> None:

@@ -725,3 +725,23 @@ def test_a_quiet_object_writes_its_files_on_rank_zero_only(monkeypatch, tmp_path
     import builtins
 
     assert builtins.open is open, "the real open() is back"
+
+
+def test_values_sent_from_rank_zero_keep_their_own_and_stand_in_for_what_cannot_travel(monkeypatch):
+    import logging
+
+    sent = {}
+
+    def from_rank_zero(value):  # rank 0 sends, rank 1 receives (one process plays both)
+        if template.dist.get_rank() == 0:
+            sent["value"] = __import__("pickle").loads(__import__("pickle").dumps(value))
+        return sent["value"]
+
+    monkeypatch.setattr(template, "ddp_from_rank_zero", from_rank_zero)
+    values = (logging, {"DEVICE": "cuda:0", "lr": 0.1}, "runs/exp")  # MobileFaceNet's init_log, Face-Transformer's config
+    _as_rank(monkeypatch, 0)
+    assert template.ddp_shared_values(values) is values
+    _as_rank(monkeypatch, 1)
+    module, config, folder = template.ddp_shared_values(None)
+    assert isinstance(module, template.DdpNoOp) and folder == "runs/exp"
+    assert config == {"DEVICE": "cuda", "lr": 0.1}, "rank 0's GPU is this rank's"

@@ -622,6 +622,42 @@ def ddp_quiet(make, *args, **kwargs):
         builtins.open = opened
 
 
+def ddp_shared_values(values):
+    """What a project function that writes files returned on rank 0 (it ran there alone), on
+    every rank: rank 0 keeps its own; the others get a copy, or a stand-in for what cannot be
+    sent (fastdvdnet's init_logging returns a SummaryWriter with its logger)."""
+    import pickle
+
+    def sendable(value):
+        try:
+            pickle.dumps(value)
+            return value
+        except Exception:  # (whatever pickle raises for an object it cannot send)
+            return DdpNoOp
+
+    mine = dist.get_rank() == 0
+    several = isinstance(values, tuple)
+    sent = (several, tuple(map(sendable, values)) if several else (sendable(values),)) if mine else None
+    several, received = ddp_from_rank_zero(sent)
+    if mine:
+        return values
+    made = tuple(DdpNoOp() if value is DdpNoOp else ddp_here(value) for value in received)
+    return made if several else made[0]
+
+
+def ddp_here(value):
+    """Rank 0's CUDA device (`cuda:0`, in a value or a configuration dict it sent:
+    Face-Transformer's get_config) is this process's on the others."""
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return ddp_device()
+    if isinstance(value, str) and value.startswith("cuda:") and value[5:].isdigit():
+        return "cuda"
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            value[key] = ddp_here(item)
+    return value
+
+
 class DdpNoOp:
     """Stands in for a rank-0-only object (writer, tracker, log file) on the other ranks."""
 

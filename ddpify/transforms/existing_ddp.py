@@ -7,8 +7,9 @@ What is missing is the launch line that selects it, and torchrun support: torchr
 the local rank in the ``LOCAL_RANK`` environment variable (and newer launchers pass
 ``--local-rank``, with a dash), while such scripts read only ``--local_rank``.
 
-DDP006  the ``--local_rank`` argument accepts both spellings and defaults to ``LOCAL_RANK``,
-so that under torchrun the DDP branch runs and the DataParallel branch is unreachable::
+DDP006  the ``--local_rank`` argument accepts both spellings and defaults to ``LOCAL_RANK``
+(and a ``--world-size`` beside it to ``WORLD_SIZE``, MobileNetV3-pytorch), so that under
+torchrun the DDP branch runs and the DataParallel branch is unreachable::
 
     parser.add_argument("--local_rank", type=int, default=-1)
     # becomes
@@ -97,6 +98,8 @@ class ExistingDdpTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.local_rank = self._argument(*LOCAL_RANK_FLAGS)
+        # (MobileNetV3-pytorch: `--world-size` too, default -1, checked against the local rank)
+        self.world_size = self._argument("--world-size", "--world_size") if self.local_rank is not None else None
         # `--local_rank` declared in another module (BERT-NER-Pytorch's get_argparse()): the
         # statement here that parses it, and the name it binds
         self.parsed_elsewhere = self._parsed_elsewhere() if self.local_rank is None else None
@@ -502,6 +505,8 @@ class ExistingDdpTransform(Transform):
                 "whole set in order (SequentialSampler), so its metrics are those of the whole set, as DataParallel's",
             )
             return updated_node.with_changes(func=cst.Name("SequentialSampler"), args=[updated_node.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        if original_node is self.world_size and original_node is not None:
+            return self._world_size_from_launcher(original_node, updated_node)
         if original_node is not self.local_rank:
             return updated_node
         spellings = {getattr(arg.value, "evaluated_value", None) for arg in original_node.args if arg.keyword is None}
@@ -535,6 +540,16 @@ class ExistingDdpTransform(Transform):
             )
         self.context.report(original_node, "DDP006", message)
         return updated
+
+
+    def _world_size_from_launcher(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        default = keyword_arg(updated, "default")
+        if default is None or "WORLD_SIZE" in self.context.code(original):
+            return updated
+        self.context.add_import("os")
+        from_env = cst.parse_expression(f'int(os.environ.get("WORLD_SIZE", {self.context.code(default.value)}))')
+        self.context.report(original, "DDP006", "--world-size now also reads torchrun's WORLD_SIZE, as --local_rank reads LOCAL_RANK")
+        return updated.with_changes(args=[a.with_changes(value=from_env) if a.keyword and a.keyword.value == "default" else a for a in updated.args])
 
 
 def _flags_required(test: cst.BaseExpression) -> list[str]:

@@ -85,6 +85,8 @@ TEMPLATE_NAMES = (
     "ddp_rank",
     "ddp_world_size",
     "ddp_quiet",
+    "ddp_shared_values",
+    "ddp_here",
     "DdpNoOp",
 )
 # ddp_setup's optional steps: a line marked `# ddpify:<name>` is kept only when <name> is

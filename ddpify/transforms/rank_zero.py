@@ -639,7 +639,8 @@ class RankZeroTransform(Transform):
             f"{what}() writes files (a function of the project): rank 0 runs it once and every rank gets its values "
             "(a folder made once, the same name on every rank)",
         )
-        shared = cst.parse_expression(f"ddp_from_rank_zero(_ if {self._rank_zero} else None)")
+        self.context.use_helper("ddp_shared_values")
+        shared = cst.parse_expression(f"ddp_shared_values(_ if {self._rank_zero} else None)")
         inner = shared.args[0].value.with_changes(body=updated.value)
         return updated.with_changes(value=shared.with_changes(args=[shared.args[0].with_changes(value=inner)]))
 

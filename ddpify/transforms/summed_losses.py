@@ -156,7 +156,7 @@ class SummedLossesTransform(Transform):
         if isinstance(value, cst.UnaryOperation):
             return self._summed_by_hand(value.expression)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
-            return _this_batch(value.left) or _this_batch(value.right)
+            return _this_batch(value.left, self._batch_names) or _this_batch(value.right, self._batch_names)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
             return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
         if not isinstance(value, cst.Call):
@@ -169,13 +169,34 @@ class SummedLossesTransform(Transform):
             return False
         return self._from_the_model(summed)
 
+    @property
+    def _batch_names(self) -> frozenset[str]:
+        """Names bound to the batch's length: ``n = x.size(0)``, the first of ``N, C, H, W =
+        x.size()`` (or ``= x.shape``)."""
+        if not hasattr(self, "_lengths"):
+            found = set()
+            for node in walk(self.context.module):
+                if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+                    continue
+                target, value = node.targets[0].target, node.value
+                if isinstance(target, cst.Name) and _this_batch(value):
+                    found.add(target.value)
+                elif isinstance(target, (cst.Tuple, cst.List)) and target.elements and isinstance(target.elements[0].value, cst.Name):
+                    shape = (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "size" and not value.args) or (
+                        isinstance(value, cst.Attribute) and value.attr.value == "shape"
+                    )
+                    if shape:
+                        found.add(target.elements[0].value.value)
+            self._lengths = frozenset(found)
+        return self._lengths
+
     def _a_metric(self, call: cst.Call) -> bool:
         """`F.mse_loss(..., reduction="sum").item()`, divided by the batch's length, or in a
         comprehension over another loader: not a summed training loss."""
         parent = self.context.parent(call)
         if isinstance(parent, cst.Attribute) and parent.attr.value in ("item", "detach", "tolist"):
             return True
-        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right):
+        if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right, self._batch_names):
             return True  # `F.mse_loss(..., reduction="sum") / len(data)`: the batch's mean
         while parent is not None and not isinstance(parent, cst.BaseStatement):
             if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
@@ -223,16 +244,17 @@ class SummedLossesTransform(Transform):
         return self._scale(original_node, updated_node)
 
 
-def _this_batch(divisor: cst.BaseExpression) -> bool:
-    """``len(data)``, ``data.size(0)``, ``data.shape[0]``, ``data.size()[0] * 2``: the length of
-    the batch in hand, not of a dataset (``len(loader.dataset)`` or ``args.batch_size``)."""
+def _this_batch(divisor: cst.BaseExpression, names: frozenset[str] = frozenset()) -> bool:
+    """``len(data)``, ``data.size(0)``, ``data.shape[0]``, ``data.size()[0] * 2``, a product with
+    it among the factors (PD-Denoising's ``img.size()[0] * 3 * img.size()[2] * ...``), or one of
+    ``names`` bound to it (fastdvdnet's ``N, _, H, W = img.size()``, then ``/ (N*2)``): the
+    length of the batch in hand, not of a dataset (``len(loader.dataset)``, ``args.batch_size``)."""
+    if isinstance(divisor, cst.Name) and divisor.value in names:
+        return True
     if isinstance(divisor, cst.Call) and dotted(divisor.func) == "len":
         return len(divisor.args) == 1 and isinstance(divisor.args[0].value, (cst.Name, cst.Subscript))
     if isinstance(divisor, cst.BinaryOperation) and isinstance(divisor.operator, cst.Multiply):
-        numbers = (cst.Integer, cst.Float)
-        return (_this_batch(divisor.left) and isinstance(divisor.right, numbers)) or (
-            isinstance(divisor.left, numbers) and _this_batch(divisor.right)
-        )
+        return _this_batch(divisor.left, names) or _this_batch(divisor.right, names)
     if isinstance(divisor, cst.Subscript) and isinstance(divisor.value, cst.Call):
         func = divisor.value.func  # `imgn.size()[0]`
         return isinstance(func, cst.Attribute) and func.attr.value == "size" and not divisor.value.args
