@@ -21,6 +21,8 @@ OTHER_CODES = {
     "--distributed flag) trains on DataLoaders built here with no DistributedSampler anywhere (EfficientDet.Pytorch): "
     "under its switch every rank would train on all the data. That path is not taken: its DataParallel path is "
     "converted like any other (sampler, batch share, rank-0 writes), and the launch line runs it without the switch.",
+    "DDP015": "DDP015  `.cuda(async=True)` and other `async=` keywords (Python before 3.7, where `async` became a "
+    "keyword and the file stopped parsing) read as `non_blocking=`, their name since: renamed in the converted file.",
     "DDP210": "DDP210  (error) project mode (`ddpify convert DIR`): another file of the project was refused, so "
     "this one is left untouched too: a project converts whole or not at all (a converted module under an unconverted "
     "entry would fail at its first collective; a model class found by importlib links files the import graph does not "

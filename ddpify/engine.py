@@ -13,7 +13,7 @@ import libcst (a third of a second on its own).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -25,6 +25,7 @@ from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
 from ddpify.project.neighbours import (
     Neighbours,
+    async_keywords_renamed,
     device_picked_elsewhere,
     named_elsewhere,
     read_neighbours,
@@ -94,11 +95,15 @@ class FileConversion:
         self._resolved_for: tuple | None = None
         self._rewrites: dict[tuple, FileResult] = {}
         self._neighbours: Neighbours | None = None
+        self.original = source  # what the file holds (the source read may differ: `async=`, below)
         try:
             self.module = cst.parse_module(source)
         except cst.ParserSyntaxError as error:
-            self.failed = _refused(path, source, [_parse_error(source, error)])
-            return
+            self.module = _without_async_keywords(source)
+            if self.module is None:
+                self.failed = _refused(path, source, [_parse_error(source, error)])
+                return
+            self.source = source = self.module.code
         self.wrapper = cst.MetadataWrapper(self.module, unsafe_skip_copy=True)
         self.metadata = MetadataView(self.wrapper)
         self.step_calls = step_function_calls(self.module)  # this file's own step functions
@@ -167,8 +172,22 @@ class FileConversion:
             return self.failed
         key = (options, role, links is not None and links.rewrite_key())
         if key not in self._rewrites:
-            self._rewrites[key] = self._rewrite(options, role, links)
+            self._rewrites[key] = self._with_async_keywords_renamed(self._rewrite(options, role, links))
         return self._rewrites[key]
+
+    def _with_async_keywords_renamed(self, result: FileResult) -> FileResult:
+        """The result against the file as it is, where `async=` was read as `non_blocking=`:
+        converted, the rename is part of the output (DDP015); refused or unchanged, the file
+        is left as it was."""
+        if self.original == self.source:
+            return result
+        if result.error or not result.changed:
+            return replace(result, source=self.original, output=self.original)
+        renamed = [
+            Diagnostic(number, text.index("async") + 1, "DDP015", "`async=` (a keyword since Python 3.7) -> `non_blocking=`", Severity.CHANGE)
+            for number, (text, read) in enumerate(zip(self.original.splitlines(), self.source.splitlines()), 1) if text != read
+        ]
+        return replace(result, source=self.original, diagnostics=tuple(sorted({*result.diagnostics, *renamed})))
 
     def _rewrite(self, options: ConvertOptions, role: str, links: ProjectLinks | None) -> FileResult:
         path, source, module = self.path, self.source, self.module
@@ -302,6 +321,18 @@ def launch_command(path: str, context: ConversionContext) -> str:
         nproc = "gpu"  # torchrun: one process per visible GPU, as DataParallel used them all
     prefix = f"CUDA_VISIBLE_DEVICES={visible} " if visible else ""
     return f"{prefix}torchrun --standalone --nproc-per-node={nproc} {path}"
+
+
+def _without_async_keywords(source: str) -> cst.Module | None:
+    """The module with ``async=`` read as ``non_blocking=`` (project/neighbours.py), or None
+    if that is not what failed."""
+    renamed = async_keywords_renamed(source)
+    if renamed is None:
+        return None
+    try:
+        return cst.parse_module(renamed)
+    except cst.ParserSyntaxError:
+        return None
 
 
 def _parse_error(source: str, error: cst.ParserSyntaxError) -> Diagnostic:

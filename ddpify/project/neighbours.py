@@ -506,11 +506,45 @@ def _summary(path: Path) -> ModuleSummary:
         _SUMMARISING.discard(path)
 
 
+def async_keywords_renamed(source: str) -> str | None:
+    """``.cuda(async=True)`` (Python before 3.7; Random-Erasing, pytorch-vqa, chexnet) with
+    ``non_blocking=``, its name since, in code only (strings and comments stay); None where
+    the source has no such keyword."""
+    import io
+    import tokenize
+
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in (tokenize.NL, tokenize.COMMENT)]
+    except (tokenize.TokenError, SyntaxError):
+        return None
+    places = [
+        token.start for before, token, after in zip(tokens, tokens[1:], tokens[2:])
+        if token.type == tokenize.NAME and token.string == "async" and before.string in ("(", ",") and after.string == "="
+    ]
+    if not places:
+        return None
+    lines = source.splitlines(keepends=True)
+    for row, column in reversed(places):
+        lines[row - 1] = lines[row - 1][:column] + "non_blocking" + lines[row - 1][column + len("async"):]
+    return "".join(lines)
+
+
+def _parsed(source: str) -> ast.Module:
+    """The module's tree, `async=` keywords read as `non_blocking=` where only they fail."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        renamed = async_keywords_renamed(source)
+        if renamed is None:
+            raise
+        return ast.parse(renamed)
+
+
 @functools.lru_cache(maxsize=256)
 def _read_summary(path: Path) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
-        tree = ast.parse(source)
+        tree = _parsed(source)
     except SyntaxError:
         # (chexnet's ChexnetTrainer.py: `.cuda(async=True)`; its DataParallel is out of reach)
         return ModuleSummary(wraps="DataParallel" in source)
