@@ -27,16 +27,18 @@ DDP502  the micro-steps of gradient accumulation run in ``ddp_no_sync``::
 when ``model`` is DDP, so a wrap that does not run (a world of one) still works.
 
 Only when the update's condition is the same on every rank (loop counters, settings), one
-wrapped model runs in the micro-step, and no optimizer steps anywhere else in the loop
-body: the last backward before every step must synchronise. Otherwise the loop is left as
-it is (correct, only slower).
+wrapped model runs in the micro-step, no optimizer steps anywhere else in the loop body, and
+the micro-step changes nothing the condition reads (KernelGAT's ``global_step += 1`` before
+``if global_step % k == 0``: tested before it, the condition would be one step behind): the
+last backward before every step must synchronise. Otherwise the loop is left as it is
+(correct, only slower).
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank
+from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, walk
 from ddpify.transforms.base import Block, Transform
 
 
@@ -66,6 +68,8 @@ class NoSyncTransform(Transform):
         backward = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward" for c in calls)
         if len(models) != 1 or not backward or not same_on_every_rank(update.test, loop_names_around(update, self.context.parent)):
             return block
+        if _names(update.test) & {name for statement in micro_step for name in _assigned(statement)}:
+            return block  # (KernelGAT: `global_step += 1` in the micro-step; the test, read before it, would be one behind)
         model = models.pop()
         self.context.add_import("contextlib")
         self.context.use_helper("ddp_no_sync")
@@ -76,6 +80,19 @@ class NoSyncTransform(Transform):
         wrapped = cst.parse_statement(f"with ddp_no_sync({model}, not ({condition})):\n    pass\n")
         wrapped = wrapped.with_changes(body=cst.IndentedBlock(body=body), leading_lines=first.leading_lines)
         return [(None, wrapped), *block[index:]]
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {dotted(n) for n in walk(node) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
+
+
+def _assigned(statement: cst.CSTNode) -> set[str]:
+    """The names a statement binds or changes (``x = ...``, ``x += 1``, ``a.b = ...``)."""
+    found = set()
+    for node in walk(statement):
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
+        found |= {dotted(target) for target in targets if dotted(target)}
+    return found
 
 
 def _is_optimizer_step(call: cst.Call) -> bool:
