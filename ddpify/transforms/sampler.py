@@ -262,6 +262,8 @@ class SamplerTransform(Transform):
                 self._split_joined_draws(loop)
             if loop in fed or any(other in fed for other in walk(loop.body)) or not _calls_backward(loop):
                 continue
+            if any(outer in fed for outer in self._loops_around(loop)):
+                continue  # (Tacotron2-Pytorch: cuts each item of a sharded loader into its steps' batches)
             fed_to_model = self._fed_to_the_model(loop)
             for node in walk(loop.body):
                 if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
@@ -294,10 +296,19 @@ class SamplerTransform(Transform):
                 for name in parts & drawn.keys():
                     self._drawn[drawn[name]] = loop
 
+    def _loops_around(self, loop: cst.CSTNode):
+        node = self.context.parent(loop)
+        while node is not None:
+            if isinstance(node, (cst.For, cst.While)):
+                yield node
+            node = self.context.parent(node)
+
     def _library_call(self, call: cst.Call) -> bool:
-        """torch's, numpy's, a builtin's, or a model's: not a draw of the script's own."""
+        """torch's, numpy's, a builtin's, or a model's (``model.module.parse_batch``): not a draw
+        of the script's own."""
         name = dotted(call.func) or ""
-        if name in self.facts.model_names or name.rpartition(".")[0] in self.facts.model_names:
+        owner = name.rpartition(".")[0].removesuffix(".module")
+        if name in self.facts.model_names or owner in self.facts.model_names:
             return True
         return any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func))
 
