@@ -311,6 +311,14 @@ def _exhaustive(source: str) -> list[tuple[int, str]]:
     return sorted({(d.line, d.code) for d in found})
 
 
+def _parses(source: str) -> bool:
+    try:
+        compile(source, "<fixture>", "exec", dont_inherit=True)
+    except SyntaxError:
+        return False
+    return True
+
+
 def test_pre_filter_and_selective_walk_agree_with_a_full_walk_on_real_code():
     """On torch's own distributed, data and parallel code (findings of every kind), skipping
     files and statements by their words never changes the findings."""
@@ -322,6 +330,8 @@ def test_pre_filter_and_selective_walk_agree_with_a_full_walk_on_real_code():
     total = 0
     for path in files:
         source = path.read_text(encoding="utf-8")
+        if not _parses(source):
+            continue  # (fixtures/devices/async_keyword.py: Python before 3.7, read by convert only)
         expected = _exhaustive(source)
         total += len(expected)
         assert sorted(set(codes(source))) == expected, path
@@ -520,7 +530,8 @@ def test_convert_finds_the_dataparallel_variants_check_finds():
         if not path.name.endswith(".ddp.py") and not any(part.endswith(".ddp") for part in path.parts)  # inputs only
     ]
     for path in [*inputs, torch_root / "nn" / "parallel" / "data_parallel.py"]:  # torch's own DataParallel: a fork
-        sources[str(path)] = path.read_text(encoding="utf-8")
+        if _parses(path.read_text(encoding="utf-8")):  # (async_keyword.py: Python before 3.7)
+            sources[str(path)] = path.read_text(encoding="utf-8")
     compared = found = 0
     for name, source in sources.items():
         if not mentions_data_parallel(source):
