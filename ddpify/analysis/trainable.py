@@ -198,13 +198,15 @@ def hub_models(module: cst.Module, facts: Facts) -> dict[str, str]:
     pooler when only the sequence output is read, a head another task uses), and DDP stops at
     the next step unless it looks for them; Hugging Face's own Trainer runs DDP with
     find_unused_parameters=True by default for that reason. Wrapped name -> the call."""
-    imported = {
-        alias.asname.name.value if alias.asname else dotted(alias.name)
-        for node in walk(module) if isinstance(node, cst.ImportFrom) and node.module is not None
-        and HUB_PACKAGES.match(dotted(node.module) or "") and not isinstance(node.names, cst.ImportStar)
-        for alias in node.names
-    }
-    if not imported and not HUB_PACKAGES.search("\n".join(re.findall(r"^\s*import ([\w.]+)", module.code, re.MULTILINE))):
+    imported, packages = set(), set()  # names taken from those libraries; the libraries, as bound here
+    for node in walk(module):
+        if isinstance(node, cst.ImportFrom) and node.module is not None and HUB_PACKAGES.match(dotted(node.module) or ""):
+            if not isinstance(node.names, cst.ImportStar):
+                imported |= {alias.asname.name.value if alias.asname else dotted(alias.name) for alias in node.names}
+        elif isinstance(node, cst.Import):
+            # (`import transformers.modeling_bert` binds `transformers`)
+            packages |= {alias.asname.name.value if alias.asname else dotted(alias.name).split(".")[0] for alias in node.names if HUB_PACKAGES.match(dotted(alias.name) or "")}
+    if not imported and not packages:
         return {}
     found: dict[str, str] = {}
     for node in walk(module):
@@ -213,6 +215,6 @@ def hub_models(module: cst.Module, facts: Facts) -> dict[str, str]:
         name, made = dotted(node.targets[0].target), dotted(node.value.func) or ""
         if name not in facts.model_names:
             continue
-        if made.endswith(".from_pretrained") or made in imported or HUB_PACKAGES.match(made):
+        if made.endswith(".from_pretrained") or made in imported or any(made.startswith(f"{package}.") for package in packages):
             found.setdefault(name, cst.Module([]).code_for_node(node.value.func) + "(...)")
     return found

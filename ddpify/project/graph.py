@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpify.names import mentions_data_parallel
+from ddpify.project.neighbours import parse_source
 
 # A library module is worth converting when its functions print, save or write files, or
 # pick a GPU by index (every rank would use that one).
@@ -64,7 +65,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
         path, module_name(root, path), source, wraps=mentions_data_parallel(source), trains=_trains(source)
     )
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except (SyntaxError, ValueError):
         return info
     package = info.name.split(".") if path.name == "__init__.py" else info.name.split(".")[:-1]

@@ -327,7 +327,7 @@ def _wraps_deeper(module: Path, folders: list[Path], depth: int = 3, seen: set |
         return False
     seen.add(module)
     try:
-        tree = ast.parse(module.read_text(encoding="utf-8", errors="replace"))
+        tree = parse_source(module.read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError, ValueError):
         return False
     for node in ast.walk(tree):
@@ -529,8 +529,9 @@ def async_keywords_renamed(source: str) -> str | None:
     return "".join(lines)
 
 
-def _parsed(source: str) -> ast.Module:
-    """The module's tree, `async=` keywords read as `non_blocking=` where only they fail."""
+def parse_source(source: str) -> ast.Module:
+    """The module's tree, `async=` keywords read as `non_blocking=` where only they fail (the
+    project reader and project mode's import graph read such modules too)."""
     try:
         return ast.parse(source)
     except SyntaxError:
@@ -544,7 +545,7 @@ def _parsed(source: str) -> ast.Module:
 def _read_summary(path: Path) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
-        tree = _parsed(source)
+        tree = parse_source(source)
     except SyntaxError:
         # (chexnet's ChexnetTrainer.py: `.cuda(async=True)`; its DataParallel is out of reach)
         return ModuleSummary(wraps="DataParallel" in source)

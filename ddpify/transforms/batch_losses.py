@@ -224,7 +224,7 @@ class BatchLossesTransform(Transform):
         """Where a head (not a loss: a loss of its own weights is exact under DDP only when it is
         a mean of per-sample terms) gets its own wrap: after its one binding, or after the
         model's wrap when that comes later, both in the same function."""
-        if LOSS_CLASS.search(trained) or re.search(r"loss|criterion", trained, re.IGNORECASE):
+        if LOSS_CLASS.search(trained):
             return None
         bindings = [
             node for node in walk(self.context.module)
@@ -233,12 +233,14 @@ class BatchLossesTransform(Transform):
         if len(bindings) != 1 or LOSS_CLASS.search(self.context.code(bindings[0].value)):
             return None
         wrap = next((site.call for site in self.facts.wraps), None)
-        statements = [self._statement_of(node) for node in (bindings[0], wrap) if node is not None]
-        if len(statements) != 2 or None in statements:
+        calls = [wrap, next(iter(calls_in(bindings[0].value)), None)]  # (their contexts: function, loops)
+        contexts = [self.facts.contexts.get(call) for call in calls if call is not None]
+        if len(contexts) != 2 or None in contexts or contexts[0].function is not contexts[1].function:
             return None
-        functions = {self._function_of(statement) for statement in statements}
-        loops = [node for statement in statements for node in self._ancestors(statement) if isinstance(node, (cst.For, cst.While))]
-        if len(functions) != 1 or loops:
+        if any(context.loops for context in contexts):
+            return None
+        statements = [self._statement_of(node) for node in (bindings[0], wrap)]
+        if None in statements:
             return None
         return max(statements, key=lambda statement: self.context.position(statement))
 
@@ -246,15 +248,6 @@ class BatchLossesTransform(Transform):
         while node is not None and not isinstance(node, cst.SimpleStatementLine):
             node = self.context.parent(node)
         return node
-
-    def _ancestors(self, node: cst.CSTNode):
-        node = self.context.parent(node)
-        while node is not None:
-            yield node
-            node = self.context.parent(node)
-
-    def _function_of(self, node: cst.CSTNode) -> cst.CSTNode | None:
-        return next((n for n in self._ancestors(node) if isinstance(n, cst.FunctionDef)), None)
 
     def edit_block(self, owner: cst.CSTNode, block):
         if not self._head_wraps:

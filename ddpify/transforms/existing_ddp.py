@@ -522,9 +522,7 @@ class ExistingDdpTransform(Transform):
             args.insert(1, cst.Arg(cst.SimpleString(f'"{missing}"'), comma=first.comma))
         updated = updated_node.with_changes(args=args)
         if default is not None:
-            updated = updated.with_changes(
-                args=[a.with_changes(value=from_env) if a.keyword and a.keyword.value == "default" else a for a in updated.args]
-            )
+            updated = _with_default(updated, from_env)
         else:
             updated = append_arg(updated, cst.Arg(from_env, keyword=cst.Name("default"), equal=cst.AssignEqual(
                 whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))))
@@ -549,7 +547,12 @@ class ExistingDdpTransform(Transform):
         self.context.add_import("os")
         from_env = cst.parse_expression(f'int(os.environ.get("WORLD_SIZE", {self.context.code(default.value)}))')
         self.context.report(original, "DDP006", "--world-size now also reads torchrun's WORLD_SIZE, as --local_rank reads LOCAL_RANK")
-        return updated.with_changes(args=[a.with_changes(value=from_env) if a.keyword and a.keyword.value == "default" else a for a in updated.args])
+        return _with_default(updated, from_env)
+
+
+def _with_default(call: cst.Call, value: cst.BaseExpression) -> cst.Call:
+    """``add_argument(...)`` with its ``default=`` keyword set to ``value``."""
+    return call.with_changes(args=[a.with_changes(value=value) if a.keyword and a.keyword.value == "default" else a for a in call.args])
 
 
 def _flags_required(test: cst.BaseExpression) -> list[str]:

@@ -558,23 +558,20 @@ class RankZeroTransform(Transform):
         if code == "DDP609":
             return self._file_on_rank_zero(original_node, updated_node, message)
         target = bound_target(original_node)
-        if target is not None and code == "DDP606" and self._escape_or_fetch(target) is not None:
-            return self._made_quietly(original_node, updated_node, target, what)
-        if target is not None and self._escapes(target, original_node, code, what):
-            return updated_node
+        escape = self._escape_or_fetch(target) if target is not None else None
+        if escape is not None:
+            return self._made_quietly(original_node, updated_node, escape, what)
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original_node, code, message)
         self.context.use_helper("DdpNoOp")
-        if code == "DDP606":
-            self._made_here.add(self.context.parent(original_node))
+        self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
 
-    def _made_quietly(self, original: cst.Assign, updated: cst.Assign, target: cst.BaseExpression, what: str) -> cst.Assign:
-        """A writer or tracker some code reads outside a guard (HPLFlowNet's ``logger.out_fd``):
-        a stand-in could not give it, so every rank makes a real one, and on the other ranks
-        the files it opens for writing are nameless temporary files (ddp_quiet)."""
-        escape = self._escape_or_fetch(target)
+    def _made_quietly(self, original: cst.Assign, updated: cst.Assign, escape: cst.CSTNode, what: str) -> cst.Assign:
+        """A writer or tracker some code reads outside a guard (``escape``, HPLFlowNet's
+        ``logger.out_fd``): a stand-in could not give it, so every rank makes a real one, and on
+        the other ranks the files it opens for writing are nameless temporary files (ddp_quiet)."""
         line = self.context.position(escape)[0]
         self.context.report(
             original,
@@ -989,34 +986,22 @@ class RankZeroTransform(Transform):
         shown = {name: "ddp_mean" for name in _loss_names(call, self._derived_losses)}
         if not shown:
             return {}
-        counters, means = self._shard_counters(original), self._shard_means(original)
+        combined = self._shard_sums(original)
         for name in _variable_names(call):
-            if name in counters and name not in shown:
-                shown[name] = "ddp_sum"
-            elif name in means and name not in shown:
-                shown[name] = "ddp_mean"
+            if name in combined and name not in shown:
+                shown[name] = combined[name]
         return shown
 
-    def _shard_means(self, node: cst.CSTNode) -> set[str]:
-        """Names the training loops of ``node``'s function add each step's mean to
-        (``epoch_error += error.item()``, ``error = torch.mean(...)``): the mean across ranks."""
-        function = self._function_of(node) if not isinstance(node, cst.Module) else node
-        return {
-            inner.target.value
-            for loop in self.facts.training_loops if self._function_of(loop) is function
-            for inner in walk(loop)
-            if isinstance(inner, cst.AugAssign) and isinstance(inner.operator, cst.AddAssign)
-            and isinstance(inner.target, cst.Name) and self._adds_a_mean(loop, inner.value)
-        }
-
-    def _shard_counters(self, node: cst.CSTNode) -> set[str]:
-        """Names the training loops of ``node``'s function add batch quantities to
-        (``total += labels.size(0)``, ``correct += ...``): each rank counts its shard only.
-        Step counters (``+= 1``) are the same on every rank."""
+    def _shard_sums(self, node: cst.CSTNode) -> dict[str, str]:
+        """Names the training loops of ``node``'s function add up, with the helper that combines
+        them across ranks: ``ddp_sum`` for a batch quantity each rank counts of its shard only
+        (``total += labels.size(0)``, ``correct += ...``), ``ddp_mean`` for each step's mean
+        (``epoch_error += error.item()``, ``error = torch.mean(...)``, GANet). Step counters
+        (``+= 1``) are the same on every rank."""
         function = node
         while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
             function = self.context.parent(function)
-        found: set[str] = set()
+        found: dict[str, str] = {}
         for loop in self.facts.training_loops:
             if self._function_of(loop) is not function:
                 continue
@@ -1026,10 +1011,10 @@ class RankZeroTransform(Transform):
                     and isinstance(inner.operator, cst.AddAssign)
                     and isinstance(inner.target, cst.Name)
                     and not isinstance(inner.value, cst.Integer)
-                    and not self._adds_a_mean(loop, inner.value)
+                    and found.get(inner.target.value) != "ddp_sum"  # (a count anywhere is a count)
                 ):
-                    found.add(inner.target.value)
-        return found - self._derived_losses
+                    found[inner.target.value] = "ddp_mean" if self._adds_a_mean(loop, inner.value) else "ddp_sum"
+        return {name: how for name, how in found.items() if name not in self._derived_losses}
 
     def _adds_a_mean(self, loop: cst.CSTNode, value: cst.BaseExpression) -> bool:
         """``epoch_error += error.item()`` with ``error = torch.mean(...)`` (GANet): a mean per

@@ -262,7 +262,7 @@ class SamplerTransform(Transform):
                 self._split_joined_draws(loop)
             if loop in fed or any(other in fed for other in walk(loop.body)) or not _calls_backward(loop):
                 continue
-            if any(outer in fed for outer in self._loops_around(loop)):
+            if any(outer in fed for outer in self.facts.contexts[loop].loops):
                 continue  # (Tacotron2-Pytorch: cuts each item of a sharded loader into its steps' batches)
             fed_to_model = self._fed_to_the_model(loop)
             for node in walk(loop.body):
@@ -295,13 +295,6 @@ class SamplerTransform(Transform):
             if parts & batch:
                 for name in parts & drawn.keys():
                     self._drawn[drawn[name]] = loop
-
-    def _loops_around(self, loop: cst.CSTNode):
-        node = self.context.parent(loop)
-        while node is not None:
-            if isinstance(node, (cst.For, cst.While)):
-                yield node
-            node = self.context.parent(node)
 
     def _library_call(self, call: cst.Call) -> bool:
         """torch's, numpy's, a builtin's, or a model's (``model.module.parse_batch``): not a draw
