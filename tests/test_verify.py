@@ -571,3 +571,13 @@ def test_a_converted_script_is_checked_by_verify_with_or_without_its_own_check(t
     assert report.exit_code == 0, reasons(report)
     agree = next(c for c in report.checks if c.name == "ranks agree during training")
     assert agree.passed and agree.reason.startswith("3 check(s) after optimizer steps 1, 2, 4"), agree.reason
+
+
+def test_world_of_one_needs_no_ddp_wrap():
+    # The converted scripts wrap only above one rank (a lent H100 ran them as one NCCL rank:
+    # docs/validation.md); a world of one is not failed for an unwrapped model.
+    report = verify(FIXTURES / "e2e" / "guard_flag.py", options=VerifyOptions(nproc=1))
+    assert report.exit_code == 0, reasons(report)
+    found = verdicts(report)
+    assert found["process group and DDP model on every rank"] == "PASS"
+    assert found["every trained parameter is inside a DDP module"] == "SKIP"

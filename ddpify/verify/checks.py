@@ -129,10 +129,12 @@ def process_group_and_ddp(outcome: LaunchOutcome, reports: dict[int, dict]) -> C
     sizes = {r["process_group"]["world_size"] for r in reports.values()}
     if sizes != {outcome.world_size}:
         return Check(name, False, f"world sizes {sorted(sizes)} reported, {outcome.world_size} launched")
+    backend = next(iter(reports.values()))["process_group"]["backend"]
     without_ddp = [rank for rank, r in sorted(reports.items()) if not r["ddp_models"]]
+    if without_ddp and outcome.world_size == 1:  # a world of one has no gradients to average
+        return Check(name, True, f"{backend}, world size 1: the model need not be wrapped in DDP")
     if without_ddp:
         return Check(name, False, f"rank(s) {_list(without_ddp)} never built a DistributedDataParallel model")
-    backend = next(iter(reports.values()))["process_group"]["backend"]
     return Check(name, True, f"{backend}, world size {outcome.world_size}, ranks {_list(sorted(reports))}")
 
 
@@ -195,6 +197,8 @@ def trained_parameters_in_ddp(reports: dict[int, dict]) -> Check:
     """Gradients of a parameter outside DDP are not averaged: each rank trains it on its own
     shard, and the ranks' models drift apart (or the conversion missed a model)."""
     name = "every trained parameter is inside a DDP module"
+    if len(reports) == 1 and all(r["process_group"].get("world_size") == 1 for r in reports.values() if r["process_group"]):
+        return Check(name, None, "a world of one: no gradients to average")
     stepped = {rank: [o for o in r["optimizers"] if o["steps"]] for rank, r in sorted(reports.items())}
     if not any(stepped.values()):
         return Check(name, None, "no optimizer stepped")
