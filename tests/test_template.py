@@ -745,3 +745,30 @@ def test_values_sent_from_rank_zero_keep_their_own_and_stand_in_for_what_cannot_
     module, config, folder = template.ddp_shared_values(None)
     assert isinstance(module, template.DdpNoOp) and folder == "runs/exp"
     assert config == {"DEVICE": "cuda", "lr": 0.1}, "rank 0's GPU is this rank's"
+
+
+class RewindingLoader:
+    """KernelGAT's project loader: `__iter__` returns itself, `next()` raises StopIteration at
+    the end of a pass and rewinds, so the next `for` over it is the next epoch."""
+
+    def __init__(self, batches):
+        self.batches, self.at = batches, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.at == len(self.batches):
+            self.at = 0
+            raise StopIteration
+        self.at += 1
+        return self.batches[self.at - 1]
+
+
+def test_an_iterator_that_rewinds_itself_is_drawn_again_each_pass(monkeypatch):
+    _as_rank(monkeypatch, 1)
+    split = template.ddp_shard(RewindingLoader([torch.arange(4), torch.arange(4, 8)]))
+    epochs = [[batch.tolist() for batch in split] for _ in range(3)]
+    assert epochs == [[[2, 3], [6, 7]]] * 3
+    one_shot = template.ddp_shard(iter([torch.arange(4)]))  # a spent iterator stays spent, as in the original
+    assert [len(list(one_shot)) for _ in range(2)] == [1, 0]

@@ -249,7 +249,9 @@ class DdpSplit:
     """Batches from a source that is not a rebuildable DataLoader, drawn alike on every rank
     (its random generators swapped for a state shared by the ranks while it draws), each rank
     taking its share of every tensor's and array's first dimension, as DataParallel's scatter
-    split each batch. A list is drawn anew on each pass; an iterator goes on where it was."""
+    split each batch. A list is drawn anew on each pass; an iterator goes on where it was,
+    and a pass that ran it to its end lets the next pass draw again (KernelGAT's loader
+    rewinds itself after its StopIteration: one pass per epoch)."""
 
     def __init__(self, source):
         # each one made draws from its own seed (P4Transformer makes one per epoch, of a new
@@ -257,17 +259,20 @@ class DdpSplit:
         made = ddp_shard.__dict__["splits"] = ddp_shard.__dict__.get("splits", -1) + 1
         self.source, self.same = source, DdpSameRandom(made)
         self.ddp_sharded = True
-        self.ongoing = None
+        self.ongoing = self.step = None
         if hasattr(source, "__next__") or (hasattr(source, "next") and not hasattr(source, "__iter__")):
-            self.ongoing = self.drawing(getattr(source, "__next__", None) or source.next)  # ShuffleNet's .next()
+            self.step = getattr(source, "__next__", None) or source.next  # ShuffleNet's .next()
 
     def __iter__(self):
-        draws = self.ongoing if self.ongoing is not None else ddp_draw_by_draw(self.source, self.same)
+        if self.step is None:
+            draws = ddp_draw_by_draw(self.source, self.same)
+        else:
+            draws = self.ongoing = self.ongoing or self.drawing(self.step)
         return (ddp_scatter(item) for item in draws)
 
     def __next__(self):
         if self.ongoing is None:
-            self.ongoing = ddp_draw_by_draw(self.source, self.same)
+            self.ongoing = self.drawing(self.step) if self.step else ddp_draw_by_draw(self.source, self.same)
         return ddp_scatter(next(self.ongoing))
 
     next = __next__  # Python 2's spelling, as the script calls it
@@ -278,6 +283,7 @@ class DdpSplit:
                 try:
                     item = step()
                 except StopIteration:
+                    self.ongoing = None  # the next pass draws again
                     return
             yield item
 
