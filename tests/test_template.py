@@ -727,6 +727,46 @@ def test_a_quiet_object_writes_its_files_on_rank_zero_only(monkeypatch, tmp_path
     assert builtins.open is open, "the real open() is back"
 
 
+class _TaskManager:
+    """SRGAN's TaskManager: `open(path, 'x')` creates the register, or fails (it exists) and
+    the registered tasks are read; a log it appends to keeps what is there."""
+
+    def __init__(self, folder):
+        try:
+            with open(folder / "register.csv", "x") as made:
+                made.write("task\n")
+            self.tasks = []
+        except FileExistsError:
+            with open(folder / "register.csv") as register:
+                self.tasks = register.read().split()[1:]
+        with open(folder / "history.txt", "a+") as history:
+            history.seek(0)
+            self.history = history.read()
+            history.write("opened\n")
+
+
+def test_a_quiet_object_still_sees_the_files_that_are_there(monkeypatch, tmp_path):
+    (tmp_path / "register.csv").write_text("task\nt1\n")
+    (tmp_path / "history.txt").write_text("opened\n")
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    manager = template.ddp_quiet(_TaskManager, tmp_path)
+    assert manager.tasks == ["t1"] and manager.history == "opened\n"
+    assert (tmp_path / "history.txt").read_text() == "opened\n", "rank 1 wrote nothing"
+
+
+class ConstantConfig(dict):
+    """glow's JsonConfig: pickles, but raises when unpickled (its __setitem__ refuses)."""
+
+    def __setitem__(self, key, value):
+        raise Exception(f"[JsonConfig]: Can't set constant key {key}")
+
+    def __init__(self, **items):
+        super().__init__()
+        for key, value in items.items():
+            dict.__setitem__(self, key, value)
+
+
 def test_values_sent_from_rank_zero_keep_their_own_and_stand_in_for_what_cannot_travel(monkeypatch):
     import logging
 
@@ -738,12 +778,12 @@ def test_values_sent_from_rank_zero_keep_their_own_and_stand_in_for_what_cannot_
         return sent["value"]
 
     monkeypatch.setattr(template, "ddp_from_rank_zero", from_rank_zero)
-    values = (logging, {"DEVICE": "cuda:0", "lr": 0.1}, "runs/exp")  # MobileFaceNet's init_log, Face-Transformer's config
+    values = (logging, {"DEVICE": "cuda:0", "lr": 0.1}, "runs/exp", ConstantConfig(k=1))  # MobileFaceNet's init_log, Face-Transformer's config, glow's JsonConfig
     _as_rank(monkeypatch, 0)
     assert template.ddp_shared_values(values) is values
     _as_rank(monkeypatch, 1)
-    module, config, folder = template.ddp_shared_values(None)
-    assert isinstance(module, template.DdpNoOp) and folder == "runs/exp"
+    module, config, folder, constant = template.ddp_shared_values(None)
+    assert isinstance(module, template.DdpNoOp) and folder == "runs/exp" and isinstance(constant, template.DdpNoOp)
     assert config == {"DEVICE": "cuda", "lr": 0.1}, "rank 0's GPU is this rank's"
 
 
@@ -772,3 +812,41 @@ def test_an_iterator_that_rewinds_itself_is_drawn_again_each_pass(monkeypatch):
     assert epochs == [[[2, 3], [6, 7]]] * 3
     one_shot = template.ddp_shard(iter([torch.arange(4)]))  # a spent iterator stays spent, as in the original
     assert [len(list(one_shot)) for _ in range(2)] == [1, 0]
+
+
+def test_a_wrapped_model_has_its_module_wrapped(monkeypatch):
+    # a checkpoint's pickled DataParallel (Deep-Image-Matting's resume), or a model wrapped before
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    template.ddp_setup()
+    try:
+        inner = torch.nn.Linear(2, 1)
+        wrapped = template.ddp_wrap(torch.nn.DataParallel(inner))
+        assert wrapped.module is inner
+        assert template.ddp_wrap(wrapped).module is inner
+    finally:
+        cleanup()
+
+
+def test_a_shuffling_sampler_no_rank_shards_draws_the_same_order_on_every_rank(monkeypatch):
+    # MonoDepth's shuffled validation loader, read whole by every rank after torch's stream
+    # was split per rank: the order (and so the summed metric) must not differ between ranks
+    from torch.utils.data import sampler as sampling
+
+    kinds = (sampling.RandomSampler, sampling.SubsetRandomSampler, sampling.WeightedRandomSampler)
+    unpatched = {kind: kind.__iter__ for kind in kinds}
+    orders = []
+    try:
+        for rank in (0, 1):
+            torch.manual_seed(0)  # the state every rank starts from (ddp_share_random_state)
+            template.ddp_orders_alike()
+            torch.manual_seed(100 + rank)  # split per rank after the first step
+            loader = torch.utils.data.DataLoader(INDICES, batch_size=4, shuffle=True)
+            orders.append([[b[0].tolist() for b in loader] for _ in range(2)])
+            for kind, iterate in unpatched.items():
+                kind.__iter__ = iterate
+    finally:
+        for kind, iterate in unpatched.items():
+            kind.__iter__ = iterate
+    assert orders[0] == orders[1]
+    assert orders[0][0] != orders[0][1]  # still a new order each pass

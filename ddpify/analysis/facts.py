@@ -23,6 +23,11 @@ class Guard:
 
     node: cst.If | cst.IfExp
     wraps_when_true: bool
+    # The branches of this `if` (an If for its body, an Else) that reach past it with the
+    # model chosen there and not wrapped (a resumed checkpoint's model), and whether the run
+    # also goes past without any branch (no else) with the model bound before the `if`.
+    unwrapped_branches: tuple[cst.CSTNode, ...] = ()
+    falls_through_unwrapped: bool = False
 
 
 @dataclass
@@ -39,6 +44,9 @@ class WrapSite:
     # where the call passes the model: (position, keyword); a project's DataParallel subclass
     # may take it later (CPM's `BalancedDataParallel(gpu0_bsz, model)`)
     module_slot: tuple[int, str] = (0, "module")
+    # statements after the wrap that bind the wrapped name to another model (a checkpoint's
+    # pickled model reloaded mid-training): wrapped again there
+    rebinds: list[cst.SimpleStatementLine] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,8 @@ class Facts:
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
+    # a training loop inside a function -> the calls of that function in this file
+    step_call_sites: dict[Loop, list[cst.Call]] = field(default_factory=dict)
     fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
     # (function or None for module level, code) of what training loops there iterate: sharded
     training_loader_names: set[tuple[Function | None, str]] = field(default_factory=set)

@@ -15,6 +15,7 @@ import libcst as cst
 from ddpify.analysis.facts import Context, EpochHook, Loop
 from ddpify.analysis.scopes import Room
 from ddpify.analysis.tree import backwards_per_pass, calls_in, dotted, is_backward, walk
+from ddpify.analysis.trainable import forwards_around_ddp
 
 # Calls that take a loader without reading a pass over its data here.
 NOT_A_PASS = {
@@ -52,6 +53,11 @@ class TrainingLoops(Room):
     # -- after the walk ------------------------------------------------------------------
     def resolve(self) -> None:
         self.facts.training_loops = list(self._training_loops)
+        for loop, context in self._training_loops.items():
+            # (TencentPretrain's PGD attack, `for t in range(K)` inside the step function the
+            # loop over batches calls: it repeats the step on that batch, drawing nothing)
+            if context.function is not None:
+                self.facts.step_call_sites[loop] = [call for call, _ in self.calls.call_sites(context.function)]
         loaders = self.loaders
         for loop, context in self._training_loops.items():
             if self._mark_iterator_loaders(loop, context):
@@ -195,10 +201,12 @@ class TrainingLoops(Room):
         DDP all-reduces once per forward: the second backward through it fails."""
         if not self.facts.wraps:
             return
+        # (StyleSpeech's `model.module.meta_learner_1(...)` runs through DDP's forward once converted)
+        through = forwards_around_ddp(self.facts, self.scopes.parent, lambda call: False)
         for loop in self._training_loops:
             calls = calls_in(loop.body)
             backwards = [c for c in calls if is_backward(c)]
-            forwards = [c for c in calls if dotted(c.func) in self.facts.model_names]
+            forwards = [c for c in calls if dotted(c.func) in self.facts.model_names or c in through]
             per_pass = backwards_per_pass(loop.body)
             if forwards and per_pass > len(forwards):
                 model = dotted(forwards[0].func)

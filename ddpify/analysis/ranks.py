@@ -21,6 +21,9 @@ from ddpify.names import DATA_PARALLEL, RANK_WORDS
 
 # Calls whose results are the same on every rank inside a condition (same_on_every_rank).
 UNIFORM_CALLS = {"len", "range", "int", "min", "max", "bool", "float", "str", "abs", "round", "isinstance", "hasattr", "getattr"}
+# (what the machine has, and the world: alike on every rank; TencentPretrain's test-phase
+# reload under `if torch.cuda.device_count() > 1:` is reached by every rank)
+UNIFORM_CALLS |= {"torch.cuda.device_count", "torch.cuda.is_available", "dist.get_world_size", "torch.distributed.get_world_size"}
 # Methods of values that never run a model or a collective (strings, numbers, containers,
 # tensors read out); project mode treats other method calls as possibly training.
 HARMLESS_METHODS = {

@@ -20,7 +20,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.facts import Facts
-from ddpify.analysis.tree import dotted, walk
+from ddpify.analysis.tree import bound_names, dotted, walk
 
 
 def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cst.CSTNode]:
@@ -218,3 +218,104 @@ def hub_models(module: cst.Module, facts: Facts) -> dict[str, str]:
         if made.endswith(".from_pretrained") or made in imported or any(made.startswith(f"{package}.") for package in packages):
             found.setdefault(name, cst.Module([]).code_for_node(node.value.func) + "(...)")
     return found
+
+
+def models_picked_at_run_time(module: cst.Module, facts: Facts) -> dict[str, str]:
+    """Wrapped models built from a class picked at run time, whose parts ddpify cannot read:
+    ST-TR's ``Model = import_class(arg.model); model = Model(**arg.model_args)``, mdistiller's
+    ``distiller_dict[cfg.DISTILLER.TYPE](student, teacher, cfg)``. A part such a model never
+    uses (a layer its forward leaves out, a teacher run under no_grad) stops DDP at the next
+    step unless it looks for parameters without a gradient. Wrapped name -> the call."""
+    built: dict[str, list[cst.BaseExpression]] = {}  # name -> the values assigned to it
+    for node in walk(module):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1:
+            built.setdefault(dotted(node.targets[0].target) or "", []).append(node.value)
+    wrapped = set(facts.model_names) | {dotted(_unmoved(site.module_arg)) for site in facts.wraps if site.module_arg is not None}
+    found: dict[str, str] = {}
+    for site in facts.wraps:
+        for name in {site.target, dotted(_unmoved(site.module_arg)) if site.module_arg is not None else None} & wrapped - {None}:
+            for value in built.get(name, []):
+                made = _unmoved(value)
+                if isinstance(made, cst.Call) and _picked_at_run_time(made.func, built):
+                    found.setdefault(site.target or name, cst.Module([]).code_for_node(made.func) + "(...)")
+    return found
+
+
+def _unmoved(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Model(...).cuda()`` / ``.to(device)`` -> ``Model(...)``."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float"):
+        value = value.func.value
+    return value
+
+
+def _picked_at_run_time(func: cst.BaseExpression, built: dict[str, list[cst.BaseExpression]]) -> bool:
+    """A class from a call or a lookup (``import_class(name)``, ``registry[name]``), directly
+    or through a name bound to one."""
+    if isinstance(func, (cst.Call, cst.Subscript)):
+        return True
+    values = built.get(dotted(func) or "", []) if isinstance(func, (cst.Name, cst.Attribute)) else []
+    return any(isinstance(value, (cst.Call, cst.Subscript)) for value in values)
+
+
+# Methods of a module that compute no training loss: called on the module inside DDP they
+# need nothing of DDP's forward.
+MODULE_UTILITIES = {
+    "state_dict", "load_state_dict", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
+    "named_modules", "children", "named_children", "train", "eval", "zero_grad", "to", "cuda", "cpu", "half",
+    "float", "double", "apply", "requires_grad_", "register_buffer", "get_parameter", "get_submodule",
+}
+
+
+def forwards_around_ddp(facts: Facts, parent_of, own_method) -> dict[cst.Call, tuple[str, str]]:
+    """Calls in a training loop of another method of a wrapped model, on the module inside
+    (``model.module.meta_learner_1(...)``, or ``model.meta(...)`` that ``own_method`` says DDP
+    does not forward), standing for its forward: they bind what a direct call of the model
+    binds elsewhere in the loop (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
+    model.module.meta_learner_1(...)`` after it), or the loop calls no wrapped model at all.
+    Around DDP's forward their backward is never averaged. Call -> (model, method)."""
+    found: dict[cst.Call, tuple[str, str]] = {}
+    for loop in facts.training_loops:
+        calls = [node for node in walk(loop.body) if isinstance(node, cst.Call)]
+        direct = [call for call in calls if dotted(call.func) in facts.model_names]
+        bound = set().union(*(_bound_from(call, parent_of) for call in direct)) if direct else set()
+        for call in calls:
+            func = call.func
+            if not isinstance(func, cst.Attribute) or func.attr.value in MODULE_UTILITIES:
+                continue
+            inner = func.value
+            if isinstance(inner, cst.Attribute) and inner.attr.value == "module" and dotted(inner.value) in facts.model_names:
+                owner = dotted(inner.value)
+            elif dotted(inner) in facts.model_names and own_method(call):
+                owner = dotted(inner)
+            else:
+                continue
+            if not direct or _bound_from(call, parent_of) & bound or _a_loss_of_its_own(call, loop, direct, parent_of):
+                found[call] = (owner, func.attr.value)
+    return found
+
+
+def _a_loss_of_its_own(call: cst.Call, loop: cst.CSTNode, direct: list[cst.Call], parent_of) -> bool:
+    """Does what the call returns reach a backward() without passing through a direct call
+    of the model (StyleSpeech's discriminator step, ``meta_learner_2``), unlike a batch it
+    prepares for the model (Tacotron2's ``x, y = model.module.parse_batch(batch)``)?"""
+    reached = _bound_from(call, parent_of)
+    assigns = [node for node in walk(loop) if isinstance(node, cst.Assign)]
+    for _ in range(3):  # (a few hops: output -> losses -> total_loss)
+        for assign in assigns:
+            if {name.value for name in walk(assign.value) if isinstance(name, cst.Name)} & reached:
+                reached |= {name for target in assign.targets for name in bound_names(target.target)}
+    read = lambda node: {name.value for name in walk(node) if isinstance(name, cst.Name)}  # noqa: E731
+    if any(read(model_call) & _bound_from(call, parent_of) for model_call in direct):
+        return False
+    return any(
+        isinstance(node, cst.Call) and "backward" in (dotted(node.func) or "") and read(node) & reached
+        for node in walk(loop)
+    )
+
+
+def _bound_from(call: cst.Call, parent_of) -> set[str]:
+    """The names an assignment of this call's result binds."""
+    parent = parent_of(call)
+    if isinstance(parent, cst.Assign) and parent.value is call:
+        return {name for target in parent.targets for name in bound_names(target.target)}
+    return set()

@@ -16,7 +16,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
-from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, bound_names, calls_in, dotted, is_main_guard
+from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, bound_names, calls_in, dotted, is_main_guard, walk
 from ddpify.analysis.scopes import Room, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
@@ -138,6 +138,8 @@ class Wraps(Room):
         site = WrapSite(call, outer, move, argument_in_slot(call, slot), self.scopes.assigned_name(outer), module_slot=slot)
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
+        for guard in site.guards:
+            self._paths_past(guard, site.target)
         if site.module_arg is None:
             self.scopes.problem(call, "DDP004", "DataParallel(...) without a module argument; convert it by hand")
         if site.target:
@@ -170,6 +172,53 @@ class Wraps(Room):
                 if not self._always_wraps(other):
                     found.append(Guard(node, in_body))
         return found
+
+    def _paths_past(self, guard: Guard, target: str | None) -> None:
+        """The other branches of a statement ``if`` around the wrap that bind the model (or
+        find it bound before the ``if``) and go on past it unwrapped: Deep-Image-Matting wraps
+        a new model under ``if checkpoint is None:`` and resumes ``checkpoint['model'].module``
+        in the else, and under DDP every path must wrap."""
+        node = guard.node
+        if not isinstance(node, cst.If) or not target:
+            return
+        before = self._bound_before(node, target)
+        owners, branch = [], node.orelse
+        if guard.wraps_when_true:
+            while isinstance(branch, cst.If):  # elif
+                owners.append(branch)
+                branch = branch.orelse
+            owners += [branch] if branch is not None else []
+            guard.falls_through_unwrapped = branch is None and before
+        else:
+            owners = [node]
+        guard.unwrapped_branches = tuple(owner for owner in owners if self._goes_past_unwrapped(owner, target, before))
+
+    def _goes_past_unwrapped(self, owner: cst.If | cst.Else, target: str, before: bool) -> bool:
+        statements = list(owner.body.body)
+        if any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(owner.body)) or not statements:
+            return False
+        last = statements[-1]
+        if isinstance(last, cst.SimpleStatementLine) and _ends_the_path(last.body[-1]):
+            return False
+        binds = any(
+            isinstance(statement, cst.SimpleStatementLine) and target in _assigned(statement) for statement in statements
+        )
+        return binds or before
+
+    def _bound_before(self, node: cst.CSTNode, target: str) -> bool:
+        """Is ``target`` assigned before this statement in its function (or module), or a
+        parameter of the function?"""
+        while not isinstance(node, cst.Module):
+            block = self.scopes.parent(node)
+            if isinstance(block, (cst.IndentedBlock, cst.Module)) and node in block.body:
+                earlier = block.body[: block.body.index(node)]
+                earlier = [statement for statement in earlier if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))]
+                if any(target in _assigned(statement) for statement in earlier):
+                    return True
+            if isinstance(node, cst.FunctionDef):
+                return target in {param.name.value for param in node.params.params + node.params.kwonly_params}
+            node = block
+        return False
 
     def _always_wraps(self, branch: cst.CSTNode | None) -> bool:
         """Does every path through this branch wrap a model in DataParallel?"""
@@ -221,6 +270,84 @@ class Wraps(Room):
         self.facts.gpu_count_names -= self._other_bindings
         # A DDP path beside DataParallel: take it (transforms/existing_ddp.py), set nothing up twice.
         self.facts.existing_ddp = bool(self.facts.distributed_uses and (self.facts.wraps or self.facts.dp_references))
+        for site in self.facts.wraps:
+            site.rebinds = self._rebound_after(site)
+
+    def _rebound_after(self, site: WrapSite) -> list[cst.SimpleStatementLine]:
+        """Statements after the wrap, in its function (or module), that bind the wrapped name
+        to another model: Deep-Image-Matting reloads its best checkpoint's pickled model
+        mid-training (``model = checkpoint['model']``); under DataParallel that was a wrapped
+        model again, under DDP it must be wrapped again. Other branches of the wrap's own
+        guards are not after it (their paths are _paths_past's)."""
+        statement = site.call  # its line, or the compound statement of a one-line suite
+        while not isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement, cst.Module)):
+            statement = self.scopes.parent(statement)
+        if not site.target or isinstance(statement, cst.Module):
+            return []
+        scope = statement
+        while not isinstance(scope, (cst.Module, cst.FunctionDef)):
+            scope = self.scopes.parent(scope)
+        elsewhere = set()
+        for guard in site.guards:
+            branch = (guard.node.orelse if guard.wraps_when_true else guard.node.body) if isinstance(guard.node, cst.If) else None
+            elsewhere.update(walk(branch) if branch is not None else ())
+        nodes = _own_statements(scope)
+        after = nodes[nodes.index(statement) + 1 :] if statement in nodes else []
+        return [
+            line for line in after
+            if isinstance(line, cst.SimpleStatementLine) and line not in elsewhere and self._binds_another_model(line, site.target)
+        ]
+
+    def _binds_another_model(self, line: cst.SimpleStatementLine, target: str) -> bool:
+        """``target = <a value that does not read target>``: a model loaded or built anew
+        (not ``model = model.to(device)``, not a constant, not a wrap of its own)."""
+        if len(line.body) != 1 or not isinstance(line.body[0], cst.Assign) or len(line.body[0].targets) != 1:
+            return False
+        assign = line.body[0]
+        value = assign.value
+        if dotted(assign.targets[0].target) != target or isinstance(value, (cst.BaseNumber, cst.BaseString)):
+            return False
+        if isinstance(value, cst.Name) and value.value in ("None", "True", "False"):
+            return False
+        read = {dotted(node) for node in walk(value) if isinstance(node, (cst.Name, cst.Attribute))}
+        root = target.split(".")[0] if not target.startswith("self.") else target
+        wraps_again = any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(value))
+        return target not in read and root not in read and not wraps_again
+
+
+def _assigned(statement: cst.CSTNode) -> set[str]:
+    """Names and attributes (``self.model``) a statement assigns, anywhere inside it."""
+    found = set()
+    for node in walk(statement):
+        if isinstance(node, cst.Assign):
+            found.update(name for target in node.targets for name in bound_names(target.target))
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+            found.update(filter(None, [dotted(node.target)]))
+    return found
+
+
+def _own_statements(scope: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every node of a function or module in document order, nested functions and classes
+    left out."""
+    found = []
+
+    def visit(node: cst.CSTNode) -> None:
+        found.append(node)
+        for child in node.children:
+            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+                visit(child)
+
+    visit(scope)
+    return found
+
+
+def _ends_the_path(statement: cst.BaseSmallStatement) -> bool:
+    """return / raise / continue / break, or an exit call: nothing runs after it."""
+    if isinstance(statement, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
+        return True
+    return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call) and dotted(statement.value.func) in (
+        "sys.exit", "exit", "quit", "os._exit"
+    )
 
 
 def _loose_dotted(node: cst.BaseExpression) -> str | None:

@@ -126,6 +126,33 @@ def ddp_own_data_draws():
             numpy and numpy.random.set_state(shared[1])
 
     loading._BaseDataLoaderIter.__init__, loading._SingleProcessDataLoaderIter._next_data = seeded_per_rank, fetched_per_rank
+    ddp_orders_alike()
+
+
+def ddp_orders_alike():
+    """A shuffling sampler no rank shards (an evaluation loader every rank reads whole) draws
+    the same order on every rank: from torch's stream, split per rank after the first step,
+    each rank would sum its metric in another order (MonoDepth's best-model test then differed
+    by a rounding, one rank saved and waited at the barrier while the other trained on)."""
+    import copy
+
+    from torch.utils.data import sampler as sampling
+
+    alike = torch.Generator()
+    alike.set_state(torch.get_rng_state())  # rank 0's, on every rank (ddp_share_random_state)
+
+    def drawn_alike(iterate):
+        def __iter__(self):
+            if self.generator is not None:
+                return iterate(self)
+            seeded = copy.copy(self)
+            seeded.generator = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=alike)))
+            return iterate(seeded)
+
+        return __iter__
+
+    for kind in (sampling.RandomSampler, sampling.SubsetRandomSampler, sampling.WeightedRandomSampler):
+        kind.__iter__ = drawn_alike(kind.__iter__)
 
 
 def ddp_from_rank_zero(value):
@@ -465,7 +492,10 @@ def ddp_device():
 def ddp_wrap(module, keys_unwrapped=False, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
     module in a process with no group, is only moved there. With ``keys_unwrapped`` (a head
-    DataParallel never wrapped) its state_dict keeps the keys it had."""
+    DataParallel never wrapped) its state_dict keeps the keys it had. A wrapped model (a
+    checkpoint's pickled DataParallel, a model wrapped before) has its module wrapped."""
+    while isinstance(module, DistributedDataParallel) or type(module).__name__ == "DataParallel":
+        module = module.module
     module = module.to(ddp_device())
     if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
@@ -532,6 +562,20 @@ def ddp_broadcast_weights(model):
     if dist.get_world_size() > 1:
         for tensor in getattr(model, "module", model).state_dict().values():
             dist.broadcast(tensor, 0)
+
+
+def ddp_through(model, method, *args, **kwargs):
+    """``model.module.<method>(...)`` run through DDP's forward, so that its backward is
+    averaged like forward()'s (StyleSpeech trains with meta_learner_1 after its warm-up).
+    Without DDP, the method itself."""
+    if not isinstance(model, DistributedDataParallel):
+        return getattr(model, method)(*args, **kwargs)
+    inner = model.module
+    inner.forward = getattr(inner, method)  # shadows the class's forward for this call only
+    try:
+        return model(*args, **kwargs)
+    finally:
+        del inner.forward
 
 
 def ddp_wrap_every_parameter(module):
@@ -619,7 +663,15 @@ def ddp_quiet(make, *args, **kwargs):
     def unseen(file, mode="r", *more, **options):
         if not set(mode) & set("wax+"):
             return opened(file, mode, *more, **options)
-        return tempfile.TemporaryFile(mode, *more[:1], **options)  # (fsync works: not the null device)
+        there = isinstance(file, (str, bytes, os.PathLike)) and os.path.exists(file)
+        if "x" in mode and there:  # an exclusive creation tests the file system (SRGAN's TaskManager)
+            raise FileExistsError(17, "File exists", file)
+        copy = tempfile.TemporaryFile(mode, *more[:1], **options)  # (fsync works: not the null device)
+        if there and "w" not in mode and set(mode) & set("a+"):  # appended to or read back: what is there
+            with opened(file, "rb" if "b" in mode else "r") as real:
+                copy.write(real.read())
+            copy.seek(0, 0 if mode.startswith("r") else 2)
+        return copy
 
     builtins.open = unseen
     try:
@@ -634,9 +686,9 @@ def ddp_shared_values(values):
     sent (fastdvdnet's init_logging returns a SummaryWriter with its logger)."""
     import pickle
 
-    def sendable(value):
+    def sendable(value):  # sent and made again: glow's JsonConfig pickles, but raises when unpickled
         try:
-            pickle.dumps(value)
+            pickle.loads(pickle.dumps(value))
             return value
         except Exception:  # (whatever pickle raises for an object it cannot send)
             return DdpNoOp

@@ -486,6 +486,9 @@ class SamplerTransform(Transform):
                 continue  # a backward() per part of the model, on a batch drawn around it
             if loop in fed or any(other in fed for other in walk(loop.body)) or self._inside(loop, fed):
                 continue
+            sites = self.facts.step_call_sites.get(loop, [])
+            if sites and all(self._inside(site, fed) for site in sites) and not _draws_data(loop):
+                continue  # a loop of a step function that only loops over batches call: it repeats that step
             unfed.append(loop)
         return unfed
 
@@ -679,3 +682,10 @@ def _calls_backward(loop: cst.CSTNode) -> bool:
 
 def _next_to(folder: Path, name: str) -> bool:
     return (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file() or (folder / name).is_dir()
+
+
+def _draws_data(loop: cst.CSTNode) -> bool:
+    """Does this loop draw batches itself: iterate anything but a ``range``, or call next()?"""
+    if isinstance(loop, cst.For) and not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "range"):
+        return True
+    return any(isinstance(node, cst.Call) and dotted(node.func) == "next" for node in walk(loop))

@@ -33,10 +33,43 @@ is larger than one, so the world size now decides too::
 
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
-DDP108  (warning) a guard that is not about GPUs or devices (``if args.pretrained:``,
-``if not args.state:``) chooses a model, it does not switch multi-GPU training: left as
-it is. Should it be a multi-GPU switch after all, the converted script's first-step check
-stops the run with a clear error instead of training different models.
+DDP130  a guard that is not about GPUs or devices chooses a model (``if checkpoint is None:``
+builds and wraps a new one, the ``else`` resumes a pickled one): the guard is left as it
+is, and every other path that goes on with a model wraps it too, so that every rank wraps
+whichever model the run chose (Deep-Image-Matting)::
+
+    if checkpoint is None:                      if checkpoint is None:
+        model = DIMModel()                          model = DIMModel()
+        model = nn.DataParallel(model)   ->         model = ddp_wrap(model)
+    else:                                       else:
+        model = ckpt["model"].module                model = ckpt["model"].module
+                                                    model = ddp_wrap(model)
+
+Without an ``else``, one is added when the model was bound before the ``if``.
+
+DDP131  the wrapped name is bound to another model after the wrap (Deep-Image-Matting
+reloads its best checkpoint's pickled model mid-training, ``model = checkpoint['model']``):
+under DataParallel that was the wrapper it pickled, now the checkpoint holds the module
+inside (DDP614); it is wrapped again right there (``ddp_wrap`` unwraps a wrapper first)::
+
+    model = checkpoint['model']   ->   model = checkpoint['model']
+                                       model = ddp_wrap(model)
+
+DDP132  ``checkpoint['model'].module`` of a ``torch.load`` result: the converted script's
+checkpoints hold the module inside DDP (DDP614), older ones a pickled DataParallel, so it
+reads ``getattr(checkpoint['model'], "module", checkpoint['model'])``: either resumes.
+
+DDP133  a training loop computes its loss with another method of the wrapped model, on the
+module inside (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
+model.module.meta_learner_1(...)`` after it; or a loop that calls the wrapped model nowhere
+else): DDP averages only what goes through its forward, so the call runs through it, and
+the wrap looks for parameters without a gradient (that method uses some parts only)::
+
+    output = model.module.meta_learner_1(x)   ->   output = ddp_through(model, "meta_learner_1", x)
+
+DDP108  (warning) such a guard where no other path goes on with a model (the model exists
+only in the guarded branch): left as it is. Should it be a multi-GPU switch after all,
+each rank trains a model of its own; ``ddpify verify`` or ``--self-check`` stops such a run.
 
 DDP107  DataParallel-only synchronised BatchNorm (``patch_replication_callback(model)`` of
 Synchronized-BatchNorm-PyTorch, whose layers subclass torch's BatchNorm) becomes
@@ -140,9 +173,9 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import DEVICE_COUNT, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, walk, without_gradients
+from ddpify.analysis import DEVICE_COUNT, Guard, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, root_name, walk, without_gradients
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import hub_models, partly_trained, trainable_set_changes, unused_outputs
+from ddpify.analysis.trainable import forwards_around_ddp, hub_models, models_picked_at_run_time, partly_trained, trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
@@ -169,6 +202,16 @@ class WrapModelTransform(Transform):
         self.sites = {site.outer: site for site in self.facts.wraps}
         self.device_count_calls: set[cst.CSTNode] = set()  # calls, or names holding the count
         self.guard_rewrites: dict[cst.CSTNode, bool] = {}  # guard -> the wrap is in its true branch
+        self.other_paths: dict[cst.If, tuple[WrapSite, Guard]] = {}  # model-choice guard -> its wrap
+        self.converted: dict[cst.Call, cst.BaseExpression] = {}  # DataParallel call -> what it became
+        self.rebinds = {line: site for site in self.facts.wraps for line in site.rebinds}
+        for line, site in self.rebinds.items():
+            self.context.report(
+                line,
+                "DDP131",
+                f"`{site.target}` is bound to another model after the wrap (`{self.context.code(line.body[0].value)}`): "
+                "DataParallel's script went on with it unwrapped, or with the wrapper it pickled; it is wrapped again",
+            )
         # `patch_replication_callback(model)`: DataParallel-only synchronised BatchNorm
         self.sync_bn_calls = {
             line: dotted(call.args[0].value)
@@ -202,6 +245,9 @@ class WrapModelTransform(Transform):
         self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         self.partly_trained = partly_trained(self.context.module, self.facts)
         self.hub_models = hub_models(self.context.module, self.facts)
+        self.picked_models = models_picked_at_run_time(self.context.module, self.facts)
+        self.through_forward = forwards_around_ddp(self.facts, self.context.parent, self._custom_method)
+        self.through_models = {owner: method for owner, method in self.through_forward.values()}
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
@@ -251,6 +297,20 @@ class WrapModelTransform(Transform):
                 if name not in MODULE_METHODS and name not in ("module", "training") and not name.startswith("_") and not replaces_layer:
                     fields.add(name)
         return fields
+
+    def _module_of_a_loaded_model(self, node: cst.Attribute) -> bool:
+        """``checkpoint['model'].module`` where ``checkpoint = torch.load(...)``."""
+        if node.attr.value != "module" or not isinstance(node.value, cst.Subscript):
+            return False
+        root = root_name(node.value)
+        scope = self.context.metadata.get_metadata(ScopeProvider, root, None) if root is not None else None
+        for assignment in scope[root.value] if scope is not None else ():
+            parent = self.context.parent(getattr(assignment, "node", None)) if getattr(assignment, "node", None) else None
+            parent = self.context.parent(parent) if isinstance(parent, cst.AssignTarget) else parent
+            value = parent.value if isinstance(parent, cst.Assign) else None
+            if isinstance(value, cst.Call) and "torch.load" in self.context.qualified(value.func):
+                return True
+        return False
 
     def _maybe_loaded_wrapper(self, module: cst.BaseExpression | None) -> bool:
         """Is the wrapped name ever assigned a checkpoint's entry (``checkpoint["net"]``) or a
@@ -520,6 +580,8 @@ class WrapModelTransform(Transform):
                 )
                 continue
             kept.append((original, updated))
+            if original in self.rebinds:
+                kept.append((None, self._rewrap(self.rebinds[original])))
         if not kept:
             kept.append((None, cst.SimpleStatementLine([cst.Pass()])))
         return kept
@@ -549,7 +611,7 @@ class WrapModelTransform(Transform):
                     "wrap it twice; convert this wrap by hand",
                 )
                 continue
-            if _tests_for_a_wrap(test, self.context):
+            if all(_tests_for_a_wrap(part, self.context) for part in _conjuncts(test)):
                 # `if not isinstance(model, nn.DataParallel):` (ssast) only keeps from wrapping twice;
                 # it names DDP once converted, and must stay as it is (widened, it wraps DDP in DDP)
                 continue
@@ -560,6 +622,16 @@ class WrapModelTransform(Transform):
                 counted = ", ".join(self.context.code(node) for node in counts)
                 self.context.report(
                     test, "DDP102", f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()"
+                )
+                continue
+            if not _about_devices(self.context.code(test)) and (guard.unwrapped_branches or guard.falls_through_unwrapped):
+                # A model choice whose other paths go on with a model of their own: wrapped there too.
+                self.other_paths[guard.node] = (site, guard)
+                self.context.report(
+                    test,
+                    "DDP130",
+                    f"the wrap ran only when `{self.context.code(test)}` was {guard.wraps_when_true} (a model choice, "
+                    "left as it is): the model the run goes on with otherwise is wrapped too (every rank must wrap)",
                 )
                 continue
             if not _about_devices(self.context.code(test)):
@@ -615,6 +687,18 @@ class WrapModelTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if original_node in self.through_forward:
+            owner, method = self.through_forward[original_node]
+            self.context.report(
+                original_node,
+                "DDP133",
+                f"`{self.context.code(original_node.func)}(...)` computes a training loss with another method of the "
+                f"wrapped `{owner}`, around DDP's forward (its gradients would not be averaged): it runs through "
+                "DDP's forward (ddp_through)",
+            )
+            self.context.use_helper("ddp_through")
+            args = [cst.Arg(cst.parse_expression(owner)), cst.Arg(cst.SimpleString(f'"{method}"')), *updated_node.args]
+            return cst.Call(func=cst.Name("ddp_through"), args=args)
         if self._custom_method(original_node):
             name = dotted(original_node.func.value)
             self.context.report(
@@ -628,7 +712,8 @@ class WrapModelTransform(Transform):
         site = self.sites.get(original_node)
         if site is None:
             return updated_node
-        return self._wrap(site, updated_node)
+        self.converted[site.call] = self._wrap(site, updated_node)
+        return self.converted[site.call]
 
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
@@ -741,6 +826,24 @@ class WrapModelTransform(Transform):
                 "each step (find_unused_parameters=True), as Hugging Face's Trainer does",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif site.target in self.through_models:
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"{site.target} also trains through another method (`{self.through_models[site.target]}`), which uses "
+                "only some of its parts: DDP looks for parameters without a gradient at each step "
+                "(find_unused_parameters=True)",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
+        elif site.target in self.picked_models:
+            self.context.report(
+                site.call,
+                "DDP127",
+                f"{site.target} is built from a class picked at run time (`{self.picked_models[site.target]}`), whose "
+                "parts cannot be read here: DDP looks for parameters without a gradient at each step "
+                "(find_unused_parameters=True; a part the forward leaves out would stop the run at the next step)",
+            )
+            args.append(keyword("find_unused_parameters", cst.Name("True")))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)
 
     def _report_planned_subclass(self, site: WrapSite) -> None:
@@ -779,7 +882,44 @@ class WrapModelTransform(Transform):
         return self._guard_codes[code] if re.search(r"\.module\b|['\"]module\.", branches) else None
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        return self._world_size_decides(original_node, updated_node)
+        updated_node = self._world_size_decides(original_node, updated_node)
+        if original_node not in self.other_paths:
+            return updated_node
+        site, guard = self.other_paths.pop(original_node)
+        return self._wrapped_on_other_paths(original_node, updated_node, guard, self._rewrap(site))
+
+    def _rewrap(self, site: WrapSite) -> cst.SimpleStatementLine:
+        """``model = ddp_wrap(model)``, with the options the converted wrap got."""
+        converted = self.converted.get(site.call)
+        helper, options = cst.Name("ddp_wrap"), []
+        if isinstance(converted, cst.Call) and dotted(converted.func) in WRAP_HELPERS:
+            helper, options = converted.func, [arg for arg in converted.args if arg.keyword is not None]
+        self.context.use_helper(dotted(helper))
+        target = cst.parse_expression(site.target)
+        call = cst.Call(func=helper, args=[cst.Arg(target), *options])
+        return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], call)])
+
+    def _wrapped_on_other_paths(self, original: cst.If, updated: cst.If, guard: Guard, statement) -> cst.If:
+        """The wrap appended to each branch that goes on with an unwrapped model; an ``else``
+        made for the run that takes no branch, when the model was bound before the ``if``."""
+
+        def appended(block: cst.BaseSuite) -> cst.BaseSuite:
+            if isinstance(block, cst.SimpleStatementSuite):  # `else: model = m` on one line
+                return cst.IndentedBlock([cst.SimpleStatementLine(list(block.body)), statement])
+            return block.with_changes(body=[*block.body, statement])
+
+        if not guard.wraps_when_true:
+            return updated.with_changes(body=appended(updated.body)) if original in guard.unwrapped_branches else updated
+
+        def chain(old, new):
+            if old is None:
+                return cst.Else(cst.IndentedBlock([statement])) if guard.falls_through_unwrapped else None
+            body = appended(new.body) if old in guard.unwrapped_branches else new.body
+            if isinstance(old, cst.If):
+                return new.with_changes(body=body, orelse=chain(old.orelse, new.orelse))
+            return new.with_changes(body=body)
+
+        return updated.with_changes(orelse=chain(original.orelse, updated.orelse))
 
     def leave_IfExp(self, original_node: cst.IfExp, updated_node: cst.IfExp) -> cst.IfExp:
         return self._world_size_decides(original_node, updated_node)
@@ -803,6 +943,15 @@ class WrapModelTransform(Transform):
             )
         test = updated_node.test
         loose = (cst.IfExp, cst.Lambda, cst.NamedExpr)
+        parts = _conjuncts(test)
+        kept = [part for part in parts if _tests_for_a_wrap(part, self.context)]
+        if wraps_when_true and kept and len(kept) < len(parts):
+            # glow's `len(self.devices) > 1 and not hasattr(self.graph, "module")`, in its training
+            # loop: the world size widens the device test only; the not-yet-wrapped test stays
+            widened = " and ".join(self.context.code(part) for part in parts if part not in kept)
+            alone = " and ".join(self.context.code(part) for part in kept)
+            code = f"({self.context.world_size} > 1 or {widened}) and {alone}"
+            return updated_node.with_changes(test=cst.parse_expression(code))
         if wraps_when_true:
             needs_parens = isinstance(test, loose)
             template = self.context.world_size + " > 1 or {}"
@@ -818,6 +967,15 @@ class WrapModelTransform(Transform):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if self._module_of_a_loaded_model(original_node):
+            shown = self.context.code(updated_node.value)
+            self.context.report(
+                original_node,
+                "DDP132",
+                f"`{self.context.code(original_node)}` unwraps a model pickled in a checkpoint: checkpoints now hold the "
+                "module inside DDP (DDP614), old ones a DataParallel: either loads",
+            )
+            return cst.parse_expression(f'getattr({shown}, "module", {shown})')
         if original_node.attr.value in self.model_fields and dotted(original_node.value) in self.facts.model_names:
             name = dotted(original_node.value)
             self.context.report(
@@ -843,17 +1001,27 @@ def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
 
 
 
+WRAP_HELPERS = ("ddp_wrap", "ddp_wrap_every_parameter")
 # Words of conditions that switch DataParallel on: GPU counts and lists, CUDA and device
 # checks, multi-GPU and parallel flags (`args.ngpu > 1`, `use_cuda`, `args.mGPUs`).
 DEVICE_WORDS = ("gpu", "cuda", "cpu", "device", "parallel", "multi", "distributed", "world", "nproc")
 
 
 def _tests_for_a_wrap(test: cst.BaseExpression, context) -> bool:
-    """An ``isinstance(x, DataParallel)`` test: is the model wrapped already?"""
+    """An ``isinstance(x, DataParallel)`` or ``hasattr(x, "module")`` test: is the model
+    wrapped already?"""
     return any(
         dotted(call.func) == "isinstance" and len(call.args) == 2 and "DataParallel" in context.code(call.args[1].value)
+        or dotted(call.func) == "hasattr" and len(call.args) == 2 and context.code(call.args[1].value).strip("'\"") == "module"
         for call in calls_in(test)
     )
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a and b and c`` -> [a, b, c] (unparenthesised ands only); anything else -> [test]."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And) and not test.lpar:
+        return _conjuncts(test.left) + _conjuncts(test.right)
+    return [test]
 
 
 def _about_devices(test_code: str) -> bool:

@@ -182,7 +182,8 @@ class WrapPlacementTransform(Transform):
         for node in walk(statement):
             if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
                 owner = dotted(node.func.value) or ""
-                if node.func.attr.value in CHANGING_METHODS and (owner == target or owner.startswith(f"{target}.")):
+                changing = node.func.attr.value in CHANGING_METHODS or node.func.attr.value == "to" and _casts(node)
+                if changing and (owner == target or owner.startswith(f"{target}.")):
                     if node.func.attr.value == "apply" and self._sets_modes_only(node):
                         continue  # Deep_Metric's `model.apply(set_bn_eval)`: eval() on BatchNorm layers
                     if values_only or node.func.attr.value not in VALUE_METHODS:
@@ -244,3 +245,15 @@ class WrapPlacementTransform(Transform):
         first = assign.value.args[0].with_changes(value=target.deep_clone())
         wrap = assign.value.with_changes(args=[first, *assign.value.args[1:]])
         return updated.with_changes(body=[assign.with_changes(value=wrap)], leading_lines=[])
+
+
+def _casts(call: cst.Call) -> bool:
+    """``model.to(device, dtype)``, ``.to(dtype=...)``, ``.to(torch.half)``: a cast, which DDP
+    built before it does not follow (MobileNetV2's `--type float16` after the wrap)."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if any(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args) or len(positional) >= 2:
+        return True
+    return bool(positional) and (dotted(positional[0].value) or "").replace("torch.", "") in TORCH_FLOATS
+
+
+TORCH_FLOATS = {"half", "float16", "float", "float32", "double", "float64", "bfloat16"}
