@@ -214,6 +214,25 @@ def test_training_step_in_a_project_module_refuses_where_it_cannot_be_read(tmp_p
     assert path.read_text() == text
 
 
+def test_training_in_a_package_of_the_project_root_is_out_of_sight_for_a_tools_script(tmp_path):
+    # mdistiller's tools/train.py: the package it imports sits at the repository root, and the
+    # trainer (a class picked from a dict) builds the optimizer and iterates the loaders
+    (tmp_path / "setup.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "engine.py").write_text("trainer_dict = {}\n")
+    (tmp_path / "tools").mkdir()
+    text = (
+        "import torch\nfrom pkg.engine import trainer_dict\n"
+        "def main(cfg, net, loader):\n    net = torch.nn.DataParallel(net.cuda())\n"
+        "    trainer = trainer_dict[cfg.TRAINER](net, loader, cfg)\n    trainer.train()\n"
+    )
+    path = write(tmp_path / "tools", "train.py", text)
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code == 3 and "DDP304" in result.output and "pkg.engine" in result.output
+    assert "ddpify convert DIR" in result.output and path.read_text() == text
+
+
 def test_training_step_in_a_readable_project_module_is_followed(tmp_path):
     (tmp_path / "train_fns.py").write_text("def train(model, loader, opt):\n    for x in loader:\n        model(x).sum().backward()\n        opt.step()\n")
     text = (

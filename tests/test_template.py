@@ -850,3 +850,24 @@ def test_a_shuffling_sampler_no_rank_shards_draws_the_same_order_on_every_rank(m
             kind.__iter__ = iterate
     assert orders[0] == orders[1]
     assert orders[0][0] != orders[0][1]  # still a new order each pass
+
+
+def test_rank_zero_replaces_a_checkpoint_whole_while_another_reader_holds_it(monkeypatch, tmp_path):
+    # Crossformer: every rank reloads the best checkpoint, then rank 0 saves it again to the
+    # same path; a rank still reading must see the previous file whole, never a truncated one
+    monkeypatch.setattr(torch, "save", torch.save)
+    path = tmp_path / "checkpoint.pth"
+    torch.save({"w": torch.arange(4)}, path)
+    reader = open(path, "rb")
+    template.ddp_atomic_saves()
+    torch.save({"w": torch.arange(8)}, path)
+    try:
+        assert torch.load(reader)["w"].tolist() == [0, 1, 2, 3], "the open file is the old one, whole"
+    finally:
+        reader.close()
+    assert torch.load(path)["w"].numel() == 8 and not list(tmp_path.glob("*.ddpify-partial"))
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"w": 1}, buffer)  # a file object is written as it is
+    assert buffer.getvalue()

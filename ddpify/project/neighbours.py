@@ -169,7 +169,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return Neighbours()
-    folders = _search_folders(script.parent, tree)
+    folders = search_folders(script.parent, tree)
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
     constructed: dict[str, tuple[tuple[int, str], ...]] = {}
@@ -365,7 +365,7 @@ def _imported_by_name(node: ast.AST) -> tuple[str, str] | None:
     return (node.targets[0].id, first.value) if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
-def _search_folders(folder: Path, tree: ast.Module) -> list[Path]:
+def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
     """The script's folder, folders it puts on sys.path with a literal, and the project root
     above it (DrQA's scripts/reader/train.py imports the installed `drqa` package of its root)."""
     found = [folder]
@@ -476,7 +476,7 @@ def _imported_writers(path: Path, tree: ast.Module) -> set[str]:
 def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
     """What ``pick`` takes from the summaries of the project modules this one imports, keyed
     by the names they have here."""
-    folders, found = _search_folders(path.parent, tree), {}
+    folders, found = search_folders(path.parent, tree), {}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom):
             module = _module_file(folders, node.module or "", node.level, path.parent)

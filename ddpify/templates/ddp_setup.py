@@ -56,6 +56,8 @@ def ddp_setup():
         if "tqdm.std" in sys.modules:  # imported already: its bars are made disabled
             bar = sys.modules["tqdm.std"].tqdm
             bar.__init__ = functools.partialmethod(bar.__init__, disable=True)
+    if dist.get_rank() == 0 and dist.get_world_size() > 1:  # ddpify:ddp_atomic_saves
+        ddp_atomic_saves()  # ddpify:ddp_atomic_saves
     ddp_share_random_state()  # ddpify:ddp_share_random_state
     ddp_self_check()  # ddpify:ddp_self_check
 
@@ -153,6 +155,22 @@ def ddp_orders_alike():
 
     for kind in (sampling.RandomSampler, sampling.SubsetRandomSampler, sampling.WeightedRandomSampler):
         kind.__iter__ = drawn_alike(kind.__iter__)
+
+
+def ddp_atomic_saves():
+    """Rank 0's torch.save to a path writes a temporary file and renames it over the path:
+    another rank still reading the previous file there (Crossformer reloads its best model on
+    every rank, then rank 0 saves it again to the same path) keeps reading a whole file."""
+    save = torch.save
+
+    def saved_whole(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):
+            return save(obj, f, *args, **kwargs)  # a file object: written as it is
+        partial = f"{os.fspath(f)}.ddpify-partial"
+        save(obj, partial, *args, **kwargs)
+        os.replace(partial, f)
+
+    torch.save = saved_whole
 
 
 def ddp_from_rank_zero(value):

@@ -53,6 +53,7 @@ TEMPLATE_NAMES = (
     "ddp_share_random_state",
     "ddp_own_data_draws",
     "ddp_orders_alike",
+    "ddp_atomic_saves",
     "ddp_from_rank_zero",
     "ddp_self_check",
     "ddp_after_step",
@@ -94,7 +95,7 @@ TEMPLATE_NAMES = (
 # ddp_setup's optional steps: a line marked `# ddpify:<name>` is kept only when <name> is
 # asked for (ConversionContext.use_helper); a helper is copied only when the converted code
 # (or a helper it keeps) calls it.
-SETUP_STEPS = ("ddp_relaunch", "ddp_share_random_state", "ddp_self_check")
+SETUP_STEPS = ("ddp_relaunch", "ddp_atomic_saves", "ddp_share_random_state", "ddp_self_check")
 # In an imported module, the process may have set up no group (a project script that was
 # not converted imports it too): rank and world size come from helpers that allow for that.
 LIBRARY_CALLS = {"dist.get_rank()": "ddp_rank()", "dist.get_world_size()": "ddp_world_size()"}

@@ -925,6 +925,8 @@ class RankZeroTransform(Transform):
             return True
         call = self._side_effect(original.body[0])  # guarded lines hold one statement
         writes = not self.context.qualified(call.func) & SHOWN_ONLY
+        if writes:  # (a checkpoint another rank may still be reading: replaced whole)
+            self.context.use_helper("ddp_atomic_saves")
         self.context.report(original, "DDP601", f"{self.context.code(call.func)}() runs on rank 0 only{after if writes else ''}")
         return writes
 

@@ -67,6 +67,7 @@ its project's modules): convert the folder (``ddpify convert DIR``) or shard by 
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import libcst as cst
@@ -75,6 +76,7 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.diagnostics import ENTRY, Severity
+from ddpify.project.neighbours import search_folders
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
 
 SAMPLER_IMPORT = ("torch.utils.data.distributed", "DistributedSampler", None)
@@ -471,8 +473,11 @@ class SamplerTransform(Transform):
                     found.append(self.context.code(small.module))
                 elif isinstance(small, cst.Import):
                     found += [self.context.code(alias.name) for alias in small.names]
-        local = [name for name in found if name == "." or _next_to(folder, name.split(".")[0])]
-        return local
+        try:  # (and the project root above it, as the project reader finds them: mdistiller's tools/train.py)
+            folders = search_folders(folder, ast.parse(self.context.module.code))
+        except (SyntaxError, ValueError):
+            folders = [folder]
+        return list(dict.fromkeys(name for name in found if name == "." or any(_next_to(where, name.split(".")[0]) for where in folders)))
 
     def _unfed_training_loops(self) -> list[cst.CSTNode]:
         """Training loops that neither draw from a known loader nor sit inside or around one

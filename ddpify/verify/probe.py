@@ -79,6 +79,7 @@ OUTPUT_MODULES = frozenset({"logging", "tqdm", "rich", "loguru", "click", "trace
 HYPER_PARAMETERS = ("lr", "momentum", "weight_decay", "betas")
 _original_open = builtins.open
 _original_save = torch.save
+HELPER_FRAMES = ("ddp_", "saved_whole")  # frames of the helpers ddpify puts in a converted script
 
 
 # Steps past --max-steps that training not driven by a DataLoader may take before the probe
@@ -144,7 +145,8 @@ class Recorder:
             if frame is None:
                 return None
             name = frame.f_code.co_filename
-            if self.is_user_file(name):
+            # (ddpify's own helpers in the script, ddp_atomic_saves' wrapper: the line that called them)
+            if self.is_user_file(name) and not frame.f_code.co_name.startswith(HELPER_FRAMES):
                 return f"{os.path.basename(name)}:{frame.f_lineno}"
             frame = frame.f_back
         return None
@@ -590,7 +592,8 @@ def patch_distributed(recorder: Recorder) -> None:
 def patch_files(recorder: Recorder) -> None:
     def save(obj, f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
-            recorder.data["saves"].append({"path": os.path.abspath(f), "site": recorder.user_site()})
+            path = os.path.abspath(f).removesuffix(".ddpify-partial")  # (rank 0's save, renamed over the path)
+            recorder.data["saves"].append({"path": path, "site": recorder.user_site()})
         return _original_save(obj, f, *args, **kwargs)
 
     def open_(file, mode="r", *args, **kwargs):
