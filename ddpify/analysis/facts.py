@@ -119,6 +119,9 @@ class Facts:
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
     # a training loop inside a function -> the calls of that function in this file
     step_call_sites: dict[Loop, list[cst.Call]] = field(default_factory=dict)
+    # a call of another method of a wrapped model standing for its forward in a training loop
+    # (StyleSpeech's `model.module.meta_learner_1(...)`) -> (model, method): run through DDP
+    forwards_around_ddp: dict[cst.Call, tuple[str, str]] = field(default_factory=dict)
     fed_loops: set[Loop] = field(default_factory=set)  # training loops that draw from a known DataLoader
     # (function or None for module level, code) of what training loops there iterate: sharded
     training_loader_names: set[tuple[Function | None, str]] = field(default_factory=set)

@@ -58,6 +58,7 @@ class TrainingLoops(Room):
             # loop over batches calls: it repeats the step on that batch, drawing nothing)
             if context.function is not None:
                 self.facts.step_call_sites[loop] = [call for call, _ in self.calls.call_sites(context.function)]
+        self.facts.forwards_around_ddp = forwards_around_ddp(self.facts, self.scopes.parent)
         loaders = self.loaders
         for loop, context in self._training_loops.items():
             if self._mark_iterator_loaders(loop, context):
@@ -202,7 +203,7 @@ class TrainingLoops(Room):
         if not self.facts.wraps:
             return
         # (StyleSpeech's `model.module.meta_learner_1(...)` runs through DDP's forward once converted)
-        through = forwards_around_ddp(self.facts, self.scopes.parent, lambda call: False)
+        through = self.facts.forwards_around_ddp
         for loop in self._training_loops:
             calls = calls_in(loop.body)
             backwards = [c for c in calls if is_backward(c)]

@@ -20,7 +20,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.facts import Facts
-from ddpify.analysis.tree import bound_names, dotted, walk
+from ddpify.analysis.tree import bound_names, dotted, walk, without_moves
 
 
 def trainable_set_changes(module: cst.Module, facts: Facts, position) -> list[cst.CSTNode]:
@@ -230,22 +230,14 @@ def models_picked_at_run_time(module: cst.Module, facts: Facts) -> dict[str, str
     for node in walk(module):
         if isinstance(node, cst.Assign) and len(node.targets) == 1:
             built.setdefault(dotted(node.targets[0].target) or "", []).append(node.value)
-    wrapped = set(facts.model_names) | {dotted(_unmoved(site.module_arg)) for site in facts.wraps if site.module_arg is not None}
     found: dict[str, str] = {}
     for site in facts.wraps:
-        for name in {site.target, dotted(_unmoved(site.module_arg)) if site.module_arg is not None else None} & wrapped - {None}:
+        for name in {site.target, dotted(without_moves(site.module_arg)) if site.module_arg is not None else None} - {None}:
             for value in built.get(name, []):
-                made = _unmoved(value)
+                made = without_moves(value)
                 if isinstance(made, cst.Call) and _picked_at_run_time(made.func, built):
                     found.setdefault(site.target or name, cst.Module([]).code_for_node(made.func) + "(...)")
     return found
-
-
-def _unmoved(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``Model(...).cuda()`` / ``.to(device)`` -> ``Model(...)``."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float"):
-        value = value.func.value
-    return value
 
 
 def _picked_at_run_time(func: cst.BaseExpression, built: dict[str, list[cst.BaseExpression]]) -> bool:
@@ -257,20 +249,35 @@ def _picked_at_run_time(func: cst.BaseExpression, built: dict[str, list[cst.Base
     return any(isinstance(value, (cst.Call, cst.Subscript)) for value in values)
 
 
-# Methods of a module that compute no training loss: called on the module inside DDP they
-# need nothing of DDP's forward.
-MODULE_UTILITIES = {
-    "state_dict", "load_state_dict", "parameters", "named_parameters", "buffers", "named_buffers", "modules",
-    "named_modules", "children", "named_children", "train", "eval", "zero_grad", "to", "cuda", "cpu", "half",
-    "float", "double", "apply", "requires_grad_", "register_buffer", "get_parameter", "get_submodule",
+# Methods a DDP-wrapped model answers itself (nn.Module's and DDP's own).
+MODULE_METHODS = {
+    "forward", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+    "modules", "named_modules", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "half",
+    "float", "double", "bfloat16", "type", "apply", "zero_grad", "requires_grad_", "register_buffer",
+    "register_parameter", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+    "register_backward_hook", "register_module", "add_module", "get_submodule", "get_parameter", "get_buffer",
+    "extra_repr", "share_memory", "no_sync", "join", "register_comm_hook", "to_empty", "compile",
 }
 
 
-def forwards_around_ddp(facts: Facts, parent_of, own_method) -> dict[cst.Call, tuple[str, str]]:
+def own_method_call(call: cst.Call, facts: Facts) -> bool:
+    """``model.reverse(...)`` on a wrapped model: a method of the user's class, not of
+    nn.Module, which DDP does not forward (DataParallel scripts chose ``model`` or
+    ``model.module`` by a flag that no longer tells whether the model is wrapped)."""
+    func = call.func
+    if not isinstance(func, cst.Attribute) or dotted(func.value) not in facts.model_names:
+        return False
+    # (`model.module(x)`: the module inside, called past the wrapper, ArtFlow's ActNorm start)
+    if func.attr.value in MODULE_METHODS or func.attr.value.startswith("_") or func.attr.value == "module":
+        return False
+    return all(call is not site.outer for site in facts.wraps)
+
+
+def forwards_around_ddp(facts: Facts, parent_of) -> dict[cst.Call, tuple[str, str]]:
     """Calls in a training loop of another method of a wrapped model, on the module inside
-    (``model.module.meta_learner_1(...)``, or ``model.meta(...)`` that ``own_method`` says DDP
-    does not forward), standing for its forward: they bind what a direct call of the model
-    binds elsewhere in the loop (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
+    (``model.module.meta_learner_1(...)``, or ``model.meta(...)``, which DDP does not forward),
+    standing for its forward: they bind what a direct call of the model binds elsewhere in
+    the loop (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
     model.module.meta_learner_1(...)`` after it), or the loop calls no wrapped model at all.
     Around DDP's forward their backward is never averaged. Call -> (model, method)."""
     found: dict[cst.Call, tuple[str, str]] = {}
@@ -280,12 +287,13 @@ def forwards_around_ddp(facts: Facts, parent_of, own_method) -> dict[cst.Call, t
         bound = set().union(*(_bound_from(call, parent_of) for call in direct)) if direct else set()
         for call in calls:
             func = call.func
-            if not isinstance(func, cst.Attribute) or func.attr.value in MODULE_UTILITIES:
+            # (`model.module.forward(x)` itself is one to run through DDP)
+            if not isinstance(func, cst.Attribute) or func.attr.value in MODULE_METHODS - {"forward"}:
                 continue
             inner = func.value
             if isinstance(inner, cst.Attribute) and inner.attr.value == "module" and dotted(inner.value) in facts.model_names:
                 owner = dotted(inner.value)
-            elif dotted(inner) in facts.model_names and own_method(call):
+            elif own_method_call(call, facts):
                 owner = dotted(inner)
             else:
                 continue

@@ -156,6 +156,25 @@ def argument_in_slot(call: cst.Call, slot: tuple[int, str]) -> cst.BaseExpressio
     return next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == keyword), None)
 
 
+def assigned_in(statement: cst.CSTNode) -> set[str]:
+    """The names and attributes a statement binds or changes, anywhere inside it (``x = ...``,
+    ``a, b = ...``, ``x += 1``, ``self.model = ...``)."""
+    found = set()
+    for node in walk(statement):
+        if isinstance(node, cst.Assign):
+            found.update(name for target in node.targets for name in bound_names(target.target))
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+            found.update(filter(None, [dotted(node.target)]))
+    return found
+
+
+def without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Head(...)`` of ``Head(...).cuda()`` / ``.to(device)``: the object made, not its move."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float", "double", "half"):
+        value = value.func.value
+    return value
+
+
 def root_name(node: cst.BaseExpression) -> cst.Name | None:
     while isinstance(node, (cst.Attribute, cst.Call, cst.Subscript)):
         node = node.value if not isinstance(node, cst.Call) else node.func

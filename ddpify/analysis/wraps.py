@@ -16,7 +16,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
-from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, bound_names, calls_in, dotted, is_main_guard, walk
+from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, walk
 from ddpify.analysis.scopes import Room, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
@@ -201,7 +201,7 @@ class Wraps(Room):
         if isinstance(last, cst.SimpleStatementLine) and _ends_the_path(last.body[-1]):
             return False
         binds = any(
-            isinstance(statement, cst.SimpleStatementLine) and target in _assigned(statement) for statement in statements
+            isinstance(statement, cst.SimpleStatementLine) and target in assigned_in(statement) for statement in statements
         )
         return binds or before
 
@@ -213,7 +213,7 @@ class Wraps(Room):
             if isinstance(block, (cst.IndentedBlock, cst.Module)) and node in block.body:
                 earlier = block.body[: block.body.index(node)]
                 earlier = [statement for statement in earlier if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))]
-                if any(target in _assigned(statement) for statement in earlier):
+                if any(target in assigned_in(statement) for statement in earlier):
                     return True
             if isinstance(node, cst.FunctionDef):
                 return target in {param.name.value for param in node.params.params + node.params.kwonly_params}
@@ -284,9 +284,8 @@ class Wraps(Room):
             statement = self.scopes.parent(statement)
         if not site.target or isinstance(statement, cst.Module):
             return []
-        scope = statement
-        while not isinstance(scope, (cst.Module, cst.FunctionDef)):
-            scope = self.scopes.parent(scope)
+        context = self.facts.contexts.get(site.call)
+        scope = context.function if context is not None and context.function is not None else self.scopes.module
         elsewhere = set()
         for guard in site.guards:
             branch = (guard.node.orelse if guard.wraps_when_true else guard.node.body) if isinstance(guard.node, cst.If) else None
@@ -313,17 +312,6 @@ class Wraps(Room):
         root = target.split(".")[0] if not target.startswith("self.") else target
         wraps_again = any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(value))
         return target not in read and root not in read and not wraps_again
-
-
-def _assigned(statement: cst.CSTNode) -> set[str]:
-    """Names and attributes (``self.model``) a statement assigns, anywhere inside it."""
-    found = set()
-    for node in walk(statement):
-        if isinstance(node, cst.Assign):
-            found.update(name for target in node.targets for name in bound_names(target.target))
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
-            found.update(filter(None, [dotted(node.target)]))
-    return found
 
 
 def _own_statements(scope: cst.CSTNode) -> list[cst.CSTNode]:

@@ -56,7 +56,7 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, walk, without_gradients
+from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.transforms.base import Transform
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
@@ -407,7 +407,7 @@ def _makes_an_instance(value: cst.BaseExpression) -> bool:
     """A class's instance: ``losses.Proxy_Anchor(...).cuda()``, a class looked up in the
     configuration (proxynca_pp's ``config['criterion']['type'](...)``), one of several picked by
     a key or a test (CosFace's ``{'MCP': MarginCosineProduct(...), ...}[args.classifier_type]``)."""
-    made = _without_moves(value)
+    made = without_moves(value)
     if isinstance(made, cst.Subscript) and isinstance(made.value, cst.Dict):
         return bool(made.value.elements) and all(
             isinstance(element, cst.DictElement) and _makes_an_instance(element.value) for element in made.value.elements
@@ -417,13 +417,6 @@ def _makes_an_instance(value: cst.BaseExpression) -> bool:
     return isinstance(made, cst.Call) and (
         (dotted(made.func) or "_").rpartition(".")[2][:1].isupper() or isinstance(made.func, cst.Subscript)
     )
-
-
-def _without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``Head(...)`` of ``Head(...).cuda()`` / ``.to(device)``: the object made, not its move."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float", "double", "half"):
-        value = value.func.value
-    return value
 
 
 def _product_operands(node: cst.CSTNode, methods: set[str]) -> list[cst.BaseExpression]:

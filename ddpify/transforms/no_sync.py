@@ -39,6 +39,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import calls_in, dotted, loop_names_around, same_on_every_rank, walk
+from ddpify.analysis.tree import assigned_in
 from ddpify.transforms.base import Block, Transform
 
 
@@ -68,7 +69,7 @@ class NoSyncTransform(Transform):
         backward = any(isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward" for c in calls)
         if len(models) != 1 or not backward or not same_on_every_rank(update.test, loop_names_around(update, self.context.parent)):
             return block
-        if _names(update.test) & {name for statement in micro_step for name in _assigned(statement)}:
+        if _names(update.test) & {name for statement in micro_step for name in assigned_in(statement)}:
             return block  # (KernelGAT: `global_step += 1` in the micro-step; the test, read before it, would be one behind)
         model = models.pop()
         self.context.add_import("contextlib")
@@ -84,15 +85,6 @@ class NoSyncTransform(Transform):
 
 def _names(node: cst.CSTNode) -> set[str]:
     return {dotted(n) for n in walk(node) if isinstance(n, (cst.Name, cst.Attribute)) and dotted(n)}
-
-
-def _assigned(statement: cst.CSTNode) -> set[str]:
-    """The names a statement binds or changes (``x = ...``, ``x += 1``, ``a.b = ...``)."""
-    found = set()
-    for node in walk(statement):
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
-        found |= {dotted(target) for target in targets if dotted(target)}
-    return found
 
 
 def _is_optimizer_step(call: cst.Call) -> bool:

@@ -175,20 +175,11 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, Guard, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, root_name, walk, without_gradients
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import forwards_around_ddp, hub_models, models_picked_at_run_time, partly_trained, trainable_set_changes, unused_outputs
+from ddpify.analysis.trainable import MODULE_METHODS, hub_models, models_picked_at_run_time, own_method_call, partly_trained, trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
-# Methods a DDP-wrapped model answers itself (nn.Module's and DDP's own).
-MODULE_METHODS = {
-    "forward", "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
-    "modules", "named_modules", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "half",
-    "float", "double", "bfloat16", "type", "apply", "zero_grad", "requires_grad_", "register_buffer",
-    "register_parameter", "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-    "register_backward_hook", "register_module", "add_module", "get_submodule", "get_parameter", "get_buffer",
-    "extra_repr", "share_memory", "no_sync", "join", "register_comm_hook", "to_empty", "compile",
-}
 SYNC_BN_CALLBACK = "patch_replication_callback"
 # `opt.fp16`, `args.amp`, `use_apex`: a guard that reads one picks between wrap sites
 MIXED_PRECISION = re.compile(r"(?<![A-Za-z0-9])(?:fp16|amp|apex|half|mixed_precision)(?![A-Za-z0-9])", re.IGNORECASE)
@@ -246,7 +237,7 @@ class WrapModelTransform(Transform):
         self.partly_trained = partly_trained(self.context.module, self.facts)
         self.hub_models = hub_models(self.context.module, self.facts)
         self.picked_models = models_picked_at_run_time(self.context.module, self.facts)
-        self.through_forward = forwards_around_ddp(self.facts, self.context.parent, self._custom_method)
+        self.through_forward = self.facts.forwards_around_ddp
         self.through_models = {owner: method for owner, method in self.through_forward.values()}
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
@@ -270,18 +261,6 @@ class WrapModelTransform(Transform):
         classes = self.context.neighbours.freezing_classes
         return sorted({dotted(node.func) for node in walk(self.context.module) if isinstance(node, cst.Call) and dotted(node.func) in classes})
 
-    def _custom_method(self, call: cst.Call) -> bool:
-        """``model.reverse(...)`` on a wrapped model: a method of the user's class, not of
-        nn.Module; DataParallel scripts chose ``model`` or ``model.module`` by a flag that no
-        longer tells whether the model is wrapped."""
-        func = call.func
-        if not isinstance(func, cst.Attribute) or dotted(func.value) not in self.facts.model_names:
-            return False
-        # (`model.module(x)`: the module inside, called past the wrapper, ArtFlow's ActNorm start)
-        if func.attr.value in MODULE_METHODS or func.attr.value.startswith("_") or func.attr.value == "module":
-            return False
-        return call not in self.sites
-
     def _model_fields(self) -> set[str]:
         """Fields the script sets on a wrapped model (``model.drop_path_prob = p``, darts): the
         model reads them from itself, so they are set (and read) on the module inside; DDP
@@ -303,31 +282,28 @@ class WrapModelTransform(Transform):
         if node.attr.value != "module" or not isinstance(node.value, cst.Subscript):
             return False
         root = root_name(node.value)
-        scope = self.context.metadata.get_metadata(ScopeProvider, root, None) if root is not None else None
-        for assignment in scope[root.value] if scope is not None else ():
-            parent = self.context.parent(getattr(assignment, "node", None)) if getattr(assignment, "node", None) else None
-            parent = self.context.parent(parent) if isinstance(parent, cst.AssignTarget) else parent
-            value = parent.value if isinstance(parent, cst.Assign) else None
-            if isinstance(value, cst.Call) and "torch.load" in self.context.qualified(value.func):
-                return True
-        return False
+        return root is not None and any(self._loads(value) for value in self._assigned_values(root))
 
     def _maybe_loaded_wrapper(self, module: cst.BaseExpression | None) -> bool:
         """Is the wrapped name ever assigned a checkpoint's entry (``checkpoint["net"]``) or a
         ``torch.load`` result?"""
         if not isinstance(module, cst.Name):
             return False
-        scope = self.context.metadata.get_metadata(ScopeProvider, module, None)
-        for assignment in scope[module.value] if scope is not None else ():
+        return any(isinstance(value, cst.Subscript) or self._loads(value) for value in self._assigned_values(module))
+
+    def _assigned_values(self, name: cst.Name) -> list[cst.BaseExpression]:
+        """The values assigned (``name = value``) to the variable this name refers to."""
+        scope = self.context.metadata.get_metadata(ScopeProvider, name, None)
+        values = []
+        for assignment in scope[name.value] if scope is not None else ():
             parent = self.context.parent(getattr(assignment, "node", None)) if getattr(assignment, "node", None) else None
-            if isinstance(parent, cst.AssignTarget):
-                parent = self.context.parent(parent)
-            value = parent.value if isinstance(parent, cst.Assign) else None
-            if isinstance(value, cst.Subscript) or (
-                isinstance(value, cst.Call) and "torch.load" in self.context.qualified(value.func)
-            ):
-                return True
-        return False
+            parent = self.context.parent(parent) if isinstance(parent, cst.AssignTarget) else parent
+            if isinstance(parent, cst.Assign):
+                values.append(parent.value)
+        return values
+
+    def _loads(self, value: cst.BaseExpression) -> bool:
+        return isinstance(value, cst.Call) and "torch.load" in self.context.qualified(value.func)
 
     def check(self) -> None:
         # requires_grad changed after the wrap: DDP registers every parameter (see trainable.py)
@@ -699,7 +675,7 @@ class WrapModelTransform(Transform):
             self.context.use_helper("ddp_through")
             args = [cst.Arg(cst.parse_expression(owner)), cst.Arg(cst.SimpleString(f'"{method}"')), *updated_node.args]
             return cst.Call(func=cst.Name("ddp_through"), args=args)
-        if self._custom_method(original_node):
+        if own_method_call(original_node, self.facts):
             name = dotted(original_node.func.value)
             self.context.report(
                 original_node,
