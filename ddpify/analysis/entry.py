@@ -134,3 +134,27 @@ def _sole_call(statement: cst.CSTNode) -> cst.Call | None:
     small = statement.body[0]
     value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
     return value if isinstance(value, cst.Call) else None
+
+
+def runs_after_setup(statement: cst.CSTNode, facts, parent_of, callers_run_after=None) -> bool:
+    """Is the process group surely set up when this statement runs? In the `__main__` block
+    after the set-up, a flat script's statements from the set-up on, the function the set-up
+    opens (``main()``), and functions that run the model or a collective (nothing trains
+    before the set-up). ``callers_run_after(function)`` answers for the other functions."""
+    node, top = statement, statement
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        top, node = node, parent_of(node)
+    if isinstance(node, cst.FunctionDef):
+        if node is facts.setup_function or node in facts.unsafe_functions:
+            return True
+        return callers_run_after is not None and callers_run_after(node)
+    anchor = facts.setup_anchor
+    if anchor is None or facts.setup_function is not None:
+        return False  # (configuration above `main()` in the `__main__` block runs before it)
+    if anchor is facts.main_guard:
+        inside = statement
+        while inside is not None and inside is not anchor:
+            inside = parent_of(inside)
+        return inside is anchor
+    order = {id(line): index for index, line in enumerate(node.body)} if node is not None else {}
+    return id(top) in order and id(anchor) in order and order[id(top)] >= order[id(anchor)]

@@ -35,6 +35,25 @@ HARMLESS_METHODS = {
     "modules", "children", "train", "eval", "to", "cuda", "half", "float", "zero_grad", "param_groups",
 }
 
+# Calls whose results differ from process to process: the clock (ranks start milliseconds
+# apart, and a second may turn between them), random ids, the process id.
+PER_PROCESS_CALLS = {
+    *(f"datetime.datetime.{name}" for name in ("now", "today", "utcnow")),
+    *(f"time.{name}" for name in ("time", "time_ns", "strftime", "localtime", "gmtime", "ctime", "asctime")),
+    "uuid.uuid1", "uuid.uuid4", "os.getpid", "os.urandom", "secrets.token_hex", "secrets.token_urlsafe",
+}
+# Of those, the ones that are a name on their own (the others are numbers until formatted).
+NAMING_CALLS = PER_PROCESS_CALLS - {"time.time", "time.time_ns", "time.localtime", "time.gmtime", "os.getpid", "os.urandom"}
+GIVEN_TIMES = {f"time.{name}" for name in ("strftime", "localtime", "gmtime", "ctime", "asctime")}
+BARE_TIMES = {f"datetime.datetime.{name}" for name in ("now", "today", "utcnow")}
+# Calls and methods that only format what they are given: rank 0 may make the name alone.
+FORMATTING_CALLS = {
+    *(f"builtins.{name}" for name in ("str", "int", "float", "round", "repr", "format", "hex", "len")),
+    *(f"os.path.{name}" for name in ("join", "basename", "dirname", "abspath", "expanduser", "splitext", "normpath", "realpath")),
+    "pathlib.Path",
+}
+FORMATTING_METHODS = {"strftime", "isoformat", "format", "join", "replace", "lower", "upper", "strip", "split", "timestamp"}
+
 
 def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
     """Is this condition the same on every rank of a converted DataParallel script?
@@ -186,3 +205,81 @@ class Collectives(Room):
                     if getattr(assignment, "node", None) in self.facts.unsafe_functions:
                         return True
         return False
+
+
+class RunNames:
+    """Names made of per-process values (``datetime.now().strftime(...)``, ``uuid.uuid4()``,
+    ``f"run_{int(time.time())}"``) by formatting only: each process makes its own, so rank 0's
+    must be sent to the others. Functions of the file that only return such a name
+    (``def get_timestamp(): return datetime.now().strftime(...)``) count as their sources."""
+
+    def __init__(self, module: cst.Module, qualified) -> None:
+        self.qualified = qualified
+        self.sources: set[str] = set()
+        for statement in module.body:
+            if isinstance(statement, cst.FunctionDef) and self._only_returns_a_name(statement):
+                self.sources.add(statement.name.value)
+
+    def is_name(self, value: cst.BaseExpression) -> bool:
+        """Made of a per-process value, by formatting only, and a name (text, a path, an id)."""
+        calls = calls_in(value)
+        if not any(self._per_process(call) for call in calls) or not all(self._formats(call) for call in calls):
+            return False
+        if isinstance(value, cst.Call) and self.qualified(value.func) & BARE_TIMES:
+            return False  # `start = datetime.now()`: a time taken for a duration, more often than for a name
+        if any(
+            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Subtract)
+            and any(self._per_process(call) for call in calls_in(node))
+            for node in walk(value)
+        ):
+            return False  # `(time.time() - start) / 60`: a duration in a message
+        if any(" " in text for text in _texts(value)):
+            return False  # `time.ctime() + ' ' + f'Epoch {epoch}'`: a message, not a name
+        strings = (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString)
+        return any(isinstance(node, strings) for node in walk(value)) or any(
+            self._names(call) or call.func is not None and self.qualified(call.func) & FORMATTING_CALLS for call in calls
+        )
+
+    def _per_process(self, call: cst.Call) -> bool:
+        names = self.qualified(call.func)
+        if names & GIVEN_TIMES:  # `time.gmtime(total)`, `time.strftime(fmt, t)`: a time it is given
+            return len(call.args) <= (1 if "time.strftime" in names else 0)
+        return bool(names & PER_PROCESS_CALLS) or dotted(call.func) in self.sources
+
+    def _names(self, call: cst.Call) -> bool:
+        if self.qualified(call.func) & NAMING_CALLS or dotted(call.func) in self.sources:
+            return True
+        return isinstance(call.func, cst.Attribute) and call.func.attr.value in FORMATTING_METHODS
+
+    def _formats(self, call: cst.Call) -> bool:
+        if self._per_process(call) or self.qualified(call.func) & FORMATTING_CALLS:
+            return True
+        return isinstance(call.func, cst.Attribute) and call.func.attr.value in FORMATTING_METHODS
+
+    def _only_returns_a_name(self, function: cst.FunctionDef) -> bool:
+        returned = False
+        for line in function.body.body:
+            if not isinstance(line, cst.SimpleStatementLine):
+                return False
+            for small in line.body:
+                if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)):
+                    continue
+                if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is not None \
+                        and all(self._formats(call) for call in calls_in(small.value)):
+                    continue
+                if isinstance(small, cst.Return) and small.value is not None and self.is_name(small.value):
+                    returned = True
+                    continue
+                return False
+        return returned
+
+
+def _texts(value: cst.BaseExpression) -> list[str]:
+    """The literal text in an expression (strings, f-strings' text parts)."""
+    found = []
+    for node in walk(value):
+        if isinstance(node, cst.SimpleString):
+            found.append(str(node.evaluated_value))
+        elif isinstance(node, cst.FormattedStringText):
+            found.append(node.value)
+    return found

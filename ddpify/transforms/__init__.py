@@ -15,6 +15,7 @@ from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
+from ddpify.transforms.run_names import RunNamesTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
 from ddpify.transforms.summed_losses import SummedLossesTransform
@@ -33,6 +34,7 @@ TRANSFORMS = (
     NoSyncTransform,
     DecisionsTransform,
     RankZeroTransform,
+    RunNamesTransform,
     ProcessGroupTransform,
     ImportsTransform,
 )
@@ -42,7 +44,7 @@ REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)
 EXISTING_DDP = (ExistingDdpTransform, SetEpochTransform, ImportsTransform)
 # Project mode (ddpify.project): an entry script whose training runs in imported modules,
 # and an imported module that only prints, saves or names DataParallel.
-ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
+ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, RunNamesTransform, ProcessGroupTransform, ImportsTransform)
 LIBRARY_SIDE_EFFECTS = (
     DevicesTransform, WrapModelTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform
 )

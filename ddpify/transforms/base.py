@@ -73,6 +73,8 @@ class ConversionContext:
     trains_elsewhere: bool = False
     # Single-file mode: what the project modules the script imports do (read, never rewritten)
     neighbours: Neighbours = field(default_factory=Neighbours)
+    # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
+    rank_zero_only: Any = None
 
     @property
     def is_library(self) -> bool:

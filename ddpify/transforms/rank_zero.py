@@ -211,6 +211,7 @@ class RankZeroTransform(Transform):
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
         self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
+        self.context.rank_zero_only = self._rank_zero_only
         self._report_writing_trainers()
         self._plan_fetches()
 
@@ -356,6 +357,16 @@ class RankZeroTransform(Transform):
         if self._side_effect(original.body[0]) is None:
             return False
         return not any(self._reaches_model(call) for call in calls_in(original))
+
+    def _rank_zero_only(self, statement: cst.CSTNode) -> bool:
+        """Does rank 0 run this statement alone once converted: it, or a statement around it,
+        is guarded (a value computed only for a write joins the write's guard)."""
+        node = statement
+        while node is not None and not isinstance(node, cst.Module):
+            if isinstance(node, cst.BaseStatement) and (self._units.guarded(node) or self._would_guard(node)):
+                return True
+            node = self.context.parent(node)
+        return self._under_rank_guard(statement)
 
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original) or self._inside_unit(original):

@@ -1,0 +1,122 @@
+"""DDP621: a run's name made of the clock or a random id is rank 0's on every rank.
+
+``run_id = datetime.now().strftime("%m%d-%H%M%S")`` gives each process its own value: the
+ranks start milliseconds apart and a second may turn between them (``uuid.uuid4()`` and the
+process id always differ). Rank 0 saves into its run folder; a rank that reads the files
+back (a resume, the best model, the next stage) looks into its own, and every rank that
+makes folders makes its own. Rank 0 makes the name and sends it to every rank::
+
+    run_id = datetime.now().strftime("%m%d-%H%M%S")
+    # becomes
+    run_id = ddp_from_rank_zero(datetime.now().strftime("%m%d-%H%M%S") if dist.get_rank() == 0 else None)
+
+An argparse default of the same kind (``default=time.strftime(...)``) is sent the same way.
+A name counts when it is made by formatting only (f-strings, ``strftime``, ``str()``,
+``os.path.join``, a function of the file that only returns one); a value computed only for a
+rank-0 write is left alone (only rank 0 reads it), and so is one that may run before the
+set-up, or where not every rank goes (the sending is a collective).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.entry import runs_after_setup
+from ddpify.analysis.ranks import RunNames
+from ddpify.transforms.base import Transform
+
+# Parser calls whose keyword values become the parsed arguments (`args.exp_name`).
+DEFAULT_SETTERS = {"add_argument": {"default"}, "set_defaults": None}
+
+
+class RunNamesTransform(Transform):
+    CODE_PREFIX = "DDP6"
+
+    def check(self) -> None:
+        names = RunNames(self.context.module, self.context.qualified)
+        self._shared: set[cst.CSTNode] = set()  # values rank 0 makes and sends
+        self._callers_checked: dict[cst.FunctionDef, bool] = {}
+        for node in walk(self.context.module):
+            value = _candidate(node, self.context.parent)
+            if value is not None and names.is_name(value) and self._every_rank_runs(_statement_of(node, self.context.parent)):
+                self._shared.add(value)
+
+    # -- where the sending can go ------------------------------------------------------------
+
+    def _every_rank_runs(self, statement: cst.CSTNode | None) -> bool:
+        """After the set-up, on every rank alike (a collective), and not for rank 0 alone."""
+        if statement is None or (self.context.is_library and self.context.at_module_level(statement)):
+            return False
+        if not same_path_on_every_rank(statement, self.context.parent) or self._rank_zero_only(statement):
+            return False
+        return runs_after_setup(statement, self.facts, self.context.parent, self._callers_run_after)
+
+    def _rank_zero_only(self, statement: cst.CSTNode) -> bool:
+        if under_rank_guard(statement, self.context.parent, self.context.code):
+            return True
+        guarded = self.context.rank_zero_only
+        return guarded is not None and guarded(statement)
+
+    def _callers_run_after(self, function: cst.FunctionDef) -> bool:
+        """A function of the file whose every call (by name) every rank runs after the set-up."""
+        if function in self._callers_checked:
+            return self._callers_checked[function]
+        self._callers_checked[function] = False  # (a function that calls itself)
+        calls = [
+            node for node in walk(self.context.module)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == function.name.value
+        ]
+        verdict = bool(calls) and all(self._every_rank_runs(_statement_of(call, self.context.parent)) for call in calls)
+        self._callers_checked[function] = verdict
+        return verdict
+
+    # -- the rewrite ---------------------------------------------------------------------------
+
+    def _sent(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.use_helper("ddp_from_rank_zero")
+        self.context.report(
+            original,
+            "DDP621",
+            "a name made of the clock or a random id differs from process to process: rank 0 makes it and "
+            "every rank gets rank 0's (one run folder, files found where rank 0 wrote them)",
+        )
+        if isinstance(updated, (cst.IfExp, cst.Lambda)):  # (binds looser than the `if` around it)
+            updated = updated.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        sent = cst.parse_expression(f"ddp_from_rank_zero(_ if {self.context.rank} == 0 else None)")
+        return sent.with_changes(args=[cst.Arg(sent.args[0].value.with_changes(body=updated))])
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if original_node.value in self._shared:
+            return updated_node.with_changes(value=self._sent(original_node.value, updated_node.value))
+        return updated_node
+
+    def leave_AnnAssign(self, original_node: cst.AnnAssign, updated_node: cst.AnnAssign) -> cst.AnnAssign:
+        if original_node.value is not None and original_node.value in self._shared:
+            return updated_node.with_changes(value=self._sent(original_node.value, updated_node.value))
+        return updated_node
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if original_node.value in self._shared:
+            return updated_node.with_changes(value=self._sent(original_node.value, updated_node.value))
+        return updated_node
+
+
+def _candidate(node: cst.CSTNode, parent_of) -> cst.BaseExpression | None:
+    """The value of an assignment, or a parser default (`add_argument(..., default=...)`)."""
+    if isinstance(node, (cst.Assign, cst.AnnAssign)):
+        return node.value
+    if not (isinstance(node, cst.Arg) and node.keyword is not None):
+        return None
+    call = parent_of(node)
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in DEFAULT_SETTERS):
+        return None
+    keywords = DEFAULT_SETTERS[call.func.attr.value]
+    return node.value if keywords is None or node.keyword.value in keywords else None
+
+
+def _statement_of(node: cst.CSTNode, parent_of) -> cst.BaseStatement | None:
+    while node is not None and not isinstance(node, cst.BaseStatement):
+        node = parent_of(node)
+    return node
