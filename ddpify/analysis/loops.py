@@ -244,20 +244,50 @@ class TrainingLoops(Room):
             target, home = self._where_bound(site, contexts)
             if target is None or home is None:
                 continue
-            for call, context in self.scopes.calls:
-                if context.loops or not self._same_binding(target, home, context):
+            for target, home in self._handed_on(target, home):
+                self._find_side_passes(site, target, home, trainers)
+
+    def _find_side_passes(self, site, target: str, home: Context, trainers: set[str]) -> None:
+        """Within one binding of the loader (where it is built, or a parameter it is handed to)."""
+        for call, context in self.scopes.calls:
+            if any(self._draws(loop, target) for loop in context.loops) or not self._same_binding(target, home, context):
+                continue  # (an epoch loop's validation of the training loader is a side pass: gopt)
+            callee = dotted(call.func) or ""
+            if any(dotted(arg.value) == target for arg in call.args) and reads_data(callee, trainers):
+                self.facts.side_passes.setdefault(site.call, []).append((call, f"{callee}(...)"))
+        for loop, context in self.facts.contexts.items():
+            if not isinstance(loop, cst.For) or loop in self._training_loops:
+                continue
+            if any(self._draws(outer, target) for outer in context.loops):
+                continue
+            if not self._same_binding(target, home, context) or self._trains_inside(loop):
+                continue
+            if self._draws(loop, target):
+                self.facts.side_passes.setdefault(site.call, []).append((loop, "a loop that trains nothing"))
+
+    def _draws(self, loop: Loop, target: str) -> bool:
+        """Does this loop iterate the loader bound to `target`?"""
+        if not isinstance(loop, cst.For):
+            return False
+        iterated = [self.loaders.through_progress_variable(expr) for expr in self.loaders.iterated(loop.iter)]
+        return any(dotted(expr) == target for expr in iterated)
+
+    def _handed_on(self, target: str, home: Context) -> list[tuple[str, Context]]:
+        """The loader's binding, and the parameters of this file's functions it is handed to
+        (`train(model, tr_dataloader, ...)` -> `train_loader` in `def train(model, train_loader, ...)`)."""
+        bindings = [(target, home)]
+        for call, context in self.scopes.calls:
+            function = self.scopes.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
+            if function is None or function is home.function or not self._same_binding(target, home, context):
+                continue
+            params = [param.name.value for param in function.params.params]
+            for position, arg in enumerate(call.args):
+                if dotted(arg.value) != target or arg.star:
                     continue
-                callee = dotted(call.func) or ""
-                if any(dotted(arg.value) == target for arg in call.args) and reads_data(callee, trainers):
-                    self.facts.side_passes.setdefault(site.call, []).append((call, f"{callee}(...)"))
-            for loop, context in self.facts.contexts.items():
-                if not isinstance(loop, cst.For) or context.loops or loop in self._training_loops:
-                    continue
-                if not self._same_binding(target, home, context) or self._trains_inside(loop):
-                    continue
-                iterated = [self.loaders.through_progress_variable(expr) for expr in self.loaders.iterated(loop.iter)]
-                if any(dotted(expr) == target for expr in iterated):
-                    self.facts.side_passes.setdefault(site.call, []).append((loop, "a loop that trains nothing"))
+                name = arg.keyword.value if arg.keyword is not None else params[position] if position < len(params) else None
+                if name is not None:
+                    bindings.append((name, Context(function, None, ())))
+        return bindings
 
     def _where_bound(self, site, contexts: dict) -> tuple[str | None, Context | None]:
         """The name a training loader is bound to, and where: its DataLoader call's target, or

@@ -21,7 +21,10 @@ from ddpify.analysis.tree import dotted
 PROVIDERS = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 _UNDEFINED = object()
 # Names a star import (``from models import *``) commonly brings in, and what they stand for.
-STAR_IMPORTED_ROOTS = {"torch": "torch", "nn": "torch.nn"}
+STAR_IMPORTED_ROOTS = {
+    "torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional", "np": "numpy", "numpy": "numpy",
+    "plt": "matplotlib.pyplot", "os": "os", "shutil": "shutil", "cv2": "cv2", "json": "json", "pickle": "pickle",
+}  # (gopt's `np.savetxt` after `from models import *`: a file write)
 
 
 def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:

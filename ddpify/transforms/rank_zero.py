@@ -348,7 +348,7 @@ class RankZeroTransform(Transform):
 
     def _would_guard(self, original: cst.BaseStatement) -> bool:
         """_guardable without its reports: a write on its own line, nothing unsafe in it."""
-        if self._under_rank_guard(original):
+        if self._under_rank_guard(original) or self._inside_guarded(original):
             return False
         if self._writes_file(original):
             return not any(self._reaches_model(call) for call in calls_in(original))
@@ -357,6 +357,17 @@ class RankZeroTransform(Transform):
         if self._side_effect(original.body[0]) is None:
             return False
         return not any(self._reaches_model(call) for call in calls_in(original))
+
+    def _inside_guarded(self, original: cst.CSTNode) -> bool:
+        """Inside a statement that is guarded as a whole (``with open(path, "wb") as f:`` around
+        ``torch.save(state, f)`` or a project writer)."""
+        node = self.context.parent(original)
+        while node is not None and not isinstance(node, (cst.Module, cst.FunctionDef)):
+            units = getattr(self, "_units", None)  # (GuardUnits itself asks while it is planned)
+            if isinstance(node, cst.BaseStatement) and (units is not None and units.guarded(node) or self._would_guard(node)):
+                return True
+            node = self.context.parent(node)
+        return False
 
     def _rank_zero_only(self, statement: cst.CSTNode) -> bool:
         """Does rank 0 run this statement alone once converted: it, or a statement around it,
@@ -371,6 +382,8 @@ class RankZeroTransform(Transform):
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original) or self._inside_unit(original):
             return False
+        if self._inside_guarded(original):
+            return False  # (a guard, and its barrier, inside a block rank 0 runs alone: AoANet's hang)
         if self._writes_file(original):
             return self._safe_to_guard(original)
         if not isinstance(original, cst.SimpleStatementLine):
