@@ -24,6 +24,8 @@ UNIFORM_CALLS = {"len", "range", "int", "min", "max", "bool", "float", "str", "a
 # (what the machine has, and the world: alike on every rank; TencentPretrain's test-phase
 # reload under `if torch.cuda.device_count() > 1:` is reached by every rank)
 UNIFORM_CALLS |= {"torch.cuda.device_count", "torch.cuda.is_available", "dist.get_world_size", "torch.distributed.get_world_size"}
+# Methods of settings whose answers are the same on every rank when the setting is.
+UNIFORM_METHODS = {"find", "startswith", "endswith", "lower", "upper", "strip", "split", "get", "count", "isdigit", "index"}
 # Methods of values that never run a model or a collective (strings, numbers, containers,
 # tensors read out); project mode treats other method calls as possibly training.
 HARMLESS_METHODS = {
@@ -62,8 +64,9 @@ def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
     are; a loss, an output or any other data-derived value may not be.
     """
     for call in calls_in(test):
-        if dotted(call.func) not in UNIFORM_CALLS:
-            return False
+        if dotted(call.func) in UNIFORM_CALLS or _uniform_method(call, loop_names):
+            continue
+        return False
     in_attributes = {id(part) for n in walk(test) if isinstance(n, cst.Attribute) for part in (n.value, n.attr)}
     for name in names_in(test):
         if id(name) in in_attributes or name.value in UNIFORM_CALLS or name.value in ("True", "False", "None"):
@@ -71,6 +74,15 @@ def same_on_every_rank(test: cst.BaseExpression, loop_names: set[str]) -> bool:
         if name.value not in loop_names and not name.value.isupper():
             return False
     return True
+
+
+def _uniform_method(call: cst.Call, loop_names: set[str]) -> bool:
+    """A string or mapping method of a setting (PReNet's ``opt.data_path.find('RainTrainH')``):
+    what it is called on and given is the same on every rank, so is its answer."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and func.attr.value in UNIFORM_METHODS and isinstance(func.value, cst.Attribute)):
+        return False
+    return same_on_every_rank(func.value, loop_names) and all(same_on_every_rank(arg.value, loop_names) for arg in call.args)
 
 
 def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:

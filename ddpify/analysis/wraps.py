@@ -213,7 +213,7 @@ class Wraps(Room):
             if isinstance(block, (cst.IndentedBlock, cst.Module)) and node in block.body:
                 earlier = block.body[: block.body.index(node)]
                 earlier = [statement for statement in earlier if not isinstance(statement, (cst.FunctionDef, cst.ClassDef))]
-                if any(target in assigned_in(statement) for statement in earlier):
+                if any(_surely_binds(statement, target) for statement in earlier):
                     return True
             if isinstance(node, cst.FunctionDef):
                 return target in {param.name.value for param in node.params.params + node.params.kwonly_params}
@@ -346,3 +346,25 @@ def _loose_dotted(node: cst.BaseExpression) -> str | None:
         base = _loose_dotted(node.value)
         return f"{base}.{node.attr.value}" if base else node.attr.value
     return None
+
+
+def _surely_binds(statement: cst.CSTNode, target: str) -> bool:
+    """Does running this statement surely bind ``target``? (AudioClassfication's teacher,
+    bound only under ``if args.kd_model:``, is not bound when that flag is off.)"""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return target in assigned_in(statement)
+    if isinstance(statement, (cst.With, cst.Try)):
+        return _block_binds(statement.body, target)
+    if isinstance(statement, cst.If):
+        other = statement.orelse
+        if other is None:
+            return False
+        return _block_binds(statement.body, target) and (
+            _surely_binds(other, target) if isinstance(other, cst.If) else _block_binds(other.body, target)
+        )
+    return False
+
+
+def _block_binds(block: cst.BaseSuite, target: str) -> bool:
+    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    return any(_surely_binds(inner, target) for inner in statements)

@@ -47,6 +47,8 @@ EVERY_RANK_WORDS = re.compile(
     r"|(?<!\w)(model|net|network)\("
 )
 WRITE_MODES = ("w", "a", "x", "+")
+# Experiment trackers driven through their module: each call records into the run's store.
+TRACKER_ROOTS = {"mlflow", "wandb"}
 
 
 @dataclass(frozen=True)
@@ -623,7 +625,10 @@ def _read_summary(path: Path) -> ModuleSummary:
     banks |= frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.memory_banks, "")))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree, _imported_idle_parts(path, tree)), trainer_classes,
-        writing, banks, names, _dp_classes(tree, aliases), _wrapping_definitions(tree, path),
+        writing, banks, names, _dp_classes(tree, aliases),
+        # (and the wrapping classes it imports, which importers may take from here: OpenNRE's
+        # framework/__init__.py `from .sentence_re import SentenceRE`)
+        {**_imported(path, tree, lambda summary: summary.wrapping_calls), **_wrapping_definitions(tree, path)},
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "torch.load(" in ast.unparse(node)),
@@ -660,6 +665,11 @@ def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[st
     constructor does (FewRel's Proto of framework.FewShotREModel)."""
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     wrapping = {name for name, function in functions.items() if _calls_data_parallel(function, set())}
+    if path is not None and any(_imports_by_name(function) for function in functions.values()) and _package_wraps(path):
+        # a factory that imports its class by a name computed at run time (CUT's models/__init__.py:
+        # `importlib.import_module("models." + name + "_model")`) makes one of the package's
+        # classes, and some class of the package wraps in DataParallel (BaseModel.parallelize)
+        wrapping |= {name for name, function in functions.items() if _imports_by_name(function)}
     grown = True
     while grown:
         more = {name for name, function in functions.items() if name not in wrapping and _calls_data_parallel(function, wrapping)}
@@ -669,12 +679,47 @@ def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[st
     for cls in tree.body:
         if not isinstance(cls, ast.ClassDef):
             continue
-        methods = [m.name for m in cls.body if isinstance(m, ast.FunctionDef) and _calls_data_parallel(m, wrapping)]
+        methods = _wrapping_methods(cls, wrapping)
         if methods:  # (a model whose forward() runs data_parallel, WassersteinGAN's DCGAN_G: making it wraps)
             found[cls.name] = () if "__init__" in methods or "forward" in methods else tuple(methods)
         elif any(found.get(ast.unparse(base)) == () or _base_wraps(base, tree, path) for base in cls.bases):
             found[cls.name] = ()
     return found
+
+
+def _imports_by_name(function: ast.AST) -> bool:
+    """``importlib.import_module(name)`` / ``__import__(name)`` of a name computed at run time."""
+    return any(
+        isinstance(call, ast.Call) and (call_name(call) or "").rpartition(".")[2] in ("import_module", "__import__")
+        and call.args and not isinstance(call.args[0], ast.Constant)
+        for call in ast.walk(function)
+    )
+
+
+def _package_wraps(path: Path) -> bool:
+    """Does a module of the folder that holds `path` (other than `path`) wrap in DataParallel?"""
+    return any(sibling != path and _summary(sibling).wraps for sibling in sorted(path.parent.glob("*.py")))
+
+
+def _wrapping_methods(cls: ast.ClassDef, wrapping: set[str]) -> list[str]:
+    """Methods of the class that wrap, directly or through its other methods (mcan-vqa's
+    ``Execution.run()`` calls ``self.train()``, which wraps)."""
+    defined = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = [m.name for m in defined if _calls_data_parallel(m, wrapping)]
+    grown = bool(found)
+    while grown:
+        more = [m.name for m in defined if m.name not in found and _calls_own_method(m, found)]
+        found += more
+        grown = bool(more)
+    return found
+
+
+def _calls_own_method(method: ast.AST, names: list[str]) -> bool:
+    return any(
+        isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in names
+        and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
+        for call in ast.walk(method)
+    )
 
 
 _BASES_READ: set[Path] = set()  # modules whose bases are being read (an import cycle ends there)
@@ -1070,8 +1115,13 @@ def _writes(node: ast.AST) -> bool:
         owner = call.func.value.id if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) else None
         if owner in WRITING_MODULE_CALLS and name in WRITING_MODULE_CALLS[owner]:
             return True
-        if name == "open" and _write_mode(call):
-            return True
+        if name in ("open", "File") and _write_mode(call):
+            return True  # (and h5py.File(path, "w"): PReNet's data preparation)
+        root = call.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in TRACKER_ROOTS and root is not call.func:
+            return True  # an experiment tracker's API (`mlflow.log_metric`, `mlflow.pytorch.log_model`)
         if name == "basicConfig" and any(k.arg == "filename" for k in call.keywords):
             return True  # logging to a file
     return False
@@ -1151,9 +1201,10 @@ def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileRes
             continue  # a DataParallel subclass that converts where the script calls it (DDP129)
         if not _calls(source, name):
             continue
-        if methods and not any(re.search(rf"\.{re.escape(method)}\s*\(", source) for method in methods):
+        called = [method for method in methods if re.search(rf"\.{re.escape(method)}\s*\(", source)]
+        if methods and not called:
             continue  # a project class whose wrapping method this script never calls
-        what = f"`{name}`" + (f" (its {methods[0]}())" if methods else "")
+        what = f"`{name}`" + (f" (its {called[0]}())" if methods else "")
         message = (
             f"{what}, which this script calls, wraps a model in DataParallel in a module of this project: converted "
             "alone, the script would leave that wrap (no DDP where the model trains); convert the folder that "
@@ -1179,8 +1230,11 @@ def device_picked_elsewhere(path: str, source: str, neighbours: Neighbours) -> F
 
 
 def _calls(source: str, name: str) -> bool:
-    """Does ``source`` call ``name`` (``util.f(`` for ``util.f``, not ``x.util.f(``)?"""
-    return re.search(rf"(?<![\w.]){re.escape(name)}\s*\(", source) is not None
+    """Does ``source`` call ``name`` (``util.f(`` for ``util.f``, not ``x.util.f(``)? A dotted
+    name may be reached through its package too (OpenNRE's ``opennre.framework.SentenceRE(``
+    for ``framework.SentenceRE``, a submodule the package's importers reach)."""
+    package = r"(?:[A-Za-z_]\w*\.)*" if "." in name else ""
+    return re.search(rf"(?<![\w.]){package}{re.escape(name)}\s*\(", source) is not None
 
 
 def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:

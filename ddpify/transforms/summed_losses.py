@@ -19,6 +19,11 @@ training use of a loss module built to sum, or the value summed by hand::
     criterion = nn.MSELoss(reduction="sum")
     loss = criterion(model(x), y)         ->   loss = criterion(model(x), y) * dist.get_world_size()
 
+A loss module picked among others that do not sum (an ``if``/``elif`` chain of criteria) is
+scaled by the world size only when the one it holds sums::
+
+    loss = criterion(pred, y)   ->   loss = criterion(pred, y) * (dist.get_world_size() if getattr(criterion, "reduction", None) == "sum" else 1)
+
 A summed loss read as a number (``.item()``), divided by the batch's own length (``/
 len(data)``: a mean), or computed in evaluation code is a metric and is left alone.
 """
@@ -30,10 +35,14 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, walk
+from ddpify.analysis.tree import without_moves
 from ddpify.transforms.base import Transform
 
 # Where `x * world size` needs no parentheses around it.
 LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement)
+
+
+MOVES = ("cuda", "to", "cpu", "float", "double", "half")
 
 
 class SummedLossesTransform(Transform):
@@ -42,6 +51,8 @@ class SummedLossesTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._scaled: dict[cst.CSTNode, str] = {}  # original expression -> what it sums (shown)
+        # uses of a name also bound to losses that do not sum (an if/elif chain of criteria)
+        self._by_reduction: set[cst.CSTNode] = set()
 
     def check(self) -> None:
         if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
@@ -49,8 +60,11 @@ class SummedLossesTransform(Transform):
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and _sums_over_batch(node, self.context.code) and self._trains_with(node):
                 if (dotted(node.func) or "").rpartition(".")[2].endswith("Loss"):
+                    chosen = self._chosen_among_others(node)
                     for use in self._training_uses(node):
                         self._scaled[use] = self.context.code(node)
+                        if chosen:
+                            self._by_reduction.add(use)
                 else:
                     self._scaled[node] = self.context.code(node)
         for value in self._hand_summed():
@@ -74,9 +88,30 @@ class SummedLossesTransform(Transform):
         return bool(self._training_uses(call)) or not self._uses(call)
 
     def _uses(self, constructor: cst.Call) -> list[cst.Call]:
-        parent = self.context.parent(constructor)
-        targets = [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
+        targets = self._bound_to(constructor)
         return [node for node in self.facts.contexts if isinstance(node, cst.Call) and dotted(node.func) in targets]
+
+    def _bound_to(self, constructor: cst.Call) -> list[str | None]:
+        parent = self.context.parent(constructor)
+        while isinstance(parent, cst.Attribute) and parent.attr.value in MOVES:
+            # `criterion = nn.CrossEntropyLoss(reduction='sum').to(device)` (AudioClassfication)
+            moved = self.context.parent(parent)
+            if not (isinstance(moved, cst.Call) and moved.func is parent):
+                break
+            parent = self.context.parent(moved)
+        return [dotted(t.target) for t in parent.targets] if isinstance(parent, cst.Assign) else []
+
+    def _chosen_among_others(self, constructor: cst.Call) -> bool:
+        """Is the name this summing loss is bound to also bound to a loss that does not sum
+        (``if args.loss_type == "focal": criterion = FocalLoss()``)? Then the use is scaled by
+        the world size only when the loss it holds sums (its ``reduction``)."""
+        targets = set(self._bound_to(constructor)) - {None}
+        for node in walk(self.context.module):
+            if isinstance(node, cst.Assign) and any(dotted(t.target) in targets for t in node.targets):
+                value = without_moves(node.value)
+                if not (isinstance(value, cst.Call) and _sums_over_batch(value, self.context.code)):
+                    return True
+        return False
 
     def _training_uses(self, constructor: cst.Call) -> list[cst.Call]:
         # DnCNN: `criterion(out, noise) / (imgn.size()[0] * 2)` at every use is a batch mean
@@ -226,7 +261,11 @@ class SummedLossesTransform(Transform):
         left = updated
         if isinstance(updated, cst.BinaryOperation) and not isinstance(updated.operator, (cst.Multiply, cst.Divide)) and not updated.lpar:
             left = updated.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        scaled = cst.BinaryOperation(left=left, operator=cst.Multiply(), right=cst.parse_expression(self.context.world_size))
+        factor = self.context.world_size
+        if original in self._by_reduction:
+            held = self.context.code(original.func)
+            factor = f'({factor} if getattr({held}, "reduction", None) == "sum" else 1)'
+        scaled = cst.BinaryOperation(left=left, operator=cst.Multiply(), right=cst.parse_expression(factor))
         if not isinstance(self.context.parent(original), LOOSE_PARENTS + (cst.BinaryOperation,)) or (
             isinstance(self.context.parent(original), cst.BinaryOperation)
             and isinstance(self.context.parent(original).operator, cst.Power)
