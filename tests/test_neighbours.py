@@ -1449,3 +1449,61 @@ def test_a_script_calling_the_training_function_of_a_module_whose_imports_wrap_i
     project(tmp_path, {"models/__init__.py": "", "models/utils.py": create, "run_lib.py": run_lib, "main.py": main})
     result = convert_file(tmp_path / "main.py")
     assert [d.code for d in result.diagnostics] == ["DDP214"] and "`run_lib`" in result.diagnostics[0].message
+
+
+def test_a_dispatcher_method_that_calls_the_wrapping_method_refuses_naming_folder_mode(tmp_path):
+    # mcan-vqa's run.py: `execution.run(mode)`, whose run() calls self.train(), which wraps
+    runner = RUNNER + "\n    def run(self, mode):\n        if mode == 'train':\n            self.train()\n"
+    project(tmp_path, {"runner.py": runner, "main.py": "from runner import Runner\n\nif __name__ == '__main__':\n    Runner(3).run('train')\n"})
+    result = convert_file(tmp_path / "main.py")
+    assert result.error and "DDP214 `Runner` (its run())" in result.error
+
+
+def test_a_wrapping_class_a_package_re_exports_by_name_refuses_naming_folder_mode(tmp_path):
+    # OpenNRE: `from opennre import framework`, framework/__init__.py `from .sentence_re import
+    # SentenceRE`, the script calls `opennre.framework.SentenceRE(...)` and trains through it
+    wrapper = "import torch.nn as nn\n\n\nclass SentenceRE:\n    def __init__(self, model):\n        self.parallel_model = nn.DataParallel(model)\n"
+    project(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/framework/__init__.py": "from .sentence_re import SentenceRE\n",
+        "pkg/framework/sentence_re.py": wrapper,
+        "train.py": "import torch\nimport pkg\nfrom pkg import framework\n\nf = pkg.framework.SentenceRE(torch.nn.Linear(2, 1))\nf.train_model()\n",
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `framework.SentenceRE`" in result.error
+
+
+def test_a_factory_that_imports_its_class_by_a_computed_name_refuses_naming_folder_mode(tmp_path):
+    # CUT's models/__init__.py: importlib.import_module("models." + name + "_model"); the
+    # package's BaseModel.parallelize() wraps every net in DataParallel
+    factory = (
+        "import importlib\n\n\ndef find_model_using_name(name):\n    return importlib.import_module('models.' + name + '_model')\n\n\n"
+        "def create_model(opt):\n    return find_model_using_name(opt.model).Model(opt)\n"
+    )
+    base = "import torch\n\n\nclass BaseModel:\n    def parallelize(self):\n        self.net = torch.nn.DataParallel(self.net)\n"
+    project(tmp_path, {
+        "models/__init__.py": factory,
+        "models/base_model.py": base,
+        "train.py": "from models import create_model\n\nmodel = create_model(None)\nfor data in range(3):  # train\n    model.optimize_parameters()\n",
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214 `create_model`" in result.error
+
+
+@pytest.mark.parametrize("body", [
+    "    with h5py.File(path, 'w') as h5f:\n        h5f.create_dataset('x', data=[1])\n",
+    "    mlflow.set_experiment('e')\n    mlflow.pytorch.log_model(None, 'final_model')\n",
+])
+def test_project_functions_writing_through_h5py_or_a_tracker_run_on_rank_zero(tmp_path, body):
+    # PReNet's prepare_data_RainTrainH (h5py), EEG-LDM's log_mlflow
+    util = f"import h5py\nimport mlflow\n\n\ndef prepare(path):\n{body}"
+    script = (
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom util import prepare\n\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--data', default='RainTrainH')\nargs = parser.parse_args()\n"
+        "if args.data.startswith('Rain'):\n    prepare('data.h5')\n"
+        "model = nn.DataParallel(nn.Linear(2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.randn(3, 4, 2):\n    model(x).sum().backward()\n    opt.step()\n"
+    )
+    project(tmp_path, {"util.py": util, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "if dist.get_rank() == 0:\n        prepare('data.h5')\n    dist.barrier()" in result.output
