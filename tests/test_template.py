@@ -679,25 +679,39 @@ class _RandomPicks(torch.utils.data.Dataset):
         return torch.tensor([random.random(), __import__("numpy").random.rand()])
 
 
-def test_the_data_loading_draws_per_rank_and_the_script_alike(monkeypatch):
+class _TorchPicks(_RandomPicks):
+    """CSPN's validation set: a random sparse mask drawn with torch for each sample."""
+
+    def __getitem__(self, index):
+        return torch.rand(2)
+
+
+def test_the_data_loading_draws_per_rank_where_sharded_and_alike_elsewhere(monkeypatch):
     import random
 
     from torch.utils.data import dataloader as loading
 
-    seen, after, seeds = {}, {}, {}
+    seen, after, seeds, whole = {}, {}, {}, {}
+    begin, fetch = loading._BaseDataLoaderIter.__init__, loading._SingleProcessDataLoaderIter._next_data
     for rank in (0, 1):
-        # (each rank a process of its own: the patched DataLoader internals are put back)
-        monkeypatch.setattr(loading._BaseDataLoaderIter, "__init__", loading._BaseDataLoaderIter.__init__)
-        monkeypatch.setattr(loading._SingleProcessDataLoaderIter, "_next_data", loading._SingleProcessDataLoaderIter._next_data)
+        # (each rank a process of its own: the DataLoader internals as they were before set-up)
+        monkeypatch.setattr(loading._BaseDataLoaderIter, "__init__", begin)
+        monkeypatch.setattr(loading._SingleProcessDataLoaderIter, "_next_data", fetch)
         _as_rank(monkeypatch, rank)
         random.seed(3), __import__("numpy").random.seed(3), torch.manual_seed(3)
         template.ddp_own_data_draws()
-        loader = torch.utils.data.DataLoader(_RandomPicks(), batch_size=4)
+        picks = _RandomPicks()
+        shard = torch.utils.data.distributed.DistributedSampler(picks, num_replicas=2, rank=rank, shuffle=False)
+        loader = torch.utils.data.DataLoader(picks, batch_size=4, sampler=shard)
         seen[rank] = torch.cat([batch for batch in loader])
         seeds[rank] = iter(loader)._base_seed
         after[rank] = (random.random(), __import__("numpy").random.rand())
+        torch.manual_seed(rank)  # torch's stream, split per rank after the first step
+        evaluation = torch.utils.data.DataLoader(_TorchPicks(), batch_size=4)  # read whole by every rank
+        whole[rank] = (torch.cat([batch for batch in evaluation]), iter(evaluation)._base_seed)
     assert not torch.equal(seen[0], seen[1]), "each rank's dataset draws its own samples"
-    assert seeds[1] == seeds[0] + 1, "workers are seeded per rank"
+    assert seeds[1] == seeds[0] + 1, "workers of a sharded loader are seeded per rank"
+    assert torch.equal(whole[0][0], whole[1][0]) and whole[0][1] == whole[1][1], "a loader read whole draws alike"
     assert after[0] == after[1], "the script's own draws stay alike"
     assert after[0][0] == (random.seed(3), random.random())[1], "fetches leave the script's stream where it was"
 
@@ -871,3 +885,25 @@ def test_rank_zero_replaces_a_checkpoint_whole_while_another_reader_holds_it(mon
     buffer = io.BytesIO()
     torch.save({"w": 1}, buffer)  # a file object is written as it is
     assert buffer.getvalue()
+
+
+def _evaluate_into(folder, predictions):
+    """HRNet's COCO evaluation: the results are written to a fixed path, then read back."""
+    import json
+
+    path = folder / "results" / "keypoints_results_0.json"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(predictions, f)
+    with open(path) as f:
+        return sum(json.load(f))
+
+
+def test_a_quiet_evaluation_reads_back_what_this_rank_wrote(monkeypatch, tmp_path):
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "keypoints_results_0.json").write_text("[100]")  # rank 0's, half written or older
+    assert template.ddp_quiet(_evaluate_into, tmp_path, [1, 2, 3]) == 6
+    assert (tmp_path / "results" / "keypoints_results_0.json").read_text() == "[100]", "rank 1 wrote nothing"
+    assert template.ddp_quiet(_evaluate_into, tmp_path, [4]) == 4, "the next pass writes its copy again"

@@ -46,6 +46,7 @@ EVERY_RANK_WORDS = re.compile(
     r"backward\(|\.step\(|all_reduce|barrier|broadcast|torch\.distributed|\bdist\.|no_grad|\.eval\(\)|forward\("
     r"|(?<!\w)(model|net|network)\("
 )
+TRAINING_OR_COLLECTIVE = re.compile(r"backward\(|\.step\(|all_reduce|all_gather|barrier|broadcast|torch\.distributed|\bdist\.")
 WRITE_MODES = ("w", "a", "x", "+")
 # Experiment trackers driven through their module: each call records into the run's store.
 TRACKER_ROOTS = {"mlflow", "wandb"}
@@ -110,6 +111,10 @@ class Neighbours:
     # functions of those modules that read a checkpoint (torch.load: MMT's load_checkpoint), as
     # bound here: every rank calling one waits for rank 0's saves first (DDP615)
     checkpoint_readers: frozenset[str] = frozenset()
+    # functions of those modules that run the model without training it and write files, here
+    # or through the project's writers (HRNet's validate: debug images, a results JSON it reads
+    # back), as bound here: every rank runs them, rank 0's writes are the real ones (ddp_quiet)
+    writing_evaluators: frozenset[str] = frozenset()
     # writers that set fields of an argument (FlowFormer's process_cfg: `cfg.log_dir = ...`), as
     # bound here -> the positions of those arguments: run on rank 0, the others get the object
     mutating_writers: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -172,6 +177,20 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     except (SyntaxError, ValueError):
         return Neighbours()
     folders = search_folders(script.parent, tree)
+    _SCRIPT_FOLDERS[:] = folders  # (the modules it imports find theirs on its sys.path too)
+    try:
+        return _read_neighbours(script, tree, folders)
+    finally:
+        _SCRIPT_FOLDERS.clear()
+
+
+# The folders the script being read puts on sys.path: at run time every module imports from
+# them too (HRNet's lib/core/function.py imports `utils.vis` from the lib/ that
+# tools/_init_paths.py adds).
+_SCRIPT_FOLDERS: list[Path] = []
+
+
+def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Neighbours:
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
     constructed: dict[str, tuple[tuple[int, str], ...]] = {}
@@ -186,6 +205,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
     summing: set[str] = set()
     pickers: set[str] = set()
     readers: set[str] = set()
+    evaluators: set[str] = set()
 
     def as_module(bound: str, summary: ModuleSummary) -> None:
         """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
@@ -205,6 +225,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         summing.update(f"{bound}.{name}" for name in summary.summing)
         pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
         readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
+        evaluators.update(f"{bound}.{name}" for name in summary.writing_evaluators)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -230,7 +251,10 @@ def read_neighbours(path: str, source: str) -> Neighbours:
                     as_module(alias.asname or alias.name, _summary(sub))
                 for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers)):
                     _bind(found, kind, alias)
-                for names, kind in ((summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers)):
+                for names, kind in (
+                    (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
+                    (evaluators, summary.writing_evaluators),
+                ):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
             for alias in node.names:
                 if alias.name in summary.writing_trainers:
@@ -291,6 +315,7 @@ def read_neighbours(path: str, source: str) -> Neighbours:
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
         wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
+        writing_evaluators=frozenset(evaluators - writers - set(trainers)),
     )
 
 
@@ -403,7 +428,7 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
                     pass
     if root is not None and root not in found:
         found.append(root)
-    return found
+    return found + [extra for extra in _SCRIPT_FOLDERS if extra not in found]
 
 
 def _joined_folders(folder: Path, tree: ast.AST) -> list[Path]:
@@ -458,6 +483,7 @@ class ModuleSummary:
     checkpoint_readers: frozenset[str] = frozenset()  # functions that call torch.load
     constructor_loaders: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)  # see Neighbours
     mutating_writers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # see Neighbours
+    writing_evaluators: frozenset[str] = frozenset()  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -503,7 +529,7 @@ def _summary(path: Path) -> ModuleSummary:
         return ModuleSummary()
     _SUMMARISING.add(path)
     try:
-        return _read_summary(path)
+        return _read_summary(path, tuple(_SCRIPT_FOLDERS))
     finally:
         _SUMMARISING.discard(path)
 
@@ -544,7 +570,7 @@ def parse_source(source: str) -> ast.Module:
 
 
 @functools.lru_cache(maxsize=256)
-def _read_summary(path: Path) -> ModuleSummary:
+def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSummary:
     try:
         source = path.read_text(encoding="utf-8", errors="replace")
         tree = parse_source(source)
@@ -635,6 +661,11 @@ def _read_summary(path: Path) -> ModuleSummary:
         {node.name: params for node in tree.body if isinstance(node, ast.ClassDef) for params in [_constructor_loaders(node)] if params},
         {node.name: found for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in writers
          for found in [_mutated_arguments(node)] if found},
+        frozenset(
+            node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name not in writers and node.name not in trainers
+            and _evaluates(node) and (_writes(node) or _calls_one_of(node, writing_helpers))
+        ),
     )
 
 
@@ -1058,6 +1089,13 @@ def _freezes_after_init(cls: ast.ClassDef) -> bool:
             ):
                 return True
     return False
+
+
+def _evaluates(function: ast.FunctionDef) -> bool:
+    """Runs a model (or sets it to evaluation) and never trains or synchronises: a pass
+    every rank can make alike."""
+    text = ast.unparse(function)
+    return EVERY_RANK_WORDS.search(text) is not None and TRAINING_OR_COLLECTIVE.search(text) is None
 
 
 def _only_writes(function: ast.FunctionDef) -> bool:

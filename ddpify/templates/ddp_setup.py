@@ -107,11 +107,41 @@ def ddp_own_data_draws():
     rank, own = dist.get_rank(), {}
     begin, fetch = loading._BaseDataLoaderIter.__init__, loading._SingleProcessDataLoaderIter._next_data
 
+    def sharded(sampler):
+        """Does this sampler give the rank its own share? (a loader every rank reads whole, an
+        evaluation, draws alike: CSPN's validation masks, drawn per rank, gave each rank its own
+        error and its own learning-rate cuts)"""
+        while sampler is not None:
+            if getattr(sampler, "ddp_own_share", False) or hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):
+                return True  # (torch's distributed sampler, or one made like it)
+            sampler = getattr(sampler, "sampler", None)
+        return False
+
+    alike = torch.Generator()
+    alike.set_state(torch.get_rng_state())  # rank 0's, on every rank (ddp_share_random_state)
+    torch_alike = [torch.get_rng_state()]
+
     def seeded_per_rank(self, loader):
         begin(self, loader)
-        self._base_seed += rank  # each worker seeds torch, random and numpy from it
+        self.ddp_own_draws = sharded(loader.batch_sampler) or sharded(loader.sampler)
+        if self.ddp_own_draws:
+            self._base_seed += rank  # each worker seeds torch, random and numpy from it
+        else:  # (torch's own stream is split per rank after the first step)
+            self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=alike))
+
+    def fetched_alike(self):
+        """A loader read whole in this process: torch draws from a stream alike on every rank
+        (Python's and numpy's are the script's, alike already)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(torch_alike[0])
+            try:
+                return fetch(self)
+            finally:
+                torch_alike[0] = torch.get_rng_state()
 
     def fetched_per_rank(self):
+        if not getattr(self, "ddp_own_draws", True):
+            return fetched_alike(self)
         numpy = sys.modules.get("numpy")
         shared = random.getstate(), numpy and numpy.random.get_state()
         if not own:  # from the script's state at the first fetch (seeded runs repeat)
@@ -400,6 +430,8 @@ class DdpShard(torch.utils.data.Sampler):
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
     as many steps), or of a batch sampler its part of each batch (ddp_part)."""
 
+    ddp_own_share = True  # (its loader's random draws are this rank's own: ddp_own_data_draws)
+
     def __init__(self, sampler, dataset, per_batch):
         self.sampler, self.dataset, self.per_batch, self.epoch, self.chosen = sampler, dataset, per_batch, 0, None
 
@@ -669,27 +701,43 @@ def ddp_world_size():
 
 def ddp_quiet(make, *args, **kwargs):
     """``make(*args, **kwargs)``; on ranks other than 0 the files it opens for writing are
-    nameless temporary files: a real object (its file handle read outside a guard, HPLFlowNet's
-    ``logger.out_fd``; a SummaryWriter's log folder) whose writes nobody sees."""
+    private copies only this rank sees: a real object (its file handle read outside a guard,
+    HPLFlowNet's ``logger.out_fd``; a SummaryWriter's log folder), or a project evaluation that
+    writes its results and reads them back (HRNet's COCO keypoints JSON), whose writes nobody
+    else sees; what this rank reads back of them is what it wrote."""
     import builtins
     import tempfile
 
     opened = builtins.open
     if ddp_rank() == 0:
         return make(*args, **kwargs)
+    private = ddp_quiet.__dict__.setdefault("private", {})  # real path -> this rank's copy
+
+    def private_folder():
+        import atexit
+        import shutil
+
+        folder = tempfile.mkdtemp(prefix="ddpify-rank-")
+        atexit.register(shutil.rmtree, folder, True)
+        return folder
 
     def unseen(file, mode="r", *more, **options):
+        named = isinstance(file, (str, bytes, os.PathLike))
+        real = os.path.abspath(os.fsdecode(file)) if named else None
         if not set(mode) & set("wax+"):
-            return opened(file, mode, *more, **options)
-        there = isinstance(file, (str, bytes, os.PathLike)) and os.path.exists(file)
+            return opened(private.get(real, file), mode, *more, **options)
+        there = real in private or named and os.path.exists(file)
         if "x" in mode and there:  # an exclusive creation tests the file system (SRGAN's TaskManager)
             raise FileExistsError(17, "File exists", file)
-        copy = tempfile.TemporaryFile(mode, *more[:1], **options)  # (fsync works: not the null device)
-        if there and "w" not in mode and set(mode) & set("a+"):  # appended to or read back: what is there
-            with opened(file, "rb" if "b" in mode else "r") as real:
-                copy.write(real.read())
-            copy.seek(0, 0 if mode.startswith("r") else 2)
-        return copy
+        if not named:
+            return opened(file, mode, *more, **options)  # (a descriptor: already this rank's)
+        if real not in private:
+            folder = ddp_quiet.__dict__.get("folder") or ddp_quiet.__dict__.setdefault("folder", private_folder())
+            private[real] = os.path.join(folder, f"{len(private)}-{os.path.basename(real)}")
+            if there and "w" not in mode and set(mode) & set("a+"):  # appended to or read back: what is there
+                with opened(file, "rb") as source, opened(private[real], "wb") as copy:
+                    copy.write(source.read())
+        return opened(private[real], mode, *more, **options)
 
     builtins.open = unseen
     try:

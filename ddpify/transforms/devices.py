@@ -116,6 +116,11 @@ class DevicesTransform(Transform):
         value = original_node.evaluated_value
         if not isinstance(value, str) or not CUDA_INDEX.fullmatch(value):
             return updated_node
+        parent = self.context.parent(original_node)
+        if isinstance(parent, cst.DictElement) and parent.key is original_node:
+            # `map_location={'cuda:0': 'cpu'}`: where the checkpoint was saved, not a device to
+            # use (PIDNet: "cuda" matched nothing and every rank loaded onto GPU 0)
+            return updated_node
         self.context.report(original_node, "DDP701", f'"{value}" -> "cuda": this process\'s GPU, set by ddp_setup()')
         prefix = original_node.prefix
         quote = original_node.quote

@@ -116,10 +116,17 @@ asked of it (``fileno()``, MMT's Logger; ``flush``, ``name``), so it escapes no 
 
 Elsewhere (``open(path, "w").write(...)`` in an expression) it is a warning: left alone.
 
-DDP616  (warning) single-file mode: a training function of another module of the project,
-read but not rewritten, also writes files (robot-surgery-segmentation's ``utils.train`` saves
-the model and appends to a log): every rank writes them. Converting the folder
-(``ddpify convert DIR``) limits those writes to rank 0 too.
+DDP616  single-file mode: a function of another module of the project, read but not
+rewritten, that trains or runs the model and writes files (robot-surgery-segmentation's
+``utils.train`` saves the model and appends to a log; HRNet's ``validate`` writes its COCO
+results JSON and reads it back) runs on every rank, and on ranks other than 0 the files it
+opens for writing are private copies that only that rank reads back (``ddp_quiet``)::
+
+    perf = validate(cfg, valid_loader, model, output_dir)
+    # becomes
+    perf = ddp_quiet(validate, cfg, valid_loader, model, output_dir)
+
+Converting the folder (``ddpify convert DIR``) guards those writes where they are instead.
 
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
@@ -216,18 +223,26 @@ class RankZeroTransform(Transform):
         self._plan_fetches()
 
     def _report_writing_trainers(self) -> None:
-        writing = self.context.neighbours.writing_trainers
-        for call in calls_in(self.context.module) if writing else ():
+        """Project functions out of sight that train or evaluate on every rank and write files
+        there: every rank runs them, and on ranks other than 0 what they write goes to private
+        copies that only that rank reads back (ddp_quiet)."""
+        neighbours = self.context.neighbours
+        self._quiet_calls: set[cst.Call] = set()
+        for call in calls_in(self.context.module) if neighbours.writing_trainers or neighbours.writing_evaluators else ():
             name = dotted(call.func)
-            if name in writing:
-                self.context.report(
-                    call,
-                    "DDP616",
-                    f"`{name}()` trains in another module of this project, which single-file mode reads but does not "
-                    "rewrite, and it writes files there (checkpoints, logs): every rank writes them; convert the folder "
-                    "(`ddpify convert DIR`) to limit them to rank 0",
-                    Severity.WARNING,
-                )
+            if name not in neighbours.writing_trainers | neighbours.writing_evaluators:
+                continue
+            if self._import_time(call) or self._under_rank_guard(call) or self._inside_guarded(call):
+                continue
+            self._quiet_calls.add(call)
+            does = "trains" if name in neighbours.writing_trainers else "runs the model"
+            self.context.report(
+                call,
+                "DDP616",
+                f"`{name}()` {does} in another module of this project (read, not rewritten) and writes files there "
+                "(checkpoints, logs, results it reads back): every rank runs it, and on ranks other than 0 its files "
+                "are private copies only that rank reads (ddp_quiet); converting the folder guards those writes instead",
+            )
 
     # -- what is a side effect ------------------------------------------------------------
 
@@ -446,6 +461,9 @@ class RankZeroTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if self._import_time(original_node):
             return updated_node
+        if original_node in self._quiet_calls:
+            self.context.use_helper("ddp_quiet")
+            return updated_node.with_changes(func=cst.Name("ddp_quiet"), args=[cst.Arg(updated_node.func), *updated_node.args])
         names = self.context.qualified(original_node.func)
         if "torch.save" in names:
             return self._save_unwrapped(original_node, updated_node)
