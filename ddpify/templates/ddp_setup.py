@@ -323,7 +323,7 @@ def ddp_rebuilt(loader, global_batch):
 class DdpSplit:
     """Batches from a source that is not a rebuildable DataLoader, drawn alike on every rank
     (its random generators swapped for a state shared by the ranks while it draws), each rank
-    taking its share of every tensor's and array's first dimension, as DataParallel's scatter
+    taking its share of every tensor's and array's first dimension (or DataParallel's `dim`), as DataParallel's scatter
     split each batch. A list is drawn anew on each pass; an iterator goes on where it was,
     and a pass that ran it to its end lets the next pass draw again (KernelGAT's loader
     rewinds itself after its StopIteration: one pass per epoch)."""
@@ -382,12 +382,13 @@ def ddp_scatter(item):
     """This rank's share of a batch: every tensor (and numpy array) split along its first
     dimension, tuples, lists and dicts walked into, anything else whole, as DataParallel's scatter."""
     world, rank = dist.get_world_size(), dist.get_rank()
+    dim = getattr(dist, "ddp_scatter_dim", 0)  # (DataParallel's `dim`: LakhNES's time-major batches)
     if torch.is_tensor(item):
-        return item.tensor_split(world)[rank] if item.dim() > 0 else item
-    if type(item).__module__ == "numpy" and getattr(item, "ndim", 0) > 0:
+        return item.tensor_split(world, dim)[rank] if item.dim() > dim else item
+    if type(item).__module__ == "numpy" and getattr(item, "ndim", 0) > dim:
         import numpy
 
-        return numpy.array_split(item, world)[rank]
+        return numpy.array_split(item, world, axis=dim)[rank]
     if isinstance(item, dict):
         return type(item)((key, ddp_scatter(value)) for key, value in item.items())
     if isinstance(item, (list, tuple)):
@@ -539,11 +540,14 @@ def ddp_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def ddp_wrap(module, keys_unwrapped=False, **options):
+def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
     module in a process with no group, is only moved there. With ``keys_unwrapped`` (a head
     DataParallel never wrapped) its state_dict keeps the keys it had. A wrapped model (a
-    checkpoint's pickled DataParallel, a model wrapped before) has its module wrapped."""
+    checkpoint's pickled DataParallel, a model wrapped before) has its module wrapped.
+    ``scatter_dim``: the dimension DataParallel split batches along (``dim=1``)."""
+    if scatter_dim:  # (kept beside the process group: ddp_scatter reads it, without needing this helper)
+        dist.ddp_scatter_dim = scatter_dim
     while isinstance(module, DistributedDataParallel) or type(module).__name__ == "DataParallel":
         module = module.module
     module = module.to(ddp_device())

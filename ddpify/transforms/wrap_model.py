@@ -59,6 +59,12 @@ DDP132  ``checkpoint['model'].module`` of a ``torch.load`` result: the converted
 checkpoints hold the module inside DDP (DDP614), older ones a pickled DataParallel, so it
 reads ``getattr(checkpoint['model'], "module", checkpoint['model'])``: either resumes.
 
+DDP134  ``DataParallel(model, dim=1)`` split each batch along dimension 1 (time-major
+sequences, LakhNES's Transformer-XL): batches split where they are drawn (DdpSplit) are cut
+along that dimension too::
+
+    model = nn.DataParallel(model, dim=1)  ->  model = ddp_wrap(model, scatter_dim=1)
+
 DDP133  a training loop computes its loss with another method of the wrapped model, on the
 module inside (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
 model.module.meta_learner_1(...)`` after it; or a loop that calls the wrapped model nowhere
@@ -721,8 +727,11 @@ class WrapModelTransform(Transform):
             placed = cst.Call(func=cst.Attribute(value=_atom(module), attr=cst.Name("to")), args=[cst.Arg(cst.parse_expression("ddp_device()"))])
             self.context.use_helper("ddp_device")
         index, module_keyword = site.module_slot
+        scatter_dim = _scatter_dim(dp_call)
         dropped = [arg.keyword.value if arg.keyword else f"argument {i + 1}" for i, arg in enumerate(dp_call.args)]
         dropped = [name for name in dropped if name not in (module_keyword, f"argument {index + 1}")]
+        if scatter_dim is not None:
+            dropped = [name for name in dropped if name not in ("dim", f"argument {index + 4}")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
         self.context.report(
             site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
@@ -740,6 +749,15 @@ class WrapModelTransform(Transform):
             return cst.Call(func=cst.Name(subclass), args=args)
         self.context.use_helper("ddp_wrap")
         args = [cst.Arg(placed)]
+        if scatter_dim is not None:
+            # (LakhNES: `DataParallel(model, dim=1)` over time-major [T x B] batches: batches split
+            # where they are drawn are cut along that dimension too, as DataParallel's scatter cut them)
+            self.context.report(
+                site.call, "DDP134",
+                f"DataParallel split each batch along dimension {scatter_dim}: batches split at run time (DdpSplit) "
+                "are cut along it too",
+            )
+            args.append(keyword("scatter_dim", cst.Integer(str(scatter_dim))))
         if self.trainable_changes:
             change = self.trainable_changes[0]
             line = self.context.position(change)[0]
@@ -1005,3 +1023,14 @@ def _about_devices(test_code: str) -> bool:
     return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})
 
 
+
+
+def _scatter_dim(dp_call: cst.Call) -> int | None:
+    """DataParallel's ``dim`` (keyword, or its fourth argument) when it is a literal other than 0."""
+    positional = [arg for arg in dp_call.args if arg.keyword is None and not arg.star]
+    given = next((arg for arg in dp_call.args if arg.keyword is not None and arg.keyword.value == "dim"), None)
+    given = given or (positional[3] if len(positional) > 3 else None)
+    if given is None or not isinstance(given.value, cst.Integer):
+        return None
+    value = int(given.value.value)
+    return value or None
