@@ -1,6 +1,6 @@
-"""DDP621: a run's name made of the clock or a random id is rank 0's on every rank.
+"""DDP62x: a run's name made of the clock or a random id is rank 0's on every rank.
 
-``run_id = datetime.now().strftime("%m%d-%H%M%S")`` gives each process its own value: the
+DDP621  ``run_id = datetime.now().strftime("%m%d-%H%M%S")`` gives each process its own value: the
 ranks start milliseconds apart and a second may turn between them (``uuid.uuid4()`` and the
 process id always differ). Rank 0 saves into its run folder; a rank that reads the files
 back (a resume, the best model, the next stage) looks into its own, and every rank that
