@@ -322,7 +322,7 @@ class ProjectConversion:
             return None  # DataParallel only named (isinstance checks): not a DataParallel project
         entry_result = converted[entry.path]
         if plan.trains and not any(result.error for result in converted.values()) and not any(
-            "DistributedSampler" in result.output for result in converted.values()
+            _shards(result) for result in converted.values()
         ):
             reason = (
                 "the project's model is wrapped in DistributedDataParallel, but no training DataLoader was found "
@@ -426,6 +426,18 @@ def _route(project: Project, member: ModuleInfo, foreign, builders: dict, conver
         return
     module, function = found
     builders.setdefault(module.path, {}).setdefault(function, set()).add(foreign.index)
+
+
+# Codes of a conversion that shards training data: a DistributedSampler added, a loader sharded
+# where the training loop draws it, a drawn batch split.
+SHARDING_CODES = ("DDP301", "DDP312", "DDP313")
+
+
+def _shards(result: FileResult) -> bool:
+    """Does this file's conversion shard training data, or did the file already (its own
+    DistributedSampler)? Read from what was done, not from the text: the helper block names
+    DistributedSampler in files that shard nothing."""
+    return any(d.code in SHARDING_CODES for d in result.diagnostics) or "DistributedSampler" in result.source
 
 
 def _wraps_to_evaluate(project: Project, info: ModuleInfo) -> bool:

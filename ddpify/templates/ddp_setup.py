@@ -546,7 +546,7 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
     DataParallel never wrapped) its state_dict keeps the keys it had. A wrapped model (a
     checkpoint's pickled DataParallel, a model wrapped before) has its module wrapped.
     ``scatter_dim``: the dimension DataParallel split batches along (``dim=1``)."""
-    if scatter_dim:  # (kept beside the process group: ddp_scatter reads it, without needing this helper)
+    if scatter_dim:  # (kept beside the process group, where the run-time batch split reads it)
         dist.ddp_scatter_dim = scatter_dim
     while isinstance(module, DistributedDataParallel) or type(module).__name__ == "DataParallel":
         module = module.module
