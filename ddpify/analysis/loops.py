@@ -276,17 +276,15 @@ class TrainingLoops(Room):
         """The loader's binding, and the parameters of this file's functions it is handed to
         (`train(model, tr_dataloader, ...)` -> `train_loader` in `def train(model, train_loader, ...)`)."""
         bindings = [(target, home)]
-        for call, context in self.scopes.calls:
-            function = self.scopes.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
-            if function is None or function is home.function or not self._same_binding(target, home, context):
+        for function in self.scopes.module_functions.values():
+            if function is home.function:
                 continue
-            params = [param.name.value for param in function.params.params]
-            for position, arg in enumerate(call.args):
-                if dotted(arg.value) != target or arg.star:
+            for call, context in self.calls.call_sites(function):
+                if not self._same_binding(target, home, context):
                     continue
-                name = arg.keyword.value if arg.keyword is not None else params[position] if position < len(params) else None
-                if name is not None:
-                    bindings.append((name, Context(function, None, ())))
+                for param in function.params.params:
+                    if dotted(self.calls.argument_for(function, param, call)) == target:
+                        bindings.append((param.name.value, Context(function, None, ())))
         return bindings
 
     def _where_bound(self, site, contexts: dict) -> tuple[str | None, Context | None]:

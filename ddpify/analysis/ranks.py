@@ -39,15 +39,16 @@ HARMLESS_METHODS = {
 
 # Calls whose results differ from process to process: the clock (ranks start milliseconds
 # apart, and a second may turn between them), random ids, the process id.
+BARE_TIMES = {f"datetime.datetime.{name}" for name in ("now", "today", "utcnow")}
 PER_PROCESS_CALLS = {
-    *(f"datetime.datetime.{name}" for name in ("now", "today", "utcnow")),
+    *BARE_TIMES,
     *(f"time.{name}" for name in ("time", "time_ns", "strftime", "localtime", "gmtime", "ctime", "asctime")),
     "uuid.uuid1", "uuid.uuid4", "os.getpid", "os.urandom", "secrets.token_hex", "secrets.token_urlsafe",
 }
 # Of those, the ones that are a name on their own (the others are numbers until formatted).
 NAMING_CALLS = PER_PROCESS_CALLS - {"time.time", "time.time_ns", "time.localtime", "time.gmtime", "os.getpid", "os.urandom"}
+# (these take a time they are given, or read the clock without one)
 GIVEN_TIMES = {f"time.{name}" for name in ("strftime", "localtime", "gmtime", "ctime", "asctime")}
-BARE_TIMES = {f"datetime.datetime.{name}" for name in ("now", "today", "utcnow")}
 # Calls and methods that only format what they are given: rank 0 may make the name alone.
 FORMATTING_CALLS = {
     *(f"builtins.{name}" for name in ("str", "int", "float", "round", "repr", "format", "hex", "len")),

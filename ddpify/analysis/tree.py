@@ -168,9 +168,13 @@ def assigned_in(statement: cst.CSTNode) -> set[str]:
     return found
 
 
+# Methods that move or cast a module and return it.
+MOVES = ("cuda", "to", "cpu", "float", "double", "half")
+
+
 def without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     """``Head(...)`` of ``Head(...).cuda()`` / ``.to(device)``: the object made, not its move."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("cuda", "to", "cpu", "float", "double", "half"):
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MOVES:
         value = value.func.value
     return value
 

@@ -219,10 +219,10 @@ class RankZeroTransform(Transform):
         # one guard, and the rank-0-only objects whose values would leave it.
         self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
         self.context.rank_zero_only = self._rank_zero_only
-        self._report_writing_trainers()
+        self._plan_quiet_calls()
         self._plan_fetches()
 
-    def _report_writing_trainers(self) -> None:
+    def _plan_quiet_calls(self) -> None:
         """Project functions out of sight that train or evaluate on every rank and write files
         there: every rank runs them, and on ranks other than 0 what they write goes to private
         copies that only that rank reads back (ddp_quiet)."""
@@ -387,12 +387,8 @@ class RankZeroTransform(Transform):
     def _rank_zero_only(self, statement: cst.CSTNode) -> bool:
         """Does rank 0 run this statement alone once converted: it, or a statement around it,
         is guarded (a value computed only for a write joins the write's guard)."""
-        node = statement
-        while node is not None and not isinstance(node, cst.Module):
-            if isinstance(node, cst.BaseStatement) and (self._units.guarded(node) or self._would_guard(node)):
-                return True
-            node = self.context.parent(node)
-        return self._under_rank_guard(statement)
+        guarded = self._units.guarded(statement) or self._would_guard(statement)
+        return guarded or self._inside_guarded(statement) or self._under_rank_guard(statement)
 
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
         if original is None or self._under_rank_guard(original) or self._inside_unit(original):

@@ -59,14 +59,11 @@ class RunNamesTransform(Transform):
         return guarded is not None and guarded(statement)
 
     def _callers_run_after(self, function: cst.FunctionDef) -> bool:
-        """A function of the file whose every call (by name) every rank runs after the set-up."""
+        """A function of the file whose every call every rank runs after the set-up."""
         if function in self._callers_checked:
             return self._callers_checked[function]
         self._callers_checked[function] = False  # (a function that calls itself)
-        calls = [
-            node for node in walk(self.context.module)
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == function.name.value
-        ]
+        calls = [call for call, _ in self.facts.analyzer.calls.call_sites(function)]
         verdict = bool(calls) and all(self._every_rank_runs(_statement_of(call, self.context.parent)) for call in calls)
         self._callers_checked[function] = verdict
         return verdict

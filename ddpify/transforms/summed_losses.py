@@ -35,14 +35,11 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, walk
-from ddpify.analysis.tree import without_moves
+from ddpify.analysis.tree import MOVES, without_moves
 from ddpify.transforms.base import Transform
 
 # Where `x * world size` needs no parentheses around it.
 LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement)
-
-
-MOVES = ("cuda", "to", "cpu", "float", "double", "half")
 
 
 class SummedLossesTransform(Transform):
