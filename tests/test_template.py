@@ -176,6 +176,47 @@ def test_a_learning_rate_one_rank_changed_stops_at_the_next_check(tmp_path):
     assert sorted(path.name for path in tmp_path.glob("step*.rank0")) == ["step1.rank0", "step2.rank0", "step3.rank0"]
 
 
+WHOLE_BATCH = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_whole_batch, ddp_wrap
+
+
+def batch_hard(features, labels, chosen, margin=0.5):
+    d = torch.cdist(features, features)
+    same = (labels[:, None] == labels[None, :]) & chosen[None, :]
+    return torch.relu((d * same).max(1).values - (d + 1e6 * same).min(1).values + margin).mean()
+
+
+ddp_setup()
+torch.manual_seed(0)
+x, y, chosen = torch.randn(5, 4), torch.tensor([0, 1, 0, 1, 1]), torch.tensor([True, True, False, True, True])
+alone = torch.nn.Linear(4, 3)
+model = ddp_wrap(torch.nn.Linear(4, 3))
+model.module.load_state_dict(alone.state_dict())
+whole = batch_hard(alone(x), y, chosen)
+whole.backward()
+share = [slice(0, 3), slice(3, 5)][dist.get_rank()]  # shares of unequal sizes, a boolean among them
+loss = ddp_whole_batch(batch_hard, model(x[share]), y[share], chosen=chosen[share])
+loss.backward()
+assert torch.allclose(loss, whole), (loss, whole)
+assert torch.allclose(model.module.weight.grad, alone.weight.grad, atol=1e-6), (model.module.weight.grad, alone.weight.grad)
+open(f"agreed{dist.get_rank()}", "w").close()
+"""
+
+
+def test_a_loss_on_the_whole_batch_has_the_loss_and_gradient_of_one_process(tmp_path):
+    result = _torchrun(tmp_path, WHOLE_BATCH)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(path.name for path in tmp_path.glob("agreed*")) == ["agreed0", "agreed1"]
+
+
+def test_a_loss_on_the_whole_batch_is_the_loss_itself_without_a_group():
+    from ddpify.templates.ddp_setup import ddp_whole_batch
+
+    assert ddp_whole_batch(lambda a, b=1: a * b, torch.ones(2), b=3).tolist() == [3.0, 3.0]
+
+
 def test_mean_of_a_cpu_tensor_is_reduced_on_this_process_s_device(monkeypatch):
     seen = []
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: seen.append(tensor))

@@ -655,6 +655,70 @@ def ddp_local_batch_size(batch_size):
     return batch_size // dist.get_world_size()
 
 
+def ddp_whole_batch(loss, *args, **kwargs):
+    """A loss that compares the samples of a batch with each other (triplet mining, contrastive
+    losses), computed on the whole global batch as DataParallel computed it: each tensor
+    argument holding this process's share (the first tensor's first dimension) is gathered from
+    every process in rank order, and every process computes the same loss from them. The
+    gradient of each share goes back to its process (DdpGathered), so DDP's mean of the
+    gradients is the whole batch's, as DataParallel's was."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return loss(*args, **kwargs)
+    tensors = [item for item in ddp_leaves((args, kwargs)) if torch.is_tensor(item) and item.dim()]
+    if not tensors:
+        return loss(*args, **kwargs)
+    share = tensors[0].shape[0]
+    sizes = torch.zeros(dist.get_world_size(), dtype=torch.long, device=ddp_device())
+    sizes[dist.get_rank()] = share
+    dist.all_reduce(sizes)
+    sizes = sizes.tolist()
+
+    def gathered(item):
+        if not (torch.is_tensor(item) and item.dim() and item.shape[0] == share):
+            return item
+        if item.dtype == torch.bool:  # (gloo gathers no booleans)
+            return DdpGathered.apply(item.to(torch.uint8), sizes).bool()
+        return DdpGathered.apply(item, sizes)
+
+    return loss(*ddp_leaves(args, gathered), **ddp_leaves(kwargs, gathered))
+
+
+def ddp_leaves(item, change=None):
+    """The tensors (and other leaves) inside tuples, lists and dicts, depth first; with
+    ``change``, the same structure with each leaf changed."""
+    if isinstance(item, dict):
+        items = {key: ddp_leaves(value, change) for key, value in item.items()}
+        return type(item)(items) if change else [leaf for value in items.values() for leaf in value]
+    if isinstance(item, (list, tuple)):
+        parts = [ddp_leaves(value, change) for value in item]
+        if not change:
+            return [leaf for part in parts for leaf in part]
+        return type(item)(*parts) if hasattr(item, "_fields") else type(item)(parts)
+    return change(item) if change else [item]
+
+
+class DdpGathered(torch.autograd.Function):
+    """Every process's share of a tensor, in rank order (shares of unequal sizes padded for the
+    gather). Every process computed the same loss from the whole: the gradient of a share is
+    the sum over the processes of theirs, which DDP's mean then makes the whole batch's."""
+
+    @staticmethod
+    def forward(ctx, share, sizes):
+        ctx.sizes = sizes
+        padded = share.new_zeros((max(sizes), *share.shape[1:])).to(ddp_device())
+        padded[: share.shape[0]] = share
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)]).to(share.device)
+
+    @staticmethod
+    def backward(ctx, grad):
+        device, grad = grad.device, grad.to(ddp_device(), copy=True).contiguous()
+        dist.all_reduce(grad)
+        start = sum(ctx.sizes[: dist.get_rank()])
+        return grad[start : start + ctx.sizes[dist.get_rank()]].to(device), None
+
+
 def ddp_mean(value):
     """The mean over the processes of a number or tensor (every process calls it)."""
     return ddp_sum(value, mean=True)

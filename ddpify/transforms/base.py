@@ -73,6 +73,10 @@ class ConversionContext:
     trains_elsewhere: bool = False
     # Single-file mode: what the project modules the script imports do (read, never rewritten)
     neighbours: Neighbours = field(default_factory=Neighbours)
+    # Losses that compare a batch's samples, computed on the whole global batch: the calls
+    # gathered (ddp_whole_batch) and the definitions they run (already the global batch's value)
+    whole_batch_calls: set[cst.Call] = field(default_factory=set)
+    whole_batch_definitions: set[cst.CSTNode] = field(default_factory=set)
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
 

@@ -4,17 +4,23 @@ DataParallel gathered every GPU's outputs on one device before the loss ran, and
 copy of the loss module. Two kinds of loss change meaning when each DDP process computes
 its own:
 
-DDP117  (refuses; a warning with ``--allow-partial``) a loss that compares the samples of a
-batch with each other: batch-hard triplet mining, contrastive, InfoNCE and SupCon losses
-(``torch.cdist(x, x)``, ``x.mm(x.t())``, ``feats @ feats.T``, ``dist.addmm_(1, -2, x, x.t())``).
-Under DataParallel it mined and contrasted across the whole global batch; under DDP each
-process would see only its share (fewer positives and negatives, another loss)::
+DDP117  a loss that compares the samples of a batch with each other: batch-hard triplet mining,
+contrastive, InfoNCE and SupCon losses (``torch.cdist(x, x)``, ``x.mm(x.t())``,
+``feats @ feats.T``, ``dist.addmm_(1, -2, x, x.t())``). Under DataParallel it mined and
+contrasted across the whole global batch; each DDP process alone would see only its share
+(fewer positives and negatives, another loss). The loss gets the whole global batch: each
+call of it in a training loop gathers its tensor arguments from every process
+(``ddp_whole_batch``), every process computes the same loss, and the gradient of each share
+goes back to its process, so DDP's mean of the gradients is DataParallel's::
 
     def triplet_loss(inputs, targets):
         d = torch.cdist(inputs, inputs)      # every pair of the batch
         ...
-    loss = triplet_loss(model(x), y)         # refused: gather the outputs of every rank first
-                                             # (torch.distributed.nn.functional.all_gather)
+    loss = triplet_loss(model(x), y)   ->   loss = ddp_whole_batch(triplet_loss, model(x), y)
+
+Refused (a warning with ``--allow-partial``) where the comparison is written in the training
+loop's own statements (the loop's other tensors are the share's: move it into a loss function),
+or the loss is handed to a function of another module (convert the folder).
 
 DDP118  (refuses; a warning with ``--allow-partial``) a loss module that keeps a buffer it
 updates while training (open-reid's OIM lookup table, an NCE memory bank): each process
@@ -80,16 +86,16 @@ class BatchLossesTransform(Transform):
         if not self.facts.wraps or not self.facts.training_loops:
             return
         definitions = self._definitions()
-        for name, definition in self._losses_trained(definitions).items():
+        for name, (definition, calls) in self._losses_trained(definitions).items():
             pairwise = self._pairwise(definition)
             if pairwise is not None:
-                self.context.report_unsound(
+                self._gather_for(calls, definition)
+                self.context.report(
                     pairwise,
                     "DDP117",
                     f"`{name}` compares the samples of the batch with each other "
-                    f"(`{self.context.code(pairwise)}`): DataParallel gathered the whole global batch for it, each "
-                    "DDP process would see only its share; gather every rank's outputs first "
-                    "(torch.distributed.nn.functional.all_gather) by hand",
+                    f"(`{self.context.code(pairwise)}`): as DataParallel did, it gets the whole global batch, its "
+                    "arguments gathered from every process (ddp_whole_batch), each share's gradient sent back",
                 )
             buffer = self._updated_buffer(definition) if isinstance(definition, cst.ClassDef) else None
             if buffer is not None:
@@ -118,9 +124,10 @@ class BatchLossesTransform(Transform):
                             node,
                             "DDP117",
                             f"the training loop compares the samples of the batch with each other "
-                            f"(`{self.context.code(node)}`): DataParallel gathered the whole global batch for it, each "
-                            "DDP process would see only its share; gather every rank's outputs first "
-                            "(torch.distributed.nn.functional.all_gather) by hand",
+                            f"(`{self.context.code(node)}`) in the loop's own statements: DataParallel gathered the "
+                            "whole global batch for it, each DDP process would see only its share, and the loop's "
+                            "other tensors are the share's; move the loss into a function of this file named as a "
+                            "loss (`def contrastive_loss(out, ...)`): ddpify gives such a loss the whole global batch",
                         )
                         return
 
@@ -133,13 +140,24 @@ class BatchLossesTransform(Transform):
         found = self._called_in_training(neighbours.pairwise)
         if found is not None:
             call, made = found
+            if dotted(call.func) in neighbours.pairwise | self._made_of(neighbours.pairwise):  # (called, not handed on)
+                self._gather_for([call])
+                self.context.report(
+                    call,
+                    "DDP117",
+                    f"`{made}` (a module of this project) compares the samples of the batch with each other: as "
+                    "DataParallel did, it gets the whole global batch, its arguments gathered from every process "
+                    "(ddp_whole_batch), each share's gradient sent back",
+                )
+                return
             self.context.report_unsound(
                 call,
                 "DDP117",
-                f"`{made}` (a module of this project) compares the samples of the batch with each other: "
-                "DataParallel gathered the whole global batch for it, each DDP process would see only its "
-                "share (other triplets, other negatives); gather every rank's outputs first "
-                "(torch.distributed.nn.functional.all_gather) by hand",
+                f"`{made}` (a module of this project) compares the samples of the batch with each other, and the "
+                f"training loop hands it to `{self.context.code(call.func)}`, which this file does not define: "
+                "DataParallel gathered the whole global batch for it, each DDP process would see only its share; "
+                "convert the project folder (ddpify convert DIR/), or call it in the loop as "
+                "ddp_whole_batch(loss, outputs, targets)",
             )
             return
         found = self._called_in_training(neighbours.memory_banks)
@@ -153,6 +171,29 @@ class BatchLossesTransform(Transform):
                 "apart (DDP synchronises gradients, not buffers); gather every rank's features and indices before "
                 "the update (torch.distributed.all_gather), by hand",
             )
+
+    def _gather_for(self, calls: list[cst.Call], definition: cst.CSTNode | None = None) -> None:
+        """Each training call of a loss that compares the batch's samples gets the global batch."""
+        self.context.whole_batch_calls.update(calls)
+        if definition is not None:
+            self.context.whole_batch_definitions.add(definition)
+
+    def _made_of(self, names: frozenset[str]) -> set[str]:
+        """Names bound to an instance of one of ``names`` (``criterion = TripletLoss(...)``)."""
+        return {
+            dotted(target.target)
+            for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
+            for target in node.targets
+        }
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node not in self.context.whole_batch_calls:
+            return updated_node
+        self.context.use_helper("ddp_whole_batch")
+        return updated_node.with_changes(
+            func=cst.Name("ddp_whole_batch"), args=[cst.Arg(updated_node.func), *updated_node.args]
+        )
 
     def _called_in_training(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
         if not names:
@@ -320,20 +361,21 @@ class BatchLossesTransform(Transform):
             if isinstance(statement, (cst.ClassDef, cst.FunctionDef))
         }
 
-    def _losses_trained(self, definitions: dict) -> dict[str, cst.ClassDef | cst.FunctionDef]:
+    def _losses_trained(self, definitions: dict) -> dict[str, tuple[cst.ClassDef | cst.FunctionDef, list[cst.Call]]]:
         """Loss classes and functions of this file that a training loop calls (a class
-        through the name its instance is bound to: ``criterion = TripletLoss()``)."""
+        through the name its instance is bound to: ``criterion = TripletLoss()``), with those
+        calls (not an evaluation the loop runs: it takes no step)."""
         instances = self._instances(definitions)
-        found = {}
+        found: dict[str, tuple[cst.ClassDef | cst.FunctionDef, list[cst.Call]]] = {}
         for loop in self.facts.training_loops:
             for call in calls_in(loop.body):
                 name = dotted(call.func) or ""
                 target = definitions.get(name) or definitions.get(instances.get(name, ""))
-                if target is None:
+                if target is None or self._evaluates(call, name):
                     continue
                 pattern = LOSS_CLASS if isinstance(target, cst.ClassDef) else LOSS_FUNCTION
                 if pattern.search(target.name.value):
-                    found[target.name.value] = target
+                    found.setdefault(target.name.value, (target, []))[1].append(call)
         return found
 
     def _instances(self, definitions: dict) -> dict[str, str]:

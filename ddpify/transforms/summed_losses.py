@@ -68,6 +68,16 @@ class SummedLossesTransform(Transform):
             self._scaled[value] = self.context.code(value)
         for call in self._project_sums():
             self._scaled[call] = self.context.code(call)
+        for node in [node for node in self._scaled if self._on_the_whole_batch(node)]:
+            del self._scaled[node]
+
+    def _on_the_whole_batch(self, node: cst.CSTNode) -> bool:
+        """A sum a loss computes from the gathered global batch (DDP117) is DataParallel's already."""
+        while node is not None:
+            if node in self.context.whole_batch_calls or node in self.context.whole_batch_definitions:
+                return True
+            node = self.context.parent(node)
+        return False
 
     # -- what sums ---------------------------------------------------------------------------
 
