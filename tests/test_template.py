@@ -948,3 +948,18 @@ def test_a_quiet_evaluation_reads_back_what_this_rank_wrote(monkeypatch, tmp_pat
     assert template.ddp_quiet(_evaluate_into, tmp_path, [1, 2, 3]) == 6
     assert (tmp_path / "results" / "keypoints_results_0.json").read_text() == "[100]", "rank 1 wrote nothing"
     assert template.ddp_quiet(_evaluate_into, tmp_path, [4]) == 4, "the next pass writes its copy again"
+
+
+def _save_best(folder, weights):
+    """A project trainer's checkpoint: torch.save to a named path (written from C++, not open())."""
+    torch.save({"w": weights}, folder / "best.pth")
+    return torch.load(folder / "best.pth")["w"]
+
+
+def test_a_quiet_function_saves_its_checkpoints_privately(monkeypatch, tmp_path):
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    torch.save({"w": 0}, tmp_path / "best.pth")  # rank 0's
+    assert template.ddp_quiet(_save_best, tmp_path, 7) == 7, "this rank reads back its own"
+    assert torch.load(tmp_path / "best.pth")["w"] == 0, "rank 1 wrote nothing"
+    assert template.torch.save is torch.save and template.torch.load is torch.load

@@ -807,11 +807,23 @@ def ddp_quiet(make, *args, **kwargs):
                     copy.write(source.read())
         return opened(private[real], mode, *more, **options)
 
-    builtins.open = unseen
+    saved, loaded = torch.save, torch.load  # (torch writes a named file from C++, past open())
+
+    def save_unseen(obj, f, *more, **options):
+        if not isinstance(f, (str, os.PathLike)):
+            return saved(obj, f, *more, **options)
+        with unseen(f, "wb") as handle:
+            return saved(obj, handle, *more, **options)
+
+    def load_unseen(f, *more, **options):
+        named = isinstance(f, (str, os.PathLike))
+        return loaded(private.get(os.path.abspath(os.fsdecode(f)), f) if named else f, *more, **options)
+
+    builtins.open, torch.save, torch.load = unseen, save_unseen, load_unseen
     try:
         return make(*args, **kwargs)
     finally:
-        builtins.open = opened
+        builtins.open, torch.save, torch.load = opened, saved, loaded
 
 
 def ddp_shared_values(values):
