@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import libcst as cst
 import pytest
 
@@ -963,3 +965,31 @@ def test_a_quiet_function_saves_its_checkpoints_privately(monkeypatch, tmp_path)
     assert template.ddp_quiet(_save_best, tmp_path, 7) == 7, "this rank reads back its own"
     assert torch.load(tmp_path / "best.pth")["w"] == 0, "rank 1 wrote nothing"
     assert template.torch.save is torch.save and template.torch.load is torch.load
+
+
+class _RunFolder:
+    """pytorch-playground's logger: clears its run folder, makes it again, writes a log there."""
+
+    def __init__(self, folder):
+        import shutil
+
+        if os.path.exists(folder):
+            shutil.rmtree(folder)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "log.txt"), "w") as f:
+            f.write("started")
+        os.rename(os.path.join(folder, "log.txt"), os.path.join(folder, "log.old"))
+        os.remove(os.path.join(folder, "log.old"))
+
+
+def test_a_quiet_object_clears_and_makes_folders_only_in_its_private_copies(monkeypatch, tmp_path):
+    import shutil
+
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "log.old").write_text("rank 0's")
+    template.ddp_quiet(_RunFolder, str(tmp_path / "run"))
+    assert (tmp_path / "run" / "log.old").read_text() == "rank 0's", "rank 1 removed and renamed nothing"
+    assert not (tmp_path / "run" / "log.txt").exists()
+    assert os.remove.__module__ in ("posix", "nt") and shutil.rmtree.__module__ == "shutil" and os.makedirs.__module__ == "os"

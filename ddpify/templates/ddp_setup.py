@@ -820,10 +820,45 @@ def ddp_quiet(make, *args, **kwargs):
         return loaded(private.get(os.path.abspath(os.fsdecode(f)), f) if named else f, *more, **options)
 
     builtins.open, torch.save, torch.load = unseen, save_unseen, load_unseen
+    undo = ddp_quiet_folders(private)
     try:
         return make(*args, **kwargs)
     finally:
         builtins.open, torch.save, torch.load = opened, saved, loaded
+        undo()
+
+
+def ddp_quiet_folders(private):
+    """For ddp_quiet on ranks other than 0: removing, renaming and clearing files and folders
+    touch only this rank's private copies (rank 0 sets up the real ones: a project logger that
+    clears its run folder and makes it again); making a folder that exists is no error."""
+    import shutil
+
+    real = lambda path: os.path.abspath(os.fsdecode(path))  # noqa: E731
+    made, kept = os.makedirs, (os.remove, os.unlink, os.rename, os.replace, shutil.rmtree, os.makedirs)
+
+    def removed(path, *more, **options):
+        copy = private.pop(real(path), None)
+        if copy is not None and os.path.exists(copy):
+            kept[0](copy)
+
+    def moved(source, target, *more, **options):
+        if real(source) in private:
+            private[real(target)] = private.pop(real(source))
+
+    def cleared(path, *more, **options):
+        for name in [name for name in private if name == real(path) or name.startswith(real(path) + os.sep)]:
+            removed(name)
+
+    os.remove = os.unlink = removed
+    os.rename = os.replace = moved
+    shutil.rmtree = cleared
+    os.makedirs = lambda path, mode=0o777, exist_ok=False: made(path, mode, exist_ok=True)
+
+    def undo():
+        os.remove, os.unlink, os.rename, os.replace, shutil.rmtree, os.makedirs = kept
+
+    return undo
 
 
 def ddp_shared_values(values):

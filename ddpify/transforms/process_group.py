@@ -91,6 +91,7 @@ TEMPLATE_NAMES = (
     "ddp_rank",
     "ddp_world_size",
     "ddp_quiet",
+    "ddp_quiet_folders",
     "ddp_shared_values",
     "ddp_here",
     "DdpNoOp",
