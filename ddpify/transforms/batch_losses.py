@@ -44,8 +44,14 @@ keeping the keys it had::
     HEAD = ArcFace(512, classes)            ->    HEAD = ArcFace(512, classes)
                                                   HEAD = ddp_wrap(HEAD, keys_unwrapped=True)
 
-A loss with weights of its own (Proxy-Anchor's proxies) is refused (a warning with
-``--allow-partial``): wrapped, it is exact only when it is a mean of per-sample terms.
+A loss with weights of its own (Proxy-Anchor's proxies, a centre loss) gets the same wrap, and
+its calls in the training loops the whole global batch (``ddp_whole_batch``, as DDP117): every
+process computes it from what DataParallel gave it, so its gradients are DataParallel's,
+whatever it computes::
+
+    criterion = ProxyAnchor(classes, size)        criterion = ProxyAnchor(classes, size)
+                                            ->    criterion = ddp_wrap(criterion, keys_unwrapped=True)
+    loss = criterion(model(x), y)                 loss = ddp_whole_batch(criterion, model(x), y)
 
 Losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
 (``...Loss``, ``...Criterion``, ``Triplet...``, ``NCE...``, ``Memory...``) or a function whose
@@ -242,6 +248,10 @@ class BatchLossesTransform(Transform):
             for trained in self._trained_modules(node):
                 if trained in called and trained not in wrapped and trained in self._built_from_classes:
                     after = self._head_wrap_place(trained)
+                    if after is None and self._a_loss(trained):
+                        after = self._loss_wrap_place(trained)
+                        if after is not None:
+                            continue
                     if after is not None:
                         self._head_wraps[after] = trained
                         self.context.report(
@@ -261,17 +271,51 @@ class BatchLossesTransform(Transform):
                     )
                     return
 
-    def _head_wrap_place(self, trained: str) -> cst.SimpleStatementLine | None:
-        """Where a head (not a loss: a loss of its own weights is exact under DDP only when it is
-        a mean of per-sample terms) gets its own wrap: after its one binding, or after the
-        model's wrap when that comes later, both in the same function."""
-        if LOSS_CLASS.search(trained):
-            return None
-        bindings = [
-            node for node in walk(self.context.module)
-            if isinstance(node, cst.Assign) and any(dotted(t.target) == trained for t in node.targets)
+    def _a_loss(self, trained: str) -> bool:
+        return bool(LOSS_CLASS.search(trained) or any(LOSS_CLASS.search(self.context.code(b.value)) for b in self._bindings(trained)))
+
+    def _loss_wrap_place(self, trained: str) -> cst.SimpleStatementLine | None:
+        """A loss with weights of its own (Proxy-Anchor's proxies, a centre loss) is exact under
+        DDP, whatever it computes, when every process computes it from the whole global batch,
+        as DataParallel did: its calls in the training loops gather their arguments
+        (ddp_whole_batch), and its own wrap keeps its weights alike (their gradients are
+        averaged). Only where every such call is the loss called by its name."""
+        after = self._head_wrap_place(trained, loss=True)
+        calls = [
+            call for loop in self.facts.training_loops for call in calls_in(loop.body)
+            if dotted(call.func) == trained and not self._evaluates(call, trained)
         ]
-        if len(bindings) != 1 or LOSS_CLASS.search(self.context.code(bindings[0].value)):
+        handed = [
+            call for loop in self.facts.training_loops for call in calls_in(loop.body)
+            if any(dotted(arg.value) == trained for arg in call.args)
+        ]
+        if after is None or not calls or handed:
+            return None
+        self._head_wraps[after] = trained
+        self._gather_for(calls)
+        self.context.report(
+            calls[0],
+            "DDP119",
+            f"the optimizer trains `{trained}`, a loss with weights of its own that the training loop calls outside "
+            "the wrap: it gets a DDP wrap of its own (its weights stay alike on every rank), and its calls get the "
+            "whole global batch as DataParallel gave it (ddp_whole_batch): its gradients are DataParallel's",
+        )
+        return after
+
+    def _bindings(self, name: str) -> list[cst.Assign]:
+        return [
+            node for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets)
+        ]
+
+    def _head_wrap_place(self, trained: str, loss: bool = False) -> cst.SimpleStatementLine | None:
+        """Where a head (a loss only with ``loss``: see _loss_wrap_place) gets its own wrap:
+        after its one binding, or after the model's wrap when that comes later, both in the
+        same function."""
+        if not loss and LOSS_CLASS.search(trained):
+            return None
+        bindings = self._bindings(trained)
+        if len(bindings) != 1 or not loss and LOSS_CLASS.search(self.context.code(bindings[0].value)):
             return None
         wrap = next((site.call for site in self.facts.wraps), None)
         calls = [wrap, next(iter(calls_in(bindings[0].value)), None)]  # (their contexts: function, loops)
