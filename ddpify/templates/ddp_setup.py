@@ -683,6 +683,13 @@ def ddp_whole_batch(loss, *args, **kwargs):
     return loss(*ddp_leaves(args, gathered), **ddp_leaves(kwargs, gathered))
 
 
+def ddp_gathered(outputs):
+    """The model's outputs for the whole global batch, gathered from every process in rank
+    order (DdpGathered: each share's gradient goes back to its process), as DataParallel
+    gathered them for a loss that compares the batch's samples."""
+    return ddp_whole_batch(lambda gathered: gathered, outputs)
+
+
 def ddp_leaves(item, change=None):
     """The tensors (and other leaves) inside tuples, lists and dicts, depth first; with
     ``change``, the same structure with each leaf changed."""

@@ -18,9 +18,15 @@ goes back to its process, so DDP's mean of the gradients is DataParallel's::
         ...
     loss = triplet_loss(model(x), y)   ->   loss = ddp_whole_batch(triplet_loss, model(x), y)
 
-Refused (a warning with ``--allow-partial``) where the comparison is written in the training
-loop's own statements (the loop's other tensors are the share's: move it into a loss function),
-or the loss is handed to a function of another module (convert the folder).
+A comparison written in the training loop's own statements (SimCLR's, DCL's
+``torch.mm(out, out.t())``) in a loop that reads its batch only through the model gets the
+model's outputs gathered instead, and the loop computes on the global batch::
+
+    out = F.normalize(model(x), dim=1)   ->   out = F.normalize(ddp_gathered(model(x)), dim=1)
+
+Refused (a warning with ``--allow-partial``) where such a loop also reads the batch beside the
+outputs (its labels would be the share's: move the loss into a loss function), or the loss is
+handed to a function of another module (convert the folder).
 
 DDP118  (refuses; a warning with ``--allow-partial``) a loss module that keeps a buffer it
 updates while training (open-reid's OIM lookup table, an NCE memory bank): each process
@@ -87,6 +93,7 @@ class BatchLossesTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self._head_wraps: dict[cst.SimpleStatementLine, str] = {}  # statement -> head wrapped after it
+        self._gathered_outputs: set[cst.Call] = set()  # the model's calls whose outputs are gathered
 
     def check(self) -> None:
         if not self.facts.wraps or not self.facts.training_loops:
@@ -126,6 +133,19 @@ class BatchLossesTransform(Transform):
                 if len(operands) >= 2 and any(_transposed(o) for o in operands[1:2]) and not any(_reads_self(o) for o in operands):
                     roots = {_root(o) for o in operands[:2]}
                     if len(roots) == 1 and None not in roots:
+                        model_calls = self._only_through_the_model(self._innermost_loop(node))
+                        if model_calls:
+                            self._gathered_outputs.update(model_calls)
+                            self.context.report(
+                                node,
+                                "DDP117",
+                                f"the training loop compares the samples of the batch with each other "
+                                f"(`{self.context.code(node)}`), and reads its batch only through the model: as "
+                                "DataParallel did, the model's outputs are gathered from every process "
+                                "(ddp_gathered), every process computes the loss on the whole global batch, and each "
+                                "share's gradient goes back to it",
+                            )
+                            return
                         self.context.report_unsound(
                             node,
                             "DDP117",
@@ -136,6 +156,32 @@ class BatchLossesTransform(Transform):
                             "loss (`def contrastive_loss(out, ...)`): ddpify gives such a loss the whole global batch",
                         )
                         return
+
+    def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        while node is not None and not isinstance(node, (cst.For, cst.While)):
+            node = self.context.parent(node)
+        return node
+
+    def _only_through_the_model(self, loop) -> list[cst.Call]:
+        """The wrapped model's calls in a ``for`` training loop that reads what it draws (and what
+        is made of it: ``x = x.cuda()``) only as those calls' arguments: gathered after the
+        calls, everything the loop computes is the global batch's. Empty where the batch is
+        read elsewhere too (labels in the loss: the share's)."""
+        if not isinstance(loop, cst.For):
+            return []
+        models = {site.target for site in self.facts.wraps if site.target}
+        drawn = {node.value for node in walk(loop.target) if isinstance(node, cst.Name)}
+        calls = [call for call in calls_in(loop.body) if dotted(call.func) in models]
+        inside = {id(node) for call in calls for arg in call.args for node in walk(arg.value)}
+        computed = {n.value for node in walk(loop.body) if isinstance(node, cst.Assign) for t in node.targets for n in walk(t.target) if isinstance(n, cst.Name)}
+        for statement in walk(loop.body):  # (made of the batch and of nothing the loop computes: the batch again)
+            if isinstance(statement, cst.Assign) and not any(dotted(c.func) in models for c in calls_in(statement.value)):
+                names = {n.value for n in walk(statement.value) if isinstance(n, cst.Name)}
+                if names & drawn and not names & (computed - drawn):
+                    drawn |= {n.value for t in statement.targets for n in walk(t.target) if isinstance(n, cst.Name)}
+                    inside |= {id(n) for t in statement.targets for n in walk(t.target)} | {id(n) for n in walk(statement.value)}
+        read = [node for node in walk(loop.body) if isinstance(node, cst.Name) and node.value in drawn and id(node) not in inside]
+        return calls if calls and drawn and not read else []
 
     def _check_neighbour_pairwise(self) -> None:
         """Single-file mode: a class or function of the script's project modules that compares
@@ -194,6 +240,9 @@ class BatchLossesTransform(Transform):
         }
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self._gathered_outputs:
+            self.context.use_helper("ddp_gathered")
+            return cst.Call(func=cst.Name("ddp_gathered"), args=[cst.Arg(updated_node)])
         if original_node not in self.context.whole_batch_calls:
             return updated_node
         self.context.use_helper("ddp_whole_batch")

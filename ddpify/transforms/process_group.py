@@ -81,6 +81,7 @@ TEMPLATE_NAMES = (
     "ddp_wrap_every_parameter",
     "ddp_local_batch_size",
     "ddp_whole_batch",
+    "ddp_gathered",
     "ddp_leaves",
     "DdpGathered",
     "ddp_mean",
