@@ -1084,11 +1084,21 @@ for epoch in range(2):
 '''
 
 
-def test_a_hard_mining_loss_handed_to_a_helper_is_refused(tmp_path):
+def test_a_hard_mining_loss_handed_to_a_helper_with_the_outputs_gets_the_whole_batch(tmp_path):
     # AlignedReID: `dist.addmm_(1, -2, inputs, inputs.t())`, called through DeepSupervision(criterion, ...)
     project(tmp_path, {"losses.py": HARD_MINING, "train.py": HARD_MINING_TRAIN})
     result = convert_file(tmp_path / "train.py")
-    assert result.error and "DDP117 `TripletLoss`" in result.error
+    assert not result.error and "loss = ddp_whole_batch(deep_supervision, criterion, model(x), y)" in result.output
+
+
+def test_a_hard_mining_loss_handed_to_a_helper_without_the_outputs_is_refused(tmp_path):
+    # the helper runs the model itself: gathering the batch for it would run the model on all of it
+    losses = HARD_MINING + "\n\ndef step(criterion, model, x, targets):\n    return criterion(model(x), targets)\n"
+    train = HARD_MINING_TRAIN.replace("loss = deep_supervision(criterion, model(x), y)", "loss = step(criterion, model, x, y)")
+    train = train.replace("import TripletLoss, deep_supervision", "import TripletLoss, step")
+    project(tmp_path, {"losses.py": losses, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP117 `TripletLoss`" in result.error and "ddpify convert DIR/" in result.error
 
 
 def test_writers_of_a_module_imported_from_a_folder_without_init_run_on_rank_zero(tmp_path):

@@ -26,7 +26,9 @@ model's outputs gathered instead, and the loop computes on the global batch::
 
 Refused (a warning with ``--allow-partial``) where such a loop also reads the batch beside the
 outputs (its labels would be the share's: move the loss into a loss function), or the loss is
-handed to a function of another module (convert the folder).
+handed to a helper of another module without the model's outputs (a step that runs the model
+itself: convert the folder); handed on with them (AlignedReID's ``DeepSupervision(criterion,
+outputs, y)``), that call is gathered.
 
 DDP118  (refuses; a warning with ``--allow-partial``) a loss module that keeps a buffer it
 updates while training (open-reid's OIM lookup table, an NCE memory bank): each process
@@ -192,7 +194,9 @@ class BatchLossesTransform(Transform):
         found = self._called_in_training(neighbours.pairwise)
         if found is not None:
             call, made = found
-            if dotted(call.func) in neighbours.pairwise | self._made_of(neighbours.pairwise):  # (called, not handed on)
+            # (called, or handed on together with the model's outputs: AlignedReID's
+            # DeepSupervision(criterion, outputs, targets) computes it from what it is given)
+            if dotted(call.func) in neighbours.pairwise | self._made_of(neighbours.pairwise) or self._given_outputs(call):
                 self._gather_for([call])
                 self.context.report(
                     call,
@@ -229,6 +233,20 @@ class BatchLossesTransform(Transform):
         self.context.whole_batch_calls.update(calls)
         if definition is not None:
             self.context.whole_batch_definitions.add(definition)
+
+    def _given_outputs(self, call: cst.Call) -> bool:
+        """Does the call take the wrapped model's outputs (``model(x)``) as an argument?"""
+        models = {site.target for site in self.facts.wraps if site.target}
+        outputs = {  # (or a name bound to them: `out = model(x)`)
+            dotted(target.target)
+            for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and any(dotted(inner.func) in models for inner in calls_in(node.value))
+            for target in node.targets
+        }
+        return any(
+            dotted(arg.value) in outputs or any(dotted(inner.func) in models for inner in calls_in(arg.value))
+            for arg in call.args
+        )
 
     def _made_of(self, names: frozenset[str]) -> set[str]:
         """Names bound to an instance of one of ``names`` (``criterion = TripletLoss(...)``)."""
