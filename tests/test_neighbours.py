@@ -1554,3 +1554,45 @@ def test_a_project_evaluation_that_writes_and_reads_back_runs_quietly_on_every_r
     result = convert_file(tmp_path / "train.py")
     assert "perf = ddp_quiet(validate, model, x, '.')" in result.output
     assert [d.code for d in result.diagnostics if d.code == "DDP616"] == ["DDP616"]
+
+
+GAN_BASE = '''import torch.nn as nn
+
+
+class BaseGAN:
+    def __init__(self, generator, discriminator):
+        self.netG = nn.DataParallel(generator)
+        self.netD = nn.DataParallel(discriminator)
+'''
+GAN_TRAINER = '''import torch.nn as nn
+from models.base_gan import BaseGAN
+
+
+class ProgressiveGANTrainer:
+    def __init__(self):
+        self.model = BaseGAN(nn.Linear(2, 2), nn.Linear(2, 1))
+
+    def train(self):
+        pass
+'''
+LOAD_BY_EXEC = '''def loadmodule(package, name):
+    exec("from " + package + " import " + name)
+    return eval(name)
+'''
+
+
+@pytest.mark.parametrize("loads", ["exec", "import_module"])
+def test_a_trainer_imported_by_a_computed_name_whose_package_wraps_deeper_is_refused_naming_folder_mode(tmp_path, loads):
+    # pytorch_GAN_zoo: train.py picks its trainer by name (a project helper's exec, or
+    # importlib in the script); BaseGAN, imported by the trainer, wraps G and D
+    if loads == "exec":
+        script = "from models.utils import loadmodule\n\ntrainer = loadmodule('models.trainer', 'ProgressiveGANTrainer')()\ntrainer.train()\n"
+    else:
+        script = "import importlib\nimport sys\n\nname = sys.argv[1]\ntrainer = getattr(importlib.import_module('models.trainer.' + name), 'Trainer')()\ntrainer.train()\n"
+    project(tmp_path, {
+        "models/__init__.py": "", "models/base_gan.py": GAN_BASE, "models/utils.py": LOAD_BY_EXEC,
+        "models/trainer/__init__.py": "", "models/trainer/progressive.py": GAN_TRAINER, "train.py": script,
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "DDP214" in result.error and "ddpify convert DIR" in result.error, result.diagnostics
+    assert result.output == result.source

@@ -719,17 +719,35 @@ def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[st
 
 
 def _imports_by_name(function: ast.AST) -> bool:
-    """``importlib.import_module(name)`` / ``__import__(name)`` of a name computed at run time."""
+    """``importlib.import_module(name)`` / ``__import__(name)`` of a name computed at run time, or
+    an ``exec`` of computed text (pytorch_GAN_zoo's loadmodule: ``exec("from " + package + " import " + name)``)."""
     return any(
-        isinstance(call, ast.Call) and (call_name(call) or "").rpartition(".")[2] in ("import_module", "__import__")
+        isinstance(call, ast.Call) and (call_name(call) or "").rpartition(".")[2] in ("import_module", "__import__", "exec")
         and call.args and not isinstance(call.args[0], ast.Constant)
         for call in ast.walk(function)
     )
 
 
 def _package_wraps(path: Path) -> bool:
-    """Does a module of the folder that holds `path` (other than `path`) wrap in DataParallel?"""
-    return any(sibling != path and _summary(sibling).wraps for sibling in sorted(path.parent.glob("*.py")))
+    return _wrapping_module_in_reach(path) is not None
+
+
+def _wrapping_module_in_reach(path: Path, limit: int = 2000) -> Path | None:
+    """Does a module that a name computed at run time may import wrap in DataParallel: another
+    module of the folder that holds `path`, or any module of the packages beside its top package
+    (GAN_zoo's trainer, picked by name, builds a model whose base class wraps, three imports away)?"""
+    for sibling in sorted(path.parent.glob("*.py")):
+        if sibling != path and _summary(sibling).wraps:
+            return sibling
+    top = path.parent
+    while (top / "__init__.py").exists() and (top.parent / "__init__.py").exists():
+        top = top.parent
+    root = top.parent if (top / "__init__.py").exists() else top
+    packaged = (
+        module for module in sorted(root.rglob("*.py"))[:limit]
+        if module != path and module.parent != root and (module.parent / "__init__.py").exists()
+    )
+    return next((module for module in packaged if "DataParallel" in module.read_text(errors="replace") and _summary(module).wraps), None)
 
 
 def _wrapping_methods(cls: ast.ClassDef, wrapping: set[str]) -> list[str]:
@@ -1300,13 +1318,37 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
             return by_call
     found = wrapping_neighbour(path, source)
     if found is None:
-        return None
+        return imported_by_name(path, source)
     module, folder = found
     message = (
         f"this script trains a model that the module it imports, `{module}` (or a module imported from there), "
         "wraps in DataParallel: converting "
         f"this file alone would leave that wrap; convert the folder that holds both (`ddpify convert {folder}`), "
         "which converts the script and that module together"
+    )
+    return _folder_refusal(path, source, message)
+
+
+def imported_by_name(path: str, source: str) -> FileResult | None:
+    """Single-file mode: a script that imports a module by a name computed at run time
+    (`importlib.import_module("models.trainer." + name)`) in a project where a module within its
+    reach wraps in DataParallel (pytorch_GAN_zoo's BaseGAN): what it trains cannot be told from
+    this file, and "nothing to convert" would launch N DataParallel jobs."""
+    if not Path(path).is_file() or not re.search(r"\btrain", source) or not re.search(r"import_module|__import__|\bexec\s*\(", source):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    if not _imports_by_name(tree):
+        return None
+    module = _wrapping_module_in_reach(Path(path).resolve())
+    if module is None:
+        return None
+    message = (
+        f"this script imports a module by a name computed at run time, and `{module.name}`, a module of this project "
+        "within its reach, wraps a model in DataParallel: converted alone, that wrap would stay; convert the folder "
+        "that holds both (`ddpify convert DIR`)"
     )
     return _folder_refusal(path, source, message)
 

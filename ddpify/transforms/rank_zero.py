@@ -435,10 +435,15 @@ class RankZeroTransform(Transform):
         )
 
     def _reaches_model(self, call: cst.Call) -> bool:
+        """May the call run the model or a collective? A call handed the model may run it (a
+        project helper's loss landscape: DDP's forward broadcasts buffers, every rank must
+        join), so a value computed by one stays on every rank; only its write is rank 0's."""
         function = self.facts.contexts.get(call)
         params = set()
         if function is not None and function.function is not None:
             params = {p.name.value for p in function.function.params.params}
+        if any(dotted(arg.value) in self.facts.model_names for arg in call.args):
+            return True
         return self.facts.analyzer.call_is_unsafe(call, params)
 
     @property
