@@ -460,6 +460,42 @@ def test_a_batch_sampler_has_each_batch_split(monkeypatch):
     assert zero == [[0, 1], [3, 4], [7]] and one == [[2], [5, 6], [7]]
 
 
+class _RepeatSampler:
+    """timm's: a batch sampler repeated forever (no length)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+class _MultiEpochsDataLoader(torch.utils.data.DataLoader):
+    """timm's / RFNet's: its constructor wraps the batch sampler it made in an endless one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._DataLoader__initialized = False
+        self.batch_sampler = _RepeatSampler(self.batch_sampler)
+        self._DataLoader__initialized = True
+        self.iterator = super().__iter__()
+
+    def __len__(self):
+        return len(self.batch_sampler.sampler)
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+def test_a_loader_that_repeats_its_batch_sampler_is_rebuilt_from_the_one_inside(monkeypatch):
+    loader = _MultiEpochsDataLoader(INDICES, batch_size=4)
+    zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
+    assert sorted(i for batch in zero + one for i in batch) == list(range(len(INDICES)))
+    assert all(len(batch) <= 2 for batch in zero + one)
+
+
 def test_options_are_kept(monkeypatch):
     def collate(samples):
         return [torch.stack([s[0] for s in samples]) * 10]
@@ -993,3 +1029,10 @@ def test_a_quiet_object_clears_and_makes_folders_only_in_its_private_copies(monk
     assert (tmp_path / "run" / "log.old").read_text() == "rank 0's", "rank 1 removed and renamed nothing"
     assert not (tmp_path / "run" / "log.txt").exists()
     assert os.remove.__module__ in ("posix", "nt") and shutil.rmtree.__module__ == "shutil" and os.makedirs.__module__ == "os"
+
+
+def test_a_sparse_batch_is_split_as_a_dense_one(monkeypatch):
+    # DeepRecommender's data layer yields sparse rating matrices (tensor_split has no sparse form)
+    _as_rank(monkeypatch, 1)
+    batch = torch.arange(15.0).reshape(5, 3)
+    assert torch.equal(template.ddp_scatter(batch.to_sparse()).to_dense(), template.ddp_scatter(batch))

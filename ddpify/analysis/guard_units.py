@@ -33,10 +33,14 @@ FOLDER_MAKERS = ("os.makedirs", "os.mkdir", "mkdir")
 class GuardUnits:
     """Statements that join a rank-0 guard, decided on the original tree before rewriting."""
 
-    def __init__(self, module: cst.Module, metadata, guardable: Callable[[cst.CSTNode], bool], unsafe: Callable[[cst.Call], bool]) -> None:
+    def __init__(
+        self, module: cst.Module, metadata, guardable: Callable[[cst.CSTNode], bool], unsafe: Callable[[cst.Call], bool],
+        unsafe_for_a_value: Callable[[cst.Call], bool] | None = None,
+    ) -> None:
         self.metadata = metadata
         self.guardable = guardable
         self.unsafe = unsafe
+        self.unsafe_for_a_value = unsafe_for_a_value or unsafe  # (stricter: a value need not move)
         self.joined: set[cst.CSTNode] = set()  # statements guarded with the write below them
         self.folder_units: set[cst.CSTNode] = set()  # folder checks and the folder made after them
         for node in walk(module):
@@ -67,7 +71,7 @@ class GuardUnits:
         if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
             return False
         assign = statement.body[0]
-        if not isinstance(assign, cst.Assign) or any(self.unsafe(call) for call in calls_in(assign.value)):
+        if not isinstance(assign, cst.Assign) or any(self.unsafe_for_a_value(call) for call in calls_in(assign.value)):
             return False
         targets = [target.target for target in assign.targets]
         if not all(isinstance(target, cst.Name) for target in targets):

@@ -304,6 +304,10 @@ def ddp_rebuilt(loader, global_batch):
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
     batches, dataset = loader.batch_sampler, loader.dataset
+    while not hasattr(batches, "__len__") and isinstance(getattr(batches, "sampler", None), BatchSampler):
+        # an endless wrapper the loader's constructor puts around its batch sampler (timm's
+        # MultiEpochsDataLoader's _RepeatSampler): rebuilt from the batch sampler inside, it wraps again
+        batches = batches.sampler
     # a subclass whose constructor cannot be repeated (torch_geometric's DenseDataLoader): a copy
     # of it that samples its share, its own collate and iteration kept
     make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
@@ -383,6 +387,10 @@ def ddp_scatter(item):
     dimension, tuples, lists and dicts walked into, anything else whole, as DataParallel's scatter."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dim = getattr(dist, "ddp_scatter_dim", 0)  # (DataParallel's `dim`: LakhNES's time-major batches)
+    if torch.is_tensor(item) and item.is_sparse and item.dim() > dim:  # (tensor_split has no sparse form)
+        size, larger = divmod(item.shape[dim], world)
+        start = rank * size + min(rank, larger)
+        return item.index_select(dim, torch.arange(start, start + size + (rank < larger), device=item.device))
     if torch.is_tensor(item):
         return item.tensor_split(world, dim)[rank] if item.dim() > dim else item
     if type(item).__module__ == "numpy" and getattr(item, "ndim", 0) > dim:
@@ -781,6 +789,7 @@ def ddp_quiet(make, *args, **kwargs):
     writes its results and reads them back (HRNet's COCO keypoints JSON), whose writes nobody
     else sees; what this rank reads back of them is what it wrote."""
     import builtins
+    import io
     import tempfile
 
     opened = builtins.open
@@ -826,12 +835,13 @@ def ddp_quiet(make, *args, **kwargs):
         named = isinstance(f, (str, os.PathLike))
         return loaded(private.get(os.path.abspath(os.fsdecode(f)), f) if named else f, *more, **options)
 
-    builtins.open, torch.save, torch.load = unseen, save_unseen, load_unseen
+    # (io.open: tensorboard's event files are opened through it)
+    builtins.open, io.open, torch.save, torch.load = unseen, unseen, save_unseen, load_unseen
     undo = ddp_quiet_folders(private)
     try:
         return make(*args, **kwargs)
     finally:
-        builtins.open, torch.save, torch.load = opened, saved, loaded
+        builtins.open, io.open, torch.save, torch.load = opened, opened, saved, loaded
         undo()
 
 

@@ -187,6 +187,8 @@ SIDE_EFFECTS = {
     "scipy.io.wavfile.write",
     "torchaudio.save",
     "joblib.dump",
+    "scipy.io.savemat",
+    "torch.jit.save",
     *TENSORBOARD_LOGGER,
 }
 # Output to the terminal: ddp_setup() quiets the ranks other than 0, so it needs no guard.
@@ -217,7 +219,9 @@ class RankZeroTransform(Transform):
     def check(self) -> None:
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
-        self._units = GuardUnits(self.context.module, self.context.metadata, self._would_guard, self._reaches_model)
+        self._units = GuardUnits(
+            self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
+        )
         self.context.rank_zero_only = self._rank_zero_only
         self._plan_quiet_calls()
         self._plan_fetches()
@@ -435,16 +439,18 @@ class RankZeroTransform(Transform):
         )
 
     def _reaches_model(self, call: cst.Call) -> bool:
-        """May the call run the model or a collective? A call handed the model may run it (a
-        project helper's loss landscape: DDP's forward broadcasts buffers, every rank must
-        join), so a value computed by one stays on every rank; only its write is rank 0's."""
         function = self.facts.contexts.get(call)
         params = set()
         if function is not None and function.function is not None:
             params = {p.name.value for p in function.function.params.params}
-        if any(dotted(arg.value) in self.facts.model_names for arg in call.args):
-            return True
         return self.facts.analyzer.call_is_unsafe(call, params)
+
+    def _may_run_model_for_a_value(self, call: cst.Call) -> bool:
+        """A value made for a rank-0 write joins the guard only if computing it cannot run the
+        model: a call handed the model may (a project helper's loss landscape; DDP's forward is
+        collective, every rank must join), so that value stays on every rank, only its write
+        is rank 0's."""
+        return self._reaches_model(call) or any(dotted(arg.value) in self.facts.model_names for arg in call.args)
 
     @property
     def _rank_zero(self) -> str:
