@@ -153,6 +153,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.entry import runs_after_setup
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, stand_in_escapes
 from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
@@ -589,6 +590,9 @@ class RankZeroTransform(Transform):
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if self._import_time(original_node):
             return updated_node
+        stream = self._replaced_stream(original_node)
+        if stream is not None:
+            return self._stream_on_rank_zero(original_node, updated_node, stream)
         value = original_node.value
         if isinstance(value, cst.Call) and self._kept_handle(value):
             what = self.context.code(value)
@@ -616,6 +620,29 @@ class RankZeroTransform(Transform):
         self._made_here.add(self.context.parent(original_node))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else DdpNoOp()").with_changes(body=updated_node.value)
         return updated_node.with_changes(value=on_rank_zero)
+
+    def _replaced_stream(self, assign: cst.Assign) -> str | None:
+        """``sys.stdout = Logger(path)`` after the set-up (AlignedReID's, DeepCubeA's log that
+        copies every print to a file): the stream the set-up quieted on ranks other than 0."""
+        if len(assign.targets) != 1 or self._under_rank_guard(assign):
+            return None
+        names = self.context.qualified(assign.targets[0].target)
+        stream = next((name for name in ("sys.stdout", "sys.stderr") if name in names), None)
+        if stream is None or not runs_after_setup(assign, self.facts, self.context.parent):
+            return None
+        return self.context.code(assign.targets[0].target)
+
+    def _stream_on_rank_zero(self, original: cst.Assign, updated: cst.Assign, stream: str) -> cst.Assign:
+        """Rank 0 gets the new stream; the others keep their quiet one (a stand-in object would
+        be no stream: a library reading ``sys.stdout.encoding`` fails on it)."""
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(
+            original, "DDP601",
+            f"{stream} replaced on rank 0 only (the other ranks keep the quiet stream the set-up gave them: "
+            "their prints are not copied into its file)",
+        )
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stream}").with_changes(body=updated.value)
+        return updated.with_changes(value=on_rank_zero)
 
     def _made_quietly(self, original: cst.Assign, updated: cst.Assign, escape: cst.CSTNode, what: str) -> cst.Assign:
         """A writer or tracker some code reads outside a guard (``escape``, HPLFlowNet's
@@ -1102,7 +1129,22 @@ class RankZeroTransform(Transform):
         return self._derived
 
     def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
-        return same_path_on_every_rank(node, self.context.parent)
+        """Within its function, and, for a function of this file, at each of its calls
+        (DeepCubeA's copy_files, called under `if last_loss < loss_thresh:`, a value of each
+        rank's own: a barrier inside it waits for ranks that never come)."""
+        if not same_path_on_every_rank(node, self.context.parent):
+            return False
+        function = node
+        while function is not None and not isinstance(function, cst.FunctionDef):
+            function = self.context.parent(function)
+        if function is None:
+            return True
+        seen = self.__dict__.setdefault("_paths_of_functions", {})
+        if function not in seen:
+            seen[function] = True  # (a function that calls itself)
+            calls = [call for call, _ in self.facts.analyzer.calls.call_sites(function)]
+            seen[function] = all(self._same_path_on_every_rank(call) for call in calls)
+        return seen[function]
 
 
 def _listed(names: list[str]) -> str:
