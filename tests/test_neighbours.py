@@ -1596,3 +1596,41 @@ def test_a_trainer_imported_by_a_computed_name_whose_package_wraps_deeper_is_ref
     result = convert_file(tmp_path / "train.py")
     assert result.error and "DDP214" in result.error and "ddpify convert DIR" in result.error, result.diagnostics
     assert result.output == result.source
+
+
+HARD_MINING_STEP = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import TripletLoss, deep_supervision
+
+
+def train(epoch, model, criterion_metric, optimizer, loader):
+    for x, y in loader:
+        features = model(x)
+        loss = deep_supervision(criterion_metric, features, y) + criterion_metric(features, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def main():
+    model = nn.DataParallel(nn.Linear(4, 2))
+    criterion = TripletLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 4, (16,))), batch_size=8)
+    for epoch in range(2):
+        train(epoch, model, criterion, optimizer, loader)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_hard_mining_loss_handed_to_a_step_function_of_the_file_is_gathered_there(tmp_path):
+    # AlignedReID: the epoch loop hands criterion_metric to train(), which calls it (and
+    # DeepSupervision with it) on the model's features
+    project(tmp_path, {"losses.py": HARD_MINING, "train.py": HARD_MINING_STEP})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error, result.diagnostics
+    assert "loss = ddp_whole_batch(deep_supervision, criterion_metric, features, y) + ddp_whole_batch(criterion_metric, features, y)" in result.output

@@ -206,11 +206,22 @@ class BatchLossesTransform(Transform):
                     "(ddp_whole_batch), each share's gradient sent back",
                 )
                 return
+            inside = self._calls_in_the_step(call, made)
+            if inside:  # (handed to a step function of this file: AlignedReID's train(epoch, model, criterion, ...))
+                self._gather_for(inside)
+                self.context.report(
+                    inside[0],
+                    "DDP117",
+                    f"`{made}` (a module of this project) compares the samples of the batch with each other: as "
+                    f"DataParallel did, it gets the whole global batch in `{self.context.code(call.func)}`, its "
+                    "arguments gathered from every process (ddp_whole_batch), each share's gradient sent back",
+                )
+                return
             self.context.report_unsound(
                 call,
                 "DDP117",
                 f"`{made}` (a module of this project) compares the samples of the batch with each other, and the "
-                f"training loop hands it to `{self.context.code(call.func)}`, which this file does not define: "
+                f"training loop hands it to `{self.context.code(call.func)}`, which runs it out of this file's sight: "
                 "DataParallel gathered the whole global batch for it, each DDP process would see only its share; "
                 "convert the project folder (ddpify convert DIR/), or call it in the loop as "
                 "ddp_whole_batch(loss, outputs, targets)",
@@ -234,14 +245,32 @@ class BatchLossesTransform(Transform):
         if definition is not None:
             self.context.whole_batch_definitions.add(definition)
 
+    def _calls_in_the_step(self, call: cst.Call, made: str) -> list[cst.Call]:
+        """The calls of the loss inside the step function of this file the loop hands it to:
+        its parameter called, or handed on with the model's outputs (DeepSupervision)."""
+        definition = self._definitions().get(dotted(call.func) or "")
+        if not isinstance(definition, cst.FunctionDef):
+            return []
+        made_of = self._made_of(frozenset({made}))
+        params = [p.name.value for p in definition.params.params]
+        handed = {
+            (params[index] if arg.keyword is None and index < len(params) else getattr(arg.keyword, "value", None))
+            for index, arg in enumerate(call.args) if dotted(arg.value) in made_of
+        } - {None}
+        return [
+            inner for inner in calls_in(definition.body)
+            if not self._evaluates(inner, dotted(inner.func) or "")
+            and (dotted(inner.func) in handed or any(dotted(a.value) in handed for a in inner.args) and self._given_outputs(inner))
+        ]
+
     def _given_outputs(self, call: cst.Call) -> bool:
         """Does the call take the wrapped model's outputs (``model(x)``) as an argument?"""
         models = {site.target for site in self.facts.wraps if site.target}
-        outputs = {  # (or a name bound to them: `out = model(x)`)
-            dotted(target.target)
+        outputs = {  # (or a name bound to them: `out = model(x)`, `outputs, features = model(imgs)`)
+            name.value
             for node in walk(self.context.module)
             if isinstance(node, cst.Assign) and any(dotted(inner.func) in models for inner in calls_in(node.value))
-            for target in node.targets
+            for target in node.targets for name in walk(target.target) if isinstance(name, cst.Name)
         }
         return any(
             dotted(arg.value) in outputs or any(dotted(inner.func) in models for inner in calls_in(arg.value))
