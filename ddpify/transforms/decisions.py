@@ -39,10 +39,13 @@ is given the mean across ranks, so every rank's object decides alike and all sto
 DDP806  a training loop skips an iteration on what this rank computed (``if loss.isnan():
 continue``, CAIN's ``if loss > 10 * first_loss: continue`` after backward()): one rank would
 skip a backward or a step the others take (a hang, or ranks that drift apart). Every rank
-reaches the test, so it is decided alike: every rank skips when any does::
+reaches the test, so it is decided alike: a test of the loss on its mean across ranks, the
+global batch's value DataParallel tested (a NaN share makes the mean NaN; a zero loss is zero on
+every share); a test of anything else skips on every rank when it holds on any::
 
-    if loss.isnan():        ->   if ddp_any(loss.isnan()):
+    if loss == 0:           ->   if ddp_mean(loss) == 0:
         continue                     continue
+    if grad_norm.isnan():   ->   if ddp_any(grad_norm.isnan()):
 
 DDP808  a training step (``optimizer.step()``, ``backward()``) taken under a test of what this
 rank computed (SiamMask's ``if is_valid_number(loss.item()): optimizer.step()``): one rank would
@@ -240,6 +243,19 @@ class DecisionsTransform(Transform):
             )
             return updated_node.with_changes(test=cst.Call(func=cst.Name("ddp_all"), args=[cst.Arg(updated_node.test)]))
         if original_node in self._agreed_tests:
+            shown = self.context.code(original_node.test)
+            losses = {n.value for n in walk(original_node.test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
+            if losses and not [c for c in calls_in(original_node.test) if dotted(c.func) in self.facts.model_names]:
+                # the skip DataParallel decided on the global batch's loss (signatrix EfficientDet's
+                # `if loss == 0: continue`: skipped only when no share had a box; a NaN share still
+                # makes the mean NaN)
+                self.context.use_helper("ddp_mean")
+                self.context.report(
+                    original_node, "DDP806",
+                    f"`if {shown}:` skips a training step on this rank's {', '.join(sorted(losses))}: it decides on the "
+                    "mean across ranks, the global batch's value DataParallel tested, so all take the same steps",
+                )
+                return updated_node.with_changes(test=updated_node.test.visit(_AverageValues(losses)))
             self.context.use_helper("ddp_any")
             self.context.report(
                 original_node,
