@@ -146,7 +146,7 @@ class BatchSizeTransform(Transform):
             return updated_node
         sides = [original_node.left, original_node.comparisons[0].comparator]
         for counted, size in (sides, sides[::-1]):
-            if self.context.code(size) in self._loader_batch_sizes and self._counts_batch(counted) and self._in_training_loop(original_node):
+            if self.context.code(size) in self._loader_batch_sizes and self._counts_batch(counted) and self._in_training_loop(original_node, innermost=True):
                 self.context.report(
                     size,
                     "DDP407",
@@ -314,11 +314,16 @@ class BatchSizeTransform(Transform):
                     return True
         return False
 
-    def _in_training_loop(self, node: cst.CSTNode) -> bool:
+    def _in_training_loop(self, node: cst.CSTNode, innermost: bool = False) -> bool:
+        """Inside a training loop; with ``innermost``, the loop nearest to it trains (not a
+        validation loop in the epoch loop: LEDNet's `if imgs_batch != args.batch_size: break`
+        over an unsharded validation loader)."""
         loops = set(map(id, self.facts.training_loops))
         while node is not None:
             if id(node) in loops:
                 return True
+            if innermost and isinstance(node, (cst.For, cst.While)):
+                return False
             node = self.context.parent(node)
         return False
 
