@@ -376,9 +376,10 @@ SURGERY_UTILS = '''def train(args, model, criterion, train_loader, valid_loader,
     for epoch in range(n_epochs):
         tl = train_loader
         for x, y, index in tl:
-            # (io.open: the test's record of each rank's batches, not one of the writes ddp_quiet
+            # (a descriptor: the test's record of each rank's batches, not one of the paths ddp_quiet
             # keeps to rank 0)
-            with __import__("io").open("seen_%d.txt" % __import__("os").getpid(), "a") as f:
+            os = __import__("os")
+            with open(os.open("seen_%d.txt" % os.getpid(), os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as f:
                 f.write(" ".join(str(int(i)) for i in index) + "\\n")
             loss = criterion(model(x), y)
             optimizer.zero_grad()
@@ -619,7 +620,7 @@ import os
 
 def scan_train(train_loader, model, optimizer, epoch):
     for i, (x,) in enumerate(train_loader):
-        with io.open("seen_%d.txt" % os.getpid(), "a") as f:  # (each rank's record: not ddp_quiet's)
+        with open(os.open("seen_%d.txt" % os.getpid(), os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as f:  # (each rank's record: a descriptor, not one of ddp_quiet's paths)
             f.write(" ".join(str(int(v)) for v in x.flatten()) + "\\n")
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()

@@ -128,14 +128,15 @@ def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
     ``len()`` are the same on every rank.
     """
     loop_names = loop_names_around(node, parent_of)
-    parent = parent_of(node)
+    child, parent = node, parent_of(node)
     while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
         if isinstance(parent, cst.ExceptHandler):
             return False
-        if isinstance(parent, (cst.If, cst.While)) and not same_on_every_rank(parent.test, loop_names):
+        tested = isinstance(parent, (cst.If, cst.While)) and child is parent.test  # (the test itself: every rank)
+        if isinstance(parent, (cst.If, cst.While)) and not tested and not same_on_every_rank(parent.test, loop_names):
             if not is_main_guard(parent):  # `if __name__ == "__main__":` runs on every rank
                 return False
-        parent = parent_of(parent)
+        child, parent = parent, parent_of(parent)
     return True
 
 

@@ -26,6 +26,12 @@ scaled by the world size only when the one it holds sums::
 
 A summed loss read as a number (``.item()``), divided by the batch's own length (``/
 len(data)``: a mean), or computed in evaluation code is a metric and is left alone.
+
+A sum divided by a count of the batch's data (a Transformer LM's tokens, DeepRecommender's
+ratings) was DataParallel's global sum over the global count; each process divides its share's
+sum by the count's mean across ranks, and DDP's average is that again::
+
+    loss = lm_losses.sum() / torch.sum(mask)   ->   loss = lm_losses.sum() / ddp_mean(torch.sum(mask))
 """
 
 from __future__ import annotations
@@ -70,6 +76,38 @@ class SummedLossesTransform(Transform):
             self._scaled[call] = self.context.code(call)
         for node in [node for node in self._scaled if self._on_the_whole_batch(node)]:
             del self._scaled[node]
+        self._global_counts = self._sums_over_counts()
+        for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
+            del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
+
+    # -- a sum over a count of the data: the count is the world's ----------------------------
+
+    def _sums_over_counts(self) -> set[cst.BinaryOperation]:
+        """``lm_losses.sum() / torch.sum(mask)`` (tokens, ratings, valid pixels) in a training loop:
+        DataParallel divided the global batch's sum by its count; each process divides its
+        share's sum by its mean count instead (``ddp_mean``): DDP's average of the gradients is
+        then the global sum over the global count."""
+        found = set()
+        for loop in self.facts.training_loops:
+            bound = {
+                name.value: node.value
+                for node in walk(loop.body) if isinstance(node, cst.Assign)
+                for target in node.targets for name in walk(target.target) if isinstance(name, cst.Name)
+            }
+            for node in walk(loop.body):
+                if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+                    if _a_sum(node.left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
+                        right = bound.get(node.right.value, node.right) if isinstance(node.right, cst.Name) else node.right
+                        if _a_count(right, self.context.qualified):
+                            found.add(node)
+        return found
+
+    def _inside(self, node: cst.CSTNode, within: cst.CSTNode) -> bool:
+        while node is not None:
+            if node is within:
+                return True
+            node = self.context.parent(node)
+        return False
 
     def _on_the_whole_batch(self, node: cst.CSTNode) -> bool:
         """A sum a loss computes from the gathered global batch (DDP117) is DataParallel's already."""
@@ -284,10 +322,51 @@ class SummedLossesTransform(Transform):
         return self._scale(original_node, updated_node)
 
     def leave_BinaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
+        if original_node in getattr(self, "_global_counts", ()):
+            self.context.use_helper("ddp_mean")
+            self.context.report(
+                original_node,
+                "DDP116",
+                f"`{self.context.code(original_node)}` divides a sum over the batch by a count of its data: each process "
+                f"divides its share's sum by the mean count across ranks (ddp_mean), so DDP's average is the global "
+                "sum over the global count, as DataParallel computed it",
+            )
+            mean = cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.right)])
+            return updated_node.with_changes(right=mean)
         return self._scale(original_node, updated_node)
 
     def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
         return self._scale(original_node, updated_node)
+
+
+def _a_sum(value: cst.BaseExpression, qualified) -> bool:
+    """``x.sum()`` / ``torch.sum(x)``: a sum over everything."""
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
+        return True
+    return "torch.sum" in qualified(value.func) and len(value.args) == 1
+
+
+COUNT_WRAPPERS = ("float", "double", "item", "long", "int", "detach")
+
+
+def _a_count(value: cst.BaseExpression, qualified) -> bool:
+    """A count over the batch's data: ``torch.sum(mask)``, ``(y != pad).sum()``,
+    ``mask.count_nonzero()``, ``.float()`` or ``.item()`` of one."""
+    while isinstance(value, cst.Call):
+        func = value.func
+        if isinstance(func, cst.Attribute) and func.attr.value in COUNT_WRAPPERS and not value.args:
+            value = func.value
+        elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(value.args) == 1:
+            value = value.args[0].value
+        else:
+            break
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "count_nonzero":
+        return True
+    return _a_sum(value, qualified) or "torch.count_nonzero" in qualified(value.func)
 
 
 def _this_batch(divisor: cst.BaseExpression, names: frozenset[str] = frozenset()) -> bool:
