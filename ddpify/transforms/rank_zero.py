@@ -96,7 +96,8 @@ ranks build it after rank 0 is done (no two processes write the same files)::
 
 DDP614  ``torch.save(model, path)`` of a whole wrapped model saves the module inside,
 ``getattr(model, "module", model)``: a pickled DDP wrapper does not load in a process without
-a process group.
+a process group. ``torch.onnx.export(model, ...)``, a write on rank 0, exports it too: the
+export runs the model, and DDP's forward on rank 0 alone would wait for the other ranks.
 
 DDP615  a ``torch.load`` that every rank runs waits at a barrier first: rank 0 may still be
 writing the file (a best-model save under a metric condition has no barrier after it, and the
@@ -190,6 +191,7 @@ SIDE_EFFECTS = {
     "joblib.dump",
     "scipy.io.savemat",
     "torch.jit.save",
+    "torch.onnx.export",
     *TENSORBOARD_LOGGER,
 }
 # Output to the terminal: ddp_setup() quiets the ranks other than 0, so it needs no guard.
@@ -475,6 +477,8 @@ class RankZeroTransform(Transform):
         names = self.context.qualified(original_node.func)
         if "torch.save" in names:
             return self._save_unwrapped(original_node, updated_node)
+        if "torch.onnx.export" in names:
+            return self._export_unwrapped(original_node, updated_node)
         if self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
@@ -585,6 +589,18 @@ class RankZeroTransform(Transform):
             return updated
         unwrapped = self._unwrapped(name)
         self.context.report(original, "DDP614", f"whole model pickled: saves {unwrapped}, the module inside DDP")
+        return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
+
+    def _export_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``torch.onnx.export(model, x, path)`` runs the model to trace it: on rank 0 alone,
+        DDP's forward would wait for the other ranks (it broadcasts buffers); the module inside
+        DDP is exported instead (signatrix EfficientDet exported on every rank)."""
+        exported = updated.args[0].value if updated.args and updated.args[0].keyword is None else None
+        name = dotted(exported) if exported is not None else None
+        if name not in self.facts.model_names:
+            return updated
+        unwrapped = self._unwrapped(name)
+        self.context.report(original, "DDP614", f"exported to ONNX on rank 0: {unwrapped}, the module inside DDP (tracing DDP's forward would wait for the other ranks)")
         return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
