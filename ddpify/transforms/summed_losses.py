@@ -40,7 +40,7 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis import batch_length, calls_in, dotted, walk
+from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
 from ddpify.analysis.tree import MOVES, without_moves
 from ddpify.transforms.base import Transform
 
@@ -94,13 +94,33 @@ class SummedLossesTransform(Transform):
                 for node in walk(loop.body) if isinstance(node, cst.Assign)
                 for target in node.targets for name in walk(target.target) if isinstance(name, cst.Name)
             }
-            for node in walk(loop.body):
-                if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            # only what backward() takes (a metric divided so in the loop is left alone), where
+            # every rank computes it (ddp_mean is a collective)
+            trained = self._reaching_backward(loop, bound)
+            for node in trained:
+                if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and same_path_on_every_rank(node, self.context.parent):
                     if _a_sum(node.left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
                         right = bound.get(node.right.value, node.right) if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
                             found.add(node)
         return found
+
+    def _reaching_backward(self, loop: cst.CSTNode, bound: dict) -> list[cst.CSTNode]:
+        """The nodes of what the loop's backward() calls take, through the names the loop binds."""
+        pending = [
+            call.func.value for call in calls_in(loop.body)
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
+        ]
+        seen: set[str] = set()
+        nodes: list[cst.CSTNode] = []
+        while pending:
+            expr = pending.pop()
+            nodes += list(walk(expr))
+            for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
+                seen.add(name)
+                if name in bound:
+                    pending.append(bound[name])
+        return nodes
 
     def _inside(self, node: cst.CSTNode, within: cst.CSTNode) -> bool:
         while node is not None:
