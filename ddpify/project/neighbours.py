@@ -696,7 +696,7 @@ def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[st
     constructor does (FewRel's Proto of framework.FewShotREModel)."""
     functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     wrapping = {name for name, function in functions.items() if _calls_data_parallel(function, set())}
-    if path is not None and any(_imports_by_name(function) for function in functions.values()) and _package_wraps(path):
+    if path is not None and any(_imports_by_name(function) for function in functions.values()) and _wrapping_module_in_reach(path) is not None:
         # a factory that imports its class by a name computed at run time (CUT's models/__init__.py:
         # `importlib.import_module("models." + name + "_model")`) makes one of the package's
         # classes, and some class of the package wraps in DataParallel (BaseModel.parallelize)
@@ -726,10 +726,6 @@ def _imports_by_name(function: ast.AST) -> bool:
         and call.args and not isinstance(call.args[0], ast.Constant)
         for call in ast.walk(function)
     )
-
-
-def _package_wraps(path: Path) -> bool:
-    return _wrapping_module_in_reach(path) is not None
 
 
 def _wrapping_module_in_reach(path: Path, limit: int = 2000) -> Path | None:

@@ -384,25 +384,25 @@ def ddp_drawn(draw, *args, **kwargs):
 
 def ddp_scatter(item):
     """This rank's share of a batch: every tensor (and numpy array) split along its first
-    dimension, tuples, lists and dicts walked into, anything else whole, as DataParallel's scatter."""
+    dimension, tuples, lists and dicts walked into (ddp_leaves), anything else whole, as
+    DataParallel's scatter."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dim = getattr(dist, "ddp_scatter_dim", 0)  # (DataParallel's `dim`: LakhNES's time-major batches)
-    if torch.is_tensor(item) and item.is_sparse and item.dim() > dim:  # (tensor_split has no sparse form)
-        size, larger = divmod(item.shape[dim], world)
-        start = rank * size + min(rank, larger)
-        return item.index_select(dim, torch.arange(start, start + size + (rank < larger), device=item.device))
-    if torch.is_tensor(item):
-        return item.tensor_split(world, dim)[rank] if item.dim() > dim else item
-    if type(item).__module__ == "numpy" and getattr(item, "ndim", 0) > dim:
-        import numpy
 
-        return numpy.array_split(item, world, axis=dim)[rank]
-    if isinstance(item, dict):
-        return type(item)((key, ddp_scatter(value)) for key, value in item.items())
-    if isinstance(item, (list, tuple)):
-        parts = [ddp_scatter(value) for value in item]
-        return type(item)(*parts) if hasattr(item, "_fields") else type(item)(parts)
-    return item
+    def share(leaf):
+        if torch.is_tensor(leaf) and leaf.is_sparse and leaf.dim() > dim:  # (tensor_split has no sparse form)
+            size, larger = divmod(leaf.shape[dim], world)
+            start = rank * size + min(rank, larger)
+            return leaf.index_select(dim, torch.arange(start, start + size + (rank < larger), device=leaf.device))
+        if torch.is_tensor(leaf):
+            return leaf.tensor_split(world, dim)[rank] if leaf.dim() > dim else leaf
+        if type(leaf).__module__ == "numpy" and getattr(leaf, "ndim", 0) > dim:
+            import numpy
+
+            return numpy.array_split(leaf, world, axis=dim)[rank]
+        return leaf
+
+    return ddp_leaves(item, share)
 
 
 def ddp_resampled(loader, dataset, batch_size=None, sampler=None, batch_sampler=None, drop_last=False, **options):

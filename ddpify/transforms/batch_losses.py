@@ -171,7 +171,7 @@ class BatchLossesTransform(Transform):
         read elsewhere too (labels in the loss: the share's)."""
         if not isinstance(loop, cst.For):
             return []
-        models = {site.target for site in self.facts.wraps if site.target}
+        models = self._wrapped_names
         drawn = {node.value for node in walk(loop.target) if isinstance(node, cst.Name)}
         calls = [call for call in calls_in(loop.body) if dotted(call.func) in models]
         inside = {id(node) for call in calls for arg in call.args for node in walk(arg.value)}
@@ -196,7 +196,7 @@ class BatchLossesTransform(Transform):
             call, made = found
             # (called, or handed on together with the model's outputs: AlignedReID's
             # DeepSupervision(criterion, outputs, targets) computes it from what it is given)
-            if dotted(call.func) in neighbours.pairwise | self._made_of(neighbours.pairwise) or self._given_outputs(call):
+            if dotted(call.func) in neighbours.pairwise | set(self._made_of(neighbours.pairwise)) or self._given_outputs(call):
                 self._gather_for([call])
                 self.context.report(
                     call,
@@ -265,7 +265,7 @@ class BatchLossesTransform(Transform):
 
     def _given_outputs(self, call: cst.Call) -> bool:
         """Does the call take the wrapped model's outputs (``model(x)``) as an argument?"""
-        models = {site.target for site in self.facts.wraps if site.target}
+        models = self._wrapped_names
         outputs = {  # (or a name bound to them: `out = model(x)`, `outputs, features = model(imgs)`)
             name.value
             for node in walk(self.context.module)
@@ -277,14 +277,19 @@ class BatchLossesTransform(Transform):
             for arg in call.args
         )
 
-    def _made_of(self, names: frozenset[str]) -> set[str]:
-        """Names bound to an instance of one of ``names`` (``criterion = TripletLoss(...)``)."""
+    def _made_of(self, names: frozenset[str]) -> dict[str, str]:
+        """Names bound to an instance of one of ``names`` -> its class (``criterion = TripletLoss(...)``)."""
         return {
-            dotted(target.target)
+            dotted(target.target): dotted(node.value.func)
             for node in walk(self.context.module)
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
             for target in node.targets
         }
+
+    @property
+    def _wrapped_names(self) -> set[str]:
+        """What the wrapped models are bound to (``model``, ``self.net``)."""
+        return {site.target for site in self.facts.wraps if site.target}
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._gathered_outputs:
@@ -300,12 +305,7 @@ class BatchLossesTransform(Transform):
     def _called_in_training(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
         if not names:
             return None
-        instances = {
-            dotted(target.target): dotted(node.value.func)
-            for node in walk(self.context.module)
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
-            for target in node.targets
-        }
+        instances = self._made_of(names)
         # (or handed to an object the loop calls: ECN's `trainer = Trainer(model, model_inv)`, then
         # `trainer.train(...)` in the epoch loop)
         carriers = {

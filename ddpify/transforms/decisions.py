@@ -221,11 +221,18 @@ class DecisionsTransform(Transform):
             if name
         }
 
+    def _losses_tested(self, test: cst.BaseExpression) -> set[str]:
+        """The loss names a test reads (averaged across ranks, the value DataParallel tested);
+        none where the test runs the model itself."""
+        if any(dotted(call.func) in self.facts.model_names for call in calls_in(test)):
+            return set()
+        return {n.value for n in walk(test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
+
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node in self._stepping_tests:
             shown = self.context.code(original_node.test)
-            losses = {n.value for n in walk(original_node.test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
-            if losses and not [c for c in calls_in(original_node.test) if dotted(c.func) in self.facts.model_names]:
+            losses = self._losses_tested(original_node.test)
+            if losses:
                 # on the loss DataParallel saw: the mean of the ranks' losses, the same everywhere
                 self.context.use_helper("ddp_mean")
                 self.context.report(
@@ -244,8 +251,8 @@ class DecisionsTransform(Transform):
             return updated_node.with_changes(test=cst.Call(func=cst.Name("ddp_all"), args=[cst.Arg(updated_node.test)]))
         if original_node in self._agreed_tests:
             shown = self.context.code(original_node.test)
-            losses = {n.value for n in walk(original_node.test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
-            if losses and not [c for c in calls_in(original_node.test) if dotted(c.func) in self.facts.model_names]:
+            losses = self._losses_tested(original_node.test)
+            if losses:
                 # the skip DataParallel decided on the global batch's loss (signatrix EfficientDet's
                 # `if loss == 0: continue`: skipped only when no share had a box; a NaN share still
                 # makes the mean NaN)

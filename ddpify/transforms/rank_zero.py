@@ -222,6 +222,7 @@ class RankZeroTransform(Transform):
     def check(self) -> None:
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
+        self._paths_of_functions: dict[cst.FunctionDef, bool] = {}  # does every caller run it on every rank?
         self._units = GuardUnits(
             self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
         )
@@ -583,25 +584,26 @@ class RankZeroTransform(Transform):
     def _save_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``torch.save(model, path)`` pickles the whole DDP wrapper, which does not load
         without a process group: save the module inside it."""
-        saved = updated.args[0].value if updated.args and updated.args[0].keyword is None else None
-        name = dotted(saved) if saved is not None else None
+        return self._model_unwrapped(original, updated, "whole model pickled: saves {}, the module inside DDP")
+
+    def _model_unwrapped(self, original: cst.Call, updated: cst.Call, message: str) -> cst.Call:
+        """The call given the module inside DDP where its first argument is the wrapped model."""
+        first = updated.args[0].value if updated.args and updated.args[0].keyword is None else None
+        name = dotted(first) if first is not None else None
         if name not in self.facts.model_names:
             return updated
         unwrapped = self._unwrapped(name)
-        self.context.report(original, "DDP614", f"whole model pickled: saves {unwrapped}, the module inside DDP")
+        self.context.report(original, "DDP614", message.format(unwrapped))
         return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
 
     def _export_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``torch.onnx.export(model, x, path)`` runs the model to trace it: on rank 0 alone,
         DDP's forward would wait for the other ranks (it broadcasts buffers); the module inside
         DDP is exported instead (signatrix EfficientDet exported on every rank)."""
-        exported = updated.args[0].value if updated.args and updated.args[0].keyword is None else None
-        name = dotted(exported) if exported is not None else None
-        if name not in self.facts.model_names:
-            return updated
-        unwrapped = self._unwrapped(name)
-        self.context.report(original, "DDP614", f"exported to ONNX on rank 0: {unwrapped}, the module inside DDP (tracing DDP's forward would wait for the other ranks)")
-        return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
+        return self._model_unwrapped(
+            original, updated,
+            "exported to ONNX on rank 0: {}, the module inside DDP (tracing DDP's forward would wait for the other ranks)",
+        )
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if self._import_time(original_node):
@@ -1155,7 +1157,7 @@ class RankZeroTransform(Transform):
             function = self.context.parent(function)
         if function is None:
             return True
-        seen = self.__dict__.setdefault("_paths_of_functions", {})
+        seen = self._paths_of_functions
         if function not in seen:
             seen[function] = True  # (a function that calls itself)
             calls = [call for call, _ in self.facts.analyzer.calls.call_sites(function)]

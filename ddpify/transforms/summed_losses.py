@@ -89,38 +89,16 @@ class SummedLossesTransform(Transform):
         then the global sum over the global count."""
         found = set()
         for loop in self.facts.training_loops:
-            bound = {
-                name.value: node.value
-                for node in walk(loop.body) if isinstance(node, cst.Assign)
-                for target in node.targets for name in walk(target.target) if isinstance(name, cst.Name)
-            }
+            origins = _origins(loop)
             # only what backward() takes (a metric divided so in the loop is left alone), where
             # every rank computes it (ddp_mean is a collective)
-            trained = self._reaching_backward(loop, bound)
-            for node in trained:
+            for node in (node for expr in _reaching_backward(loop, origins) for node in walk(expr)):
                 if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and same_path_on_every_rank(node, self.context.parent):
                     if _a_sum(node.left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
-                        right = bound.get(node.right.value, node.right) if isinstance(node.right, cst.Name) else node.right
+                        right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
                             found.add(node)
         return found
-
-    def _reaching_backward(self, loop: cst.CSTNode, bound: dict) -> list[cst.CSTNode]:
-        """The nodes of what the loop's backward() calls take, through the names the loop binds."""
-        pending = [
-            call.func.value for call in calls_in(loop.body)
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"
-        ]
-        seen: set[str] = set()
-        nodes: list[cst.CSTNode] = []
-        while pending:
-            expr = pending.pop()
-            nodes += list(walk(expr))
-            for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
-                seen.add(name)
-                if name in bound:
-                    pending.append(bound[name])
-        return nodes
 
     def _inside(self, node: cst.CSTNode, within: cst.CSTNode) -> bool:
         while node is not None:
@@ -220,24 +198,10 @@ class SummedLossesTransform(Transform):
             return []
         found: list[cst.Call] = []
         for loop in self.facts.training_loops:
-            origins: dict[str, list[cst.BaseExpression]] = {}
-            for node in walk(loop.body):
-                if isinstance(node, (cst.Assign, cst.AugAssign)):
-                    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                    for target in targets:
-                        for name in walk(target):
-                            if isinstance(name, cst.Name):
-                                origins.setdefault(name.value, []).append(node.value)
-            pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
-            seen: set[str] = set()
-            while pending:
-                expr = pending.pop()
+            for expr in _reaching_backward(loop, _origins(loop)):
                 found += [call for call in calls_in(expr) if dotted(call.func) in summing and call not in found]
                 if isinstance(expr, cst.Call) and dotted(expr.func) in summing and expr not in found:
                     found.append(expr)
-                for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
-                    seen.add(name)
-                    pending += origins.get(name, [])
         return found
 
     def _from_the_model(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
@@ -357,6 +321,31 @@ class SummedLossesTransform(Transform):
 
     def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
         return self._scale(original_node, updated_node)
+
+
+def _origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
+    """Every name the loop binds (``=``, ``+=``) -> the values bound to it, in order."""
+    origins: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(loop.body):
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for name in (name for target in targets for name in walk(target) if isinstance(name, cst.Name)):
+                origins.setdefault(name.value, []).append(node.value)
+    return origins
+
+
+def _reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
+    """What the loop's backward() calls take, and the values of the names it reads, and so on."""
+    pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+    seen: set[str] = set()
+    reached: list[cst.BaseExpression] = []
+    while pending:
+        expr = pending.pop()
+        reached.append(expr)
+        for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
+            seen.add(name)
+            pending += origins.get(name, [])
+    return reached
 
 
 def _a_sum(value: cst.BaseExpression, qualified) -> bool:
