@@ -268,6 +268,9 @@ def _a_loader(arg: cst.BaseExpression, call: cst.Call, analyzer) -> bool:
 def _iterated_by_call(call: cst.Call, analyzer) -> list[cst.BaseExpression]:
     if iterator_of(call) is not None:
         return _data_expressions(iterator_of(call), analyzer)
+    if analyzer.scopes.qualified(call.func) & ITERABLE_WRAPPERS:
+        # `iter_t = cycle(target_loader)` drawn with next(iter_t) (domain adaptation's second loader)
+        return _data_expressions(call, analyzer)
     function = analyzer.scopes.local_function(call.func)
     if function is None or not any(isinstance(node, (cst.Yield)) for node in walk(function.body)):
         return []
