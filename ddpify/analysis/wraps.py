@@ -293,9 +293,24 @@ class Wraps(Room):
         nodes = _own_statements(scope)
         after = nodes[nodes.index(statement) + 1 :] if statement in nodes else []
         return [
-            line for line in after
+            line for index, line in enumerate(after)
             if isinstance(line, cst.SimpleStatementLine) and line not in elsewhere and self._binds_another_model(line, site.target)
+            and not self._wrapped_before_use(after[index + 1 :], site.target)
         ]
+
+    def _wrapped_before_use(self, later: list[cst.CSTNode], target: str) -> bool:
+        """Is the first later statement that reads the name a wrap of it (LEDNet's
+        ``model = Net(encoder=enc)`` then ``model = DataParallel(model)``)? Then the script wraps
+        the new model itself."""
+        for line in later:
+            if not isinstance(line, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                continue
+            if target not in {dotted(node) for node in walk(line) if isinstance(node, (cst.Name, cst.Attribute))}:
+                continue
+            body = line.body if isinstance(line, cst.SimpleStatementLine) else []
+            assign = body[0] if len(body) == 1 and isinstance(body[0], cst.Assign) else None
+            return assign is not None and any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(assign.value))
+        return False
 
     def _binds_another_model(self, line: cst.SimpleStatementLine, target: str) -> bool:
         """``target = <a value that does not read target>``: a model loaded or built anew

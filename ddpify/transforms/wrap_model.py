@@ -568,6 +568,24 @@ class WrapModelTransform(Transform):
             kept.append((None, cst.SimpleStatementLine([cst.Pass()])))
         return kept
 
+    def _a_part_of_another_wrap(self, site: WrapSite) -> bool:
+        """Is the wrapped name handed to the constructor of a model wrapped elsewhere
+        (``model = Net(encoder=pretrainedEnc); model = DataParallel(model)``)? Then it is a
+        part of that model, not a model the run goes on with: wrapping it on other paths would
+        nest one DDP inside another."""
+        for other in self.facts.wraps:
+            if other is site or other.module_arg is None or not site.target:
+                continue
+            values = [other.module_arg]
+            if isinstance(other.module_arg, cst.Name):
+                scopes = self.facts.analyzer.scopes
+                bound = [a.node for a in scopes.assignments_of(other.module_arg) if getattr(a, "node", None) is not None]
+                values += [scopes.assigned_value(node)[0] for node in bound]
+            for value in values:
+                if isinstance(value, cst.Call) and any(dotted(arg.value) == site.target for arg in value.args):
+                    return True
+        return False
+
     def _wrapped_on_the_other_branch(self, site: WrapSite, test: cst.BaseExpression) -> bool:
         """Another wrap of the same model under the opposite test (`if args.apex:` against
         `if not args.apex:`): each run takes one of them, so converted in place they wrap once."""
@@ -606,6 +624,8 @@ class WrapModelTransform(Transform):
                     test, "DDP102", f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()"
                 )
                 continue
+            if not _about_devices(self.context.code(test)) and self._a_part_of_another_wrap(site):
+                continue  # LEDNet: the encoder either path makes is handed to the decoder model wrapped next
             if not _about_devices(self.context.code(test)) and (guard.unwrapped_branches or guard.falls_through_unwrapped):
                 # A model choice whose other paths go on with a model of their own: wrapped there too.
                 self.other_paths[guard.node] = (site, guard)
