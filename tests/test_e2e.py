@@ -181,6 +181,13 @@ def test_evaluation_on_an_odd_sized_set_reports_exactly_what_the_original_did(ru
     assert lines_with(runs["single"].stdout, "eval loss") == original
 
 
+@only("shared_forward_pass")
+def test_a_summed_loss_evaluation_shares_reports_the_original_value(runs):
+    original = lines_with(runs["original"].stdout, "validation loss")
+    assert len(original) == 2
+    assert lines_with(runs["ddp"].stdout, "validation loss") == lines_with(runs["single"].stdout, "validation loss") == original
+
+
 @only("side_effects")
 def test_log_records_and_files_are_written_once(runs):
     for run in ("original", "ddp"):

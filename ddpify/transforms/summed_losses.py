@@ -56,6 +56,7 @@ class SummedLossesTransform(Transform):
         self._scaled: dict[cst.CSTNode, str] = {}  # original expression -> what it sums (shown)
         # uses of a name also bound to losses that do not sum (an if/elif chain of criteria)
         self._by_reduction: set[cst.CSTNode] = set()
+        self._while_training: dict[cst.CSTNode, str] = {}  # in a function evaluation calls too -> the test
 
     def check(self) -> None:
         if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
@@ -76,6 +77,7 @@ class SummedLossesTransform(Transform):
             self._scaled[call] = self.context.code(call)
         for node in [node for node in self._scaled if self._on_the_whole_batch(node)]:
             del self._scaled[node]
+        self._while_training = {node: self._model_of_shared(node) for node in self._scaled if self._shared_with_evaluation(node)}
         self._global_counts = self._sums_over_counts()
         for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
@@ -99,6 +101,28 @@ class SummedLossesTransform(Transform):
                         if _a_count(right, self.context.qualified):
                             found.add(node)
         return found
+
+    def _shared_with_evaluation(self, node: cst.CSTNode) -> bool:
+        """Is the loss computed in a function that evaluation calls too (an ASR script's
+        forward_pass() feeding a CTC metric in training and validation)? The factor is for the
+        gradient: the value evaluation reads stays the original's."""
+        context = self.facts.contexts.get(node)
+        function = context.function if context is not None else None
+        if function is None or function.name.value in ("forward", "__call__"):
+            return False
+        return any(self._evaluates(site) or site.loops and site.loops[-1] not in self.facts.training_loops for _, site in self.facts.analyzer.calls.call_sites(function))
+
+    def _model_of_shared(self, node: cst.CSTNode) -> str:
+        """The wrapped model the function runs (its ``training`` flag tells training from
+        evaluation, as model.train()/model.eval() set it), else whether autograd records."""
+        function = self.facts.contexts[node].function
+        wrapped = {site.target for site in self.facts.wraps if site.target}
+        for call in calls_in(function.body):
+            name = dotted(call.func) or ""
+            for model in sorted(wrapped, key=len, reverse=True):
+                if name == model or name.startswith(model + "."):
+                    return f"{model}.training"
+        return "torch.is_grad_enabled()"
 
     def _inside(self, node: cst.CSTNode, within: cst.CSTNode) -> bool:
         while node is not None:
@@ -294,6 +318,8 @@ class SummedLossesTransform(Transform):
         if original in self._by_reduction:
             held = self.context.code(original.func)
             factor = f'({factor} if getattr({held}, "reduction", None) == "sum" else 1)'
+        elif original in self._while_training:
+            factor = f"({factor} if {self._while_training[original]} else 1)"
         scaled = cst.BinaryOperation(left=left, operator=cst.Multiply(), right=cst.parse_expression(factor))
         if not isinstance(self.context.parent(original), LOOSE_PARENTS + (cst.BinaryOperation,)) or (
             isinstance(self.context.parent(original), cst.BinaryOperation)
