@@ -33,6 +33,15 @@ TRACKER_FACTORIES = SUMMARY_WRITERS | {
     "tensorboard_logger.Logger", "tensorboardX.GlobalSummaryWriter", "neptune.init", "neptune.init_run",
     "aim.Run", "dvclive.Live", "clearml.Task.init",
 }
+# Calls that write a file (checkpoints, images, arrays, audio, objects): rank 0's in a converted
+# run, whether the script or a project module it calls makes them.
+FILE_WRITERS = {
+    "torch.save", "torch.jit.save", "torch.onnx.export", "torchvision.utils.save_image",
+    *(f"numpy.{name}" for name in ("save", "savez", "savez_compressed", "savetxt")),
+    "matplotlib.pyplot.savefig", "cv2.imwrite", *(f"imageio.{name}" for name in ("imwrite", "imsave", "mimsave")),
+    "librosa.output.write_wav", "soundfile.write", "scipy.io.wavfile.write", "torchaudio.save", "joblib.dump",
+    "scipy.io.savemat",
+}
 # Schedulers that decide from a metric the script passes in: it must be the same on every rank.
 METRIC_SCHEDULERS = {"torch.optim.lr_scheduler.ReduceLROnPlateau"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}

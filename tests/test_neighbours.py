@@ -133,6 +133,18 @@ def test_a_package_of_the_project_root_is_found_from_a_script_below_it(tmp_path)
     assert [d.code for d in result.diagnostics] == ["DDP214"]
 
 
+def test_a_folder_a_configuration_module_puts_on_sys_path_is_searched(tmp_path):
+    # 3DMPPE: main/config.py does `sys.path.insert(0, osp.join(cfg.root_dir, 'common'))`, its
+    # root_dir being main/..; train.py's `from base import Trainer` is common/base.py, which wraps
+    config = (
+        "import os.path as osp\nimport sys\n\n\nclass Config:\n    cur_dir = osp.dirname(osp.abspath(__file__))\n"
+        "    root_dir = osp.join(cur_dir, '..')\n\n\ncfg = Config()\nsys.path.insert(0, osp.join(cfg.root_dir, 'common'))\n"
+    )
+    project(tmp_path, {"main/config.py": config, "common/model.py": MODEL, "main/train.py": "from config import cfg\n" + NO_WRAP_HERE})
+    result = convert_file(tmp_path / "main" / "train.py")
+    assert [d.code for d in result.diagnostics] == ["DDP214"]
+
+
 def test_an_evaluation_script_is_not_refused(tmp_path):
     project(tmp_path, {"model.py": MODEL, "eval.py": "import torch\nfrom model import generate_model\nmodel, _ = generate_model(None)\nprint(model(torch.zeros(1, 2)))\n"})
     result = convert_file(tmp_path / "eval.py")
@@ -1509,10 +1521,15 @@ def test_a_factory_that_imports_its_class_by_a_computed_name_refuses_naming_fold
 @pytest.mark.parametrize("body", [
     "    with h5py.File(path, 'w') as h5f:\n        h5f.create_dataset('x', data=[1])\n",
     "    mlflow.set_experiment('e')\n    mlflow.pytorch.log_model(None, 'final_model')\n",
+    # the writers the script's own calls are guarded for, read through the module's imports
+    # (STYLER's vocoder_infer: `from scipy.io import wavfile` ... `wavfile.write(path, sr, wav)`)
+    "    from scipy.io import wavfile\n    wavfile.write(path, 22050, [0])\n",
+    "    sf.write(path, [0], 22050)\n",
+    "    plot.savefig(path)\n",
 ])
 def test_project_functions_writing_through_h5py_or_a_tracker_run_on_rank_zero(tmp_path, body):
     # PReNet's prepare_data_RainTrainH (h5py), EEG-LDM's log_mlflow
-    util = f"import h5py\nimport mlflow\n\n\ndef prepare(path):\n{body}"
+    util = f"import h5py\nimport mlflow\nimport soundfile as sf\nfrom matplotlib import pyplot as plot\n\n\ndef prepare(path):\n{body}"
     script = (
         "import argparse\nimport torch\nimport torch.nn as nn\nfrom util import prepare\n\n"
         "parser = argparse.ArgumentParser()\nparser.add_argument('--data', default='RainTrainH')\nargs = parser.parse_args()\n"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ddpify.project.dp_subclasses import SubclassPlan, call_name, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
+from ddpify.names import FILE_WRITERS
 
 # Calls (by their last name) that write files or folders, and those that do only when called
 # on a module of the standard library (`os.remove`, not `items.remove`).
@@ -329,6 +330,45 @@ PAIRWISE = re.compile(
     r"|addmm_?\(\s*[^,()]+,\s*[^,()]+,\s*(\w+)\s*,\s*\10\.t\(\)\s*\)|addmm_?\(\s*(\w+)\s*,\s*\11\.t\(\)"
     r"|(\w+)\s*\+\s*\12\.t\(\)"  # `dist = dist + dist.t()`: the squared norms of every pair
 )
+# Matrix products: one of the batch with its own transpose compares every pair of samples.
+PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
+
+
+def _a_batch_product(definition: ast.AST) -> bool:
+    """The rule the script's own losses are read by (transforms/batch_losses.py), on a project
+    module: a matrix product whose later operand is transposed (``torch.mm(x, x.t().data)``,
+    ``a @ b.T``), neither operand read from ``self`` (a weight)."""
+    for node in ast.walk(definition):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            operands, later = [node.left, node.right], [node.right]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PRODUCTS:
+            torch_call = isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+            operands = list(node.args) if torch_call else [node.func.value, *node.args]
+            later = operands
+        else:
+            continue
+        reads_self = any(isinstance(n, ast.Name) and n.id == "self" for operand in operands for n in ast.walk(operand))
+        if any(_transposed(operand) for operand in later) and not reads_self:
+            return True
+    return False
+
+
+def _transposed(node: ast.AST) -> bool:
+    """``x.t()``, ``x.T``, ``x.t().data``, ``x.transpose(0, 1)``, ``torch.t(x)``."""
+    while isinstance(node, ast.Attribute) and node.attr == "data" or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("contiguous", "detach", "clone", "float")
+    ):
+        node = node.value if isinstance(node, ast.Attribute) else node.func.value
+    if isinstance(node, ast.Attribute) and node.attr == "T":
+        return True
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+        return False
+    if node.func.attr == "t":
+        return not node.args or isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+    values = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
+    return node.func.attr in ("transpose", "permute") and values in ([0, 1], [1, 0])
+
+
 # Files that mark a project's root: a package there is importable once installed (`pip install -e .`).
 ROOT_MARKERS = ("setup.py", "setup.cfg", "pyproject.toml", ".git")
 
@@ -418,29 +458,35 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
     for candidate in _joined_folders(folder, tree):
         if candidate not in found:
             found.append(candidate)
-    for node in tree.body:  # `import _init_paths` (HRNet, Faster R-CNN): it puts ../lib on sys.path
-        for alias in node.names if isinstance(node, ast.Import) else []:
-            helper = folder / f"{alias.name}.py"
-            if "path" in alias.name and helper.is_file():
-                try:
-                    found += [c for c in _joined_folders(folder, ast.parse(helper.read_text(errors="replace"))) if c not in found]
-                except (OSError, SyntaxError, ValueError):
-                    pass
+    # `import _init_paths` (HRNet, Faster R-CNN) puts ../lib on sys.path; 3DMPPE's
+    # `from config import cfg` puts `join(cfg.root_dir, 'common')` there, root_dir being '..'
+    for node in tree.body:
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        names += [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        for name in names:
+            helper = folder / f"{name}.py"
+            try:
+                text = helper.read_text(errors="replace") if helper.is_file() else ""
+                if "path" in name or "sys.path" in text:
+                    found += [c for c in _joined_folders(folder, ast.parse(text), upward="path" not in name) if c not in found]
+            except (OSError, SyntaxError, ValueError):
+                pass
     if root is not None and root not in found:
         found.append(root)
     return found + [extra for extra in _SCRIPT_FOLDERS if extra not in found]
 
 
-def _joined_folders(folder: Path, tree: ast.AST) -> list[Path]:
-    """Folders a file names as ``join(this_dir, '..', 'lib')``: relative to its own folder."""
+def _joined_folders(folder: Path, tree: ast.AST, upward: bool = False) -> list[Path]:
+    """Folders a file names as ``join(this_dir, '..', 'lib')``: relative to its own folder
+    (``upward``: or to a folder above it, the base being a root the file computed)."""
     found = []
+    bases = [folder, *list(folder.resolve().parents)[:2]] if upward else [folder]
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "join" and len(node.args) > 1:
             parts = node.args[1:]
             if not isinstance(node.args[0], ast.Constant) and all(isinstance(p, ast.Constant) and isinstance(p.value, str) for p in parts):
-                candidate = folder.joinpath(*(p.value for p in parts)).resolve()
-                if candidate.is_dir():
-                    found.append(candidate)
+                candidates = [base.joinpath(*(p.value for p in parts)).resolve() for base in bases]
+                found += [candidate for candidate in candidates if candidate.is_dir()][:1]
     return found
 
 
@@ -559,14 +605,43 @@ def async_keywords_renamed(source: str) -> str | None:
 
 def parse_source(source: str) -> ast.Module:
     """The module's tree, `async=` keywords read as `non_blocking=` where only they fail (the
-    project reader and project mode's import graph read such modules too)."""
+    project reader and project mode's import graph read such modules too). Its functions and
+    classes know the names the module imports (``ddp_imports``), to read calls by their full name."""
     try:
-        return ast.parse(source)
+        tree = ast.parse(source)
     except SyntaxError:
         renamed = async_keywords_renamed(source)
         if renamed is None:
             raise
-        return ast.parse(renamed)
+        tree = ast.parse(renamed)
+    imports = _imported_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            node.ddp_imports = imports
+    return tree
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """Each name an import binds -> what it names (``wavfile`` -> ``scipy.io.wavfile``)."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update({alias.asname or alias.name: f"{node.module}.{alias.name}" for alias in node.names})
+    return names
+
+
+def _full_name(func: ast.AST, imports: dict[str, str]) -> str:
+    """``wavfile.write`` -> ``scipy.io.wavfile.write`` through the module's imports."""
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if not isinstance(func, ast.Name):
+        return ""
+    return ".".join([imports.get(func.id, func.id), *reversed(parts)])
 
 
 @functools.lru_cache(maxsize=256)
@@ -628,7 +703,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     freezing = frozenset(_through_classes(tree, freezing, known, ""))
     pairwise = frozenset(
         node.name for node in tree.body
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and PAIRWISE.search(ast.unparse(node))
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (PAIRWISE.search(ast.unparse(node)) or _a_batch_product(node))
     ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, "")))
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
@@ -1158,12 +1233,13 @@ def _a_class_name(func: ast.AST) -> bool:
 
 
 def _writes(node: ast.AST) -> bool:
+    imports = getattr(node, "ddp_imports", {})
     for call in ast.walk(node):
         if not isinstance(call, ast.Call):
             continue
         name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
-        if name in WRITING_CALLS:
-            return True
+        if name in WRITING_CALLS or _full_name(call.func, imports) in FILE_WRITERS:
+            return True  # (STYLER's vocoder_infer writes wavs with scipy.io.wavfile.write)
         owner = call.func.value.id if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) else None
         if owner in WRITING_MODULE_CALLS and name in WRITING_MODULE_CALLS[owner]:
             return True
