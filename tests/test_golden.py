@@ -57,11 +57,17 @@ def _no_collective_before_setup(code: str) -> bool:
     """Top-level statements before the one that calls ddp_setup() never call dist.*."""
     import ast
 
-    for statement in ast.parse(code).body:
+    tree = ast.parse(code)
+    # (or a function of the script that opens with it: `args = get_args()`)
+    setting_up = {"ddp_setup"} | {
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name != "ddp_setup"
+        and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "ddp_setup" for c in ast.walk(node))
+    }
+    for statement in tree.body:
         if isinstance(statement, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
             continue
         calls = [node for node in ast.walk(statement) if isinstance(node, ast.Call)]
-        if any(isinstance(c.func, ast.Name) and c.func.id == "ddp_setup" for c in calls):
+        if any(isinstance(c.func, ast.Name) and c.func.id in setting_up for c in calls):
             return True
         if any(isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and c.func.value.id == "dist" for c in calls):
             return False

@@ -203,6 +203,13 @@ loss = ddp_whole_batch(batch_hard, model(x[share]), y[share], chosen=chosen[shar
 loss.backward()
 assert torch.allclose(loss, whole), (loss, whole)
 assert torch.allclose(model.module.weight.grad, alone.weight.grad, atol=1e-6), (model.module.weight.grad, alone.weight.grad)
+# two views of each sample joined into one batch (every first view, then every second view), the
+# loss pairing row i with row i + half: gathered piece by piece, the whole keeps that layout
+first, second = torch.randn(5, 4), torch.randn(5, 4)
+paired = lambda f: -(f[: len(f) // 2] * f[len(f) // 2 :]).sum(1).mean() + torch.cdist(f, f).mean()  # noqa: E731
+whole = paired(alone(torch.cat((first, second), 0)))
+loss = ddp_whole_batch(paired, model(torch.cat((first[share], second[share]), 0)), ddp_pieces=2)
+assert torch.allclose(loss, whole), (loss, whole)
 open(f"agreed{dist.get_rank()}", "w").close()
 """
 
@@ -917,6 +924,9 @@ def test_a_wrapped_model_has_its_module_wrapped(monkeypatch):
         wrapped = template.ddp_wrap(torch.nn.DataParallel(inner))
         assert wrapped.module is inner
         assert template.ddp_wrap(wrapped).module is inner
+        # a part wrapped before the whole it was handed to (LEDNet's encoder in the decoder model)
+        whole = torch.nn.Sequential(template.ddp_wrap(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 1))
+        assert not any(isinstance(part, template.DistributedDataParallel) for part in template.ddp_wrap(whole).module.modules())
     finally:
         cleanup()
 
@@ -1036,3 +1046,35 @@ def test_a_sparse_batch_is_split_as_a_dense_one(monkeypatch):
     _as_rank(monkeypatch, 1)
     batch = torch.arange(15.0).reshape(5, 3)
     assert torch.equal(template.ddp_scatter(batch.to_sparse()).to_dense(), template.ddp_scatter(batch))
+
+
+UNCLOSED_LOG = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+log = open("train.log", "w")  # never closed: Python flushes it at exit
+model = nn.DataParallel(nn.Linear(3, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for (x,) in DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4):
+    optimizer.zero_grad()
+    model(x).sum().backward()
+    optimizer.step()
+log.write("end of training\\n")
+"""
+
+
+def test_the_global_optimizer_hooks_go_at_exit_so_open_files_are_flushed(tmp_path):
+    # a global optimizer hook defined in the script held the script's globals past the point where
+    # Python flushes its open files: a log written through a module-level open() lost its tail
+    import subprocess
+    import sys
+
+    from ddpify.api import convert_source
+
+    converted = convert_source(UNCLOSED_LOG, path="train.py").output
+    assert "ddp_wrap(" in converted
+    (tmp_path / "train.py").write_text(converted)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env={**env, "DDPIFY_NO_RELAUNCH": "1"}, check=True, timeout=120)
+    assert (tmp_path / "train.log").read_text() == "end of training\n"

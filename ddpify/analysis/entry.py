@@ -149,8 +149,12 @@ def runs_after_setup(statement: cst.CSTNode, facts, parent_of, callers_run_after
             return True
         return callers_run_after is not None and callers_run_after(node)
     anchor = facts.setup_anchor
-    if anchor is None or facts.setup_function is not None:
-        return False  # (configuration above `main()` in the `__main__` block runs before it)
+    if facts.setup_function is not None:
+        # (configuration above `main()` in the `__main__` block runs before it; what comes
+        # after `args = get_args()`, the set-up opening get_args(), runs after)
+        return _after_a_call_of(statement, facts.setup_function.name.value, parent_of)
+    if anchor is None:
+        return False
     if anchor is facts.main_guard:
         inside = statement
         while inside is not None and inside is not anchor:
@@ -158,3 +162,17 @@ def runs_after_setup(statement: cst.CSTNode, facts, parent_of, callers_run_after
         return inside is anchor
     order = {id(line): index for index, line in enumerate(node.body)} if node is not None else {}
     return id(top) in order and id(anchor) in order and order[id(top)] >= order[id(anchor)]
+
+
+def _after_a_call_of(statement: cst.CSTNode, function: str, parent_of) -> bool:
+    """Is there a statement calling ``function`` before this one, in a block around it at
+    module level (the `__main__` block, the module)?"""
+    child, node = statement, parent_of(statement)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        body = node.body if isinstance(node, (cst.Module, cst.IndentedBlock)) else None
+        if isinstance(body, (list, tuple)) and child in body:
+            earlier = body[: body.index(child)]
+            if any(isinstance(call.func, cst.Name) and call.func.value == function for line in earlier for call in calls_in(line)):
+                return True
+        child, node = node, parent_of(node)
+    return False

@@ -69,6 +69,7 @@ def ddp_share_random_state():
     generators stay alike on every rank: a dataset built each epoch that shuffles its list
     with them (pytorch-0.4-yolov3) must give every rank the same order to take its share of;
     what the data loading draws is each rank's own (ddp_own_data_draws)."""
+    import atexit
     import random
     import sys
 
@@ -89,7 +90,7 @@ def ddp_share_random_state():
         split.done = True
 
     split.done = False
-    register_optimizer_step_post_hook(split)
+    atexit.register(register_optimizer_step_post_hook(split).remove)  # a hook held past exit keeps the script's open files unflushed
     ddp_own_data_draws()
 
 
@@ -221,9 +222,11 @@ def ddp_self_check():
     """After each optimizer's steps 1, 2, 4, 8, ...: stop unless every rank holds the same
     weights and learning rates."""
     if dist.get_world_size() > 1:
+        import atexit
+
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        register_optimizer_step_post_hook(ddp_after_step)
+        atexit.register(register_optimizer_step_post_hook(ddp_after_step).remove)
 
 
 def ddp_after_step(optimizer, args, kwargs):
@@ -558,6 +561,8 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
         dist.ddp_scatter_dim = scatter_dim
     while isinstance(module, DistributedDataParallel) or type(module).__name__ == "DataParallel":
         module = module.module
+    for part in module.modules():  # a part wrapped before the whole it was handed to: not nested in it
+        part._modules.update({k: c.module for k, c in part._modules.items() if isinstance(c, DistributedDataParallel)})
     module = module.to(ddp_device())
     if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
@@ -573,11 +578,13 @@ class DdpModel(DistributedDataParallel):
     made = []  # wrapped, not yet stepped
 
     def __init__(self, module, **options):
+        import atexit
+
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         super().__init__(module, **options)
         if not DdpModel.made:
-            register_optimizer_step_pre_hook(DdpModel.first_step)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
         DdpModel.made.append(self)
         self.ddp_unseen = True
 
@@ -663,13 +670,15 @@ def ddp_local_batch_size(batch_size):
     return batch_size // dist.get_world_size()
 
 
-def ddp_whole_batch(loss, *args, **kwargs):
+def ddp_whole_batch(loss, *args, ddp_pieces=1, **kwargs):
     """A loss that compares the samples of a batch with each other (triplet mining, contrastive
     losses), computed on the whole global batch as DataParallel computed it: each tensor
     argument holding this process's share (the first tensor's first dimension) is gathered from
     every process in rank order, and every process computes the same loss from them. The
     gradient of each share goes back to its process (DdpGathered), so DDP's mean of the
-    gradients is the whole batch's, as DataParallel's was."""
+    gradients is the whole batch's, as DataParallel's was. ``ddp_pieces``: the batch was made
+    of that many pieces joined (two views of each sample): gathered piece by piece, so the
+    whole keeps DataParallel's layout (every sample's first view, then every second view)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return loss(*args, **kwargs)
     tensors = [item for item in ddp_leaves((args, kwargs)) if torch.is_tensor(item) and item.dim()]
@@ -677,7 +686,7 @@ def ddp_whole_batch(loss, *args, **kwargs):
         return loss(*args, **kwargs)
     share = tensors[0].shape[0]
     sizes = torch.zeros(dist.get_world_size(), dtype=torch.long, device=ddp_device())
-    sizes[dist.get_rank()] = share
+    sizes[dist.get_rank()] = share // ddp_pieces
     dist.all_reduce(sizes)
     sizes = sizes.tolist()
 
@@ -685,17 +694,17 @@ def ddp_whole_batch(loss, *args, **kwargs):
         if not (torch.is_tensor(item) and item.dim() and item.shape[0] == share):
             return item
         if item.dtype == torch.bool:  # (gloo gathers no booleans)
-            return DdpGathered.apply(item.to(torch.uint8), sizes).bool()
-        return DdpGathered.apply(item, sizes)
+            return gathered(item.to(torch.uint8)).bool()
+        return torch.cat([DdpGathered.apply(piece, sizes) for piece in item.chunk(ddp_pieces)])
 
     return loss(*ddp_leaves(args, gathered), **ddp_leaves(kwargs, gathered))
 
 
-def ddp_gathered(outputs):
+def ddp_gathered(outputs, pieces=1):
     """The model's outputs for the whole global batch, gathered from every process in rank
     order (DdpGathered: each share's gradient goes back to its process), as DataParallel
     gathered them for a loss that compares the batch's samples."""
-    return ddp_whole_batch(lambda gathered: gathered, outputs)
+    return ddp_whole_batch(lambda gathered: gathered, outputs, ddp_pieces=pieces)
 
 
 def ddp_leaves(item, change=None):
@@ -732,6 +741,19 @@ class DdpGathered(torch.autograd.Function):
         dist.all_reduce(grad)
         start = sum(ctx.sizes[: dist.get_rank()])
         return grad[start : start + ctx.sizes[dist.get_rank()]].to(device), None
+
+
+def ddp_selected_mean(loss, selection):
+    """A loss averaged over the elements a mask selects (valid pixels, tokens that are not
+    padding), weighted by this process's count over the mean count: DDP's average of the
+    processes' gradients is then the mean over every selected element of the global batch, as
+    DataParallel's loss was. A share that selects nothing adds nothing (its mean is not a number)."""
+    if dist.get_world_size() == 1:
+        return loss
+    count = selection.sum() if torch.is_tensor(selection) and selection.dtype == torch.bool else torch.tensor(torch.as_tensor(selection).numel())
+    count = count.to(ddp_device(), torch.float64)
+    weight = (count / ddp_mean(count)).to(loss.device, loss.dtype)
+    return torch.where(count.to(loss.device) > 0, loss * weight, torch.zeros_like(loss))
 
 
 def ddp_mean(value):

@@ -17,6 +17,7 @@ from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.run_names import RunNamesTransform
 from ddpify.transforms.sampler import SamplerTransform
+from ddpify.transforms.selected_means import SelectedMeansTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
 from ddpify.transforms.summed_losses import SummedLossesTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
@@ -28,6 +29,7 @@ TRANSFORMS = (
     WrapPlacementTransform,
     BatchLossesTransform,
     SummedLossesTransform,
+    SelectedMeansTransform,
     SamplerTransform,
     BatchSizeTransform,
     SetEpochTransform,

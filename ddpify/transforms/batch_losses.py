@@ -77,7 +77,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
-from ddpify.transforms.base import Transform
+from ddpify.transforms.base import Transform, keyword
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
 LOSS_FUNCTION = re.compile(r"loss|triplet|contrast", re.IGNORECASE)
@@ -294,13 +294,43 @@ class BatchLossesTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._gathered_outputs:
             self.context.use_helper("ddp_gathered")
-            return cst.Call(func=cst.Name("ddp_gathered"), args=[cst.Arg(updated_node)])
+            pieces = self._joined_pieces(original_node)
+            extra = [cst.Arg(cst.Integer(str(pieces)))] if pieces > 1 else []
+            return cst.Call(func=cst.Name("ddp_gathered"), args=[cst.Arg(updated_node), *extra])
         if original_node not in self.context.whole_batch_calls:
             return updated_node
         self.context.use_helper("ddp_whole_batch")
+        pieces = max([self._joined_pieces(arg.value) for arg in original_node.args[:1]] or [1])
+        extra = [keyword("ddp_pieces", cst.Integer(str(pieces)))] if pieces > 1 else []
         return updated_node.with_changes(
-            func=cst.Name("ddp_whole_batch"), args=[cst.Arg(updated_node.func), *updated_node.args]
+            func=cst.Name("ddp_whole_batch"), args=[cst.Arg(updated_node.func), *updated_node.args, *extra]
         )
+
+    def _joined_pieces(self, expr: cst.BaseExpression, depth: int = 0) -> int:
+        """How many pieces the batch behind ``expr`` was joined from along its first dimension
+        (``inputs = torch.cat((inputs1, inputs2), 0)``; ``features = net(inputs)``): the two
+        views of each sample, which the gather must keep apart (every first view, then every
+        second, as DataParallel's batch was laid out)."""
+        if depth > 4:
+            return 1
+        if isinstance(expr, cst.Call):
+            if self.context.qualified(expr.func) & {"torch.cat", "torch.concat", "torch.concatenate"} and expr.args:
+                joined = expr.args[0].value
+                dims = [a.value for a in expr.args[1:] if a.keyword is None or a.keyword.value in ("dim", "axis")]
+                if isinstance(joined, (cst.Tuple, cst.List)) and len(joined.elements) > 1 and all(
+                    isinstance(d, cst.Integer) and d.value == "0" for d in dims
+                ):
+                    return len(joined.elements)
+            inner = [a.value for a in expr.args if a.keyword is None]
+            inner += [expr.func.value] if isinstance(expr.func, cst.Attribute) else []
+            return max([self._joined_pieces(value, depth + 1) for value in inner] or [1])
+        if isinstance(expr, (cst.Subscript, cst.Attribute)):
+            return self._joined_pieces(expr.value, depth + 1)
+        if not isinstance(expr, cst.Name):
+            return 1
+        scopes = self.facts.analyzer.scopes
+        values = [scopes.assigned_value(a.node)[0] for a in scopes.assignments_of(expr) if getattr(a, "node", None) is not None]
+        return max([self._joined_pieces(value, depth + 1) for value in values if value is not None] or [1])
 
     def _called_in_training(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
         if not names:
@@ -564,8 +594,10 @@ class BatchLossesTransform(Transform):
 def _transposed(node: cst.BaseExpression) -> bool:
     """``x.t()``, ``x.T``, ``x.transpose(0, 1)``, ``x.permute(1, 0)``, ``torch.t(x)`` (and
     ``x.t().contiguous()``)."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("contiguous", "detach", "clone", "float"):
-        node = node.func.value
+    while isinstance(node, cst.Attribute) and node.attr.value == "data" or (
+        isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("contiguous", "detach", "clone", "float")
+    ):
+        node = node.value if isinstance(node, cst.Attribute) else node.func.value
     if isinstance(node, cst.Attribute) and node.attr.value == "T":
         return True
     if isinstance(node, cst.Call):

@@ -84,6 +84,7 @@ TEMPLATE_NAMES = (
     "ddp_gathered",
     "ddp_leaves",
     "DdpGathered",
+    "ddp_selected_mean",
     "ddp_mean",
     "ddp_sum",
     "ddp_any",

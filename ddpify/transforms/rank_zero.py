@@ -117,6 +117,13 @@ asked of it (``fileno()``, MMT's Logger; ``flush``, ``name``), so it escapes no 
 
 Elsewhere (``open(path, "w").write(...)`` in an expression) it is a warning: left alone.
 
+DDP622  an existence check whose branches make, remove or refuse the path it tests (a run
+folder: ``if os.path.exists(out): raise ... else: os.makedirs(out)``) is decided once, by rank 0
+before any rank writes, and every rank takes rank 0's branch (otherwise a rank that checks after
+another made the folder takes the other branch)::
+
+    if os.path.exists(out_dir):   ->   if ddp_from_rank_zero(os.path.exists(out_dir)):
+
 DDP616  single-file mode: a function of another module of the project, read but not
 rewritten, that trains or runs the model and writes files (robot-surgery-segmentation's
 ``utils.train`` saves the model and appends to a log; HRNet's ``validate`` writes its COCO
@@ -156,7 +163,7 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import runs_after_setup
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, stand_in_escapes
-from ddpify.names import TRACKER_FACTORIES, WRITE_MODES
+from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
 
@@ -172,26 +179,11 @@ SIDE_EFFECTS = {
     "builtins.print",
     "sys.stdout.write",
     "sys.stderr.write",
-    "torch.save",
     *TQDM_WRITES,
     *(f"shutil.{name}" for name in ("copy", "copy2", "copyfile", "copytree", "move", "rmtree")),
     *(f"os.{name}" for name in ("remove", "unlink", "rename", "replace", "mkdir", "rmdir")),
     *WANDB_CALLS,
-    # image and array writers
-    "torchvision.utils.save_image",
-    *(f"numpy.{name}" for name in ("save", "savez", "savez_compressed", "savetxt")),
-    "matplotlib.pyplot.savefig",
-    "cv2.imwrite",
-    *(f"imageio.{name}" for name in ("imwrite", "imsave", "mimsave")),
-    # audio and object writers
-    "librosa.output.write_wav",
-    "soundfile.write",
-    "scipy.io.wavfile.write",
-    "torchaudio.save",
-    "joblib.dump",
-    "scipy.io.savemat",
-    "torch.jit.save",
-    "torch.onnx.export",
+    *FILE_WRITERS,
     *TENSORBOARD_LOGGER,
 }
 # Output to the terminal: ddp_setup() quiets the ranks other than 0, so it needs no guard.
@@ -604,6 +596,43 @@ class RankZeroTransform(Transform):
             original, updated,
             "exported to ONNX on rank 0: {}, the module inside DDP (tracing DDP's forward would wait for the other ranks)",
         )
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if not self._decided_once(original_node):
+            return updated_node
+        self.context.use_helper("ddp_from_rank_zero")
+        self.context.report(
+            original_node.test,
+            "DDP622",
+            f"`{self.context.code(original_node.test)}` is decided by rank 0 before any rank writes, and every rank "
+            "takes its branch (a rank that checked after another made the folder would take the other branch)",
+        )
+        return updated_node.with_changes(test=cst.Call(cst.Name("ddp_from_rank_zero"), [cst.Arg(updated_node.test)]))
+
+    def _decided_once(self, check: cst.If) -> bool:
+        """An existence check on every rank's path, not guarded itself, whose branches make,
+        remove or refuse (raise, exit) the path it tests: H's audio trainer raised on the rank
+        that came second, after the first had made the run folder."""
+        tests = calls_in(check.test)
+        if not tests or not all((dotted(c.func) or "").endswith(EXISTENCE_CHECKS) for c in tests):
+            return False
+        if self._import_time(check) or self._under_rank_guard(check) or self._units.guarded(check):
+            return False
+        if not runs_after_setup(check, self.facts, self.context.parent) or not self._same_path_on_every_rank(check):
+            return False
+        tested = {self.context.code(c.args[0].value) for c in tests if c.args} | {
+            self.context.code(c.func.value) for c in tests if not c.args and isinstance(c.func, cst.Attribute)
+        }
+        branches = [check.body, *([check.orelse] if check.orelse is not None else [])]
+        for branch in branches:
+            for call in calls_in(branch):
+                name = dotted(call.func) or ""
+                changes = name.endswith(("makedirs", "mkdir", "rmtree", "remove", "unlink")) or name in ("sys.exit", "exit")
+                if changes and (name in ("sys.exit", "exit") or _call_path(call, self.context.code) in tested):
+                    return True
+            if any(isinstance(node, cst.Raise) for node in walk(branch)):
+                return True
+        return False
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if self._import_time(original_node):
@@ -1290,3 +1319,10 @@ def _path_mkdir(call: cst.Call) -> bool:
         return False
     keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
     return len(keywords) == len(call.args) and keywords <= {"mode", "parents"}
+
+
+def _call_path(call: cst.Call, code) -> str | None:
+    """The path a call makes or removes: its first argument, or what ``path.mkdir()`` is called on."""
+    if call.args and call.args[0].keyword is None:
+        return code(call.args[0].value)
+    return code(call.func.value) if isinstance(call.func, cst.Attribute) else None

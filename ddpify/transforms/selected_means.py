@@ -1,0 +1,167 @@
+"""DDP135: a training loss averaged over the elements a mask selects keeps DataParallel's mean.
+
+DataParallel computed a mean-reduced loss over the selected elements of the whole global batch
+(valid pixels of a depth or disparity map, tokens that are not padding, labels that are not the
+ignored class): the sum over every selected element divided by their number. Each DDP process
+averages over its own share's selection and DDP averages the processes' gradients: a share with
+few selected elements weighs as much as one with many (LEAStereo's sparse ground truth: a 22%
+different update). Weighted by its count over the mean count across ranks, each process's mean
+is its share's sum over the mean count, and DDP's average is the global mean again.
+
+DDP135  a mean-reduced loss of masked elements (``x[mask]``, ``x.masked_select(mask)``, a loss with
+``ignore_index``) that backward() takes is weighted by its selection's share::
+
+    mask = target < opt.maxdisp
+    loss = F.smooth_l1_loss(disp[mask], target[mask])
+    # becomes
+    loss = ddp_selected_mean(F.smooth_l1_loss(disp[mask], target[mask]), mask)
+
+    criterion = nn.CrossEntropyLoss(ignore_index=255)
+    loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), y != 255)
+
+Only what backward() takes, where every rank computes it (the count's mean is a collective);
+a metric averaged so is left as it is.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import dotted, same_path_on_every_rank, walk
+from ddpify.transforms.base import Transform
+from ddpify.transforms.summed_losses import _origins, _reaching_backward
+
+# torch.nn.functional losses that average over their input's elements (reduction="mean")
+MEAN_LOSSES = {
+    f"torch.nn.functional.{name}"
+    for name in (
+        "l1_loss", "mse_loss", "smooth_l1_loss", "huber_loss", "cross_entropy", "nll_loss",
+        "binary_cross_entropy", "binary_cross_entropy_with_logits", "soft_margin_loss",
+    )
+}
+MEAN_LOSS_MODULES = {
+    f"torch.nn.{name}"
+    for name in ("L1Loss", "MSELoss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss")
+}
+IGNORING = {"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.nn.CrossEntropyLoss", "torch.nn.NLLLoss"}
+# What a mask is made of: a comparison, a logical test, or a tensor said to be boolean.
+MASK_METHODS = {"bool", "ne", "eq", "gt", "lt", "ge", "le", "isfinite", "logical_and", "logical_or", "logical_not", "detach", "detach_"}
+
+
+class SelectedMeansTransform(Transform):
+    CODE_PREFIX = "DDP13"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._selected: dict[cst.Call, str] = {}  # loss call -> the selection's code
+
+    def check(self) -> None:
+        if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
+            return
+        for loop in self.facts.training_loops:
+            origins = _origins(loop)
+            for node in (node for expr in _reaching_backward(loop, origins) for node in walk(expr)):
+                if not isinstance(node, cst.Call) or node in self._selected or self._gathered(node):
+                    continue
+                selection = self._selection(node, origins)
+                if selection is not None and same_path_on_every_rank(node, self.context.parent):
+                    self._selected[node] = selection
+
+    def _gathered(self, node: cst.CSTNode) -> bool:
+        """A loss given the whole global batch (DDP117) is DataParallel's already."""
+        while node is not None:
+            if node in self.context.whole_batch_calls or node in self.context.whole_batch_definitions:
+                return True
+            node = self.context.parent(node)
+        return False
+
+    def _selection(self, call: cst.Call, origins: dict[str, list[cst.BaseExpression]]) -> str | None:
+        """The code of what the mean-reduced loss ``call`` averages over, if a mask selects it."""
+        kind = self._mean_loss(call)
+        options = [arg for arg in self._constructor_args(call) + list(call.args) if arg.keyword is not None]
+        if kind is None or not call.args or any(
+            arg.keyword.value in ("reduction", "size_average", "reduce", "weight") and not _says_mean(arg.value) for arg in options
+        ):
+            return None  # (a sum, or classes weighted: not a plain mean over the selection)
+        ignored = next((arg.value for arg in options if arg.keyword.value == "ignore_index"), None)
+        positional = [arg.value for arg in call.args if arg.keyword is None]
+        if ignored is not None and kind in IGNORING and len(positional) > 1:
+            target = self.context.code(positional[1])
+            return f"{target} != {self.context.code(ignored)}"
+        for node in walk(positional[0]):
+            mask = _mask_of(node)
+            if mask is not None and self._a_mask(mask, origins):
+                return self.context.code(mask)
+        return None
+
+    def _mean_loss(self, call: cst.Call) -> str | None:
+        """The loss the call computes: a functional loss, or a loss module bound to a name."""
+        names = self.context.qualified(call.func)
+        if names & MEAN_LOSSES:
+            return next(iter(names & MEAN_LOSSES))
+        made = self._constructor(call)
+        if made is not None and self.context.qualified(made.func) & MEAN_LOSS_MODULES:
+            return next(iter(self.context.qualified(made.func) & MEAN_LOSS_MODULES))
+        return None
+
+    def _constructor(self, call: cst.Call) -> cst.Call | None:
+        """``nn.CrossEntropyLoss(...)`` when ``call`` calls the one name it is bound to."""
+        if not isinstance(call.func, (cst.Name, cst.Attribute)):
+            return None
+        name = dotted(call.func)
+        made = [
+            node.value for node in walk(self.context.module)
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            and any(dotted(target.target) == name for target in node.targets)
+        ]
+        return made[0] if len(made) == 1 else None
+
+    def _constructor_args(self, call: cst.Call) -> list[cst.Arg]:
+        made = self._constructor(call)
+        return list(made.args) if made is not None else []
+
+    def _a_mask(self, mask: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> bool:
+        """A comparison or a logical test of the batch, written in place or bound in the loop."""
+        if isinstance(mask, cst.Comparison) or isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert):
+            return True
+        if isinstance(mask, cst.BinaryOperation) and isinstance(mask.operator, (cst.BitAnd, cst.BitOr)):
+            return True
+        if isinstance(mask, cst.Call) and isinstance(mask.func, cst.Attribute) and mask.func.attr.value in MASK_METHODS:
+            return mask.func.attr.value not in ("detach", "detach_") or self._a_mask(mask.func.value, origins)
+        if isinstance(mask, cst.Name):
+            return any(self._a_mask(value, {}) for value in origins.get(mask.value, []))
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        selection = self._selected.get(original_node)
+        if selection is None:
+            return updated_node
+        self.context.use_helper("ddp_selected_mean")
+        self.context.report(
+            original_node,
+            "DDP135",
+            f"`{self.context.code(original_node)}` averages over the elements `{selection}` selects: each process's mean "
+            "is weighted by its count over the mean count across ranks (ddp_selected_mean), so DDP's average is the "
+            "mean over every selected element of the global batch, as DataParallel's was",
+        )
+        return cst.Call(func=cst.Name("ddp_selected_mean"), args=[cst.Arg(updated_node), cst.Arg(cst.parse_expression(selection))])
+
+
+def _says_mean(value: cst.BaseExpression) -> bool:
+    """``reduction="mean"``, ``size_average=True``, ``reduce=True``, ``weight=None``."""
+    if isinstance(value, cst.SimpleString):
+        return value.evaluated_value == "mean"
+    return isinstance(value, cst.Name) and value.value in ("True", "None")
+
+
+def _mask_of(node: cst.CSTNode) -> cst.BaseExpression | None:
+    """The mask of ``x[mask]`` (the one index that is not a slice or a number) or of
+    ``x.masked_select(mask)``."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "masked_select" and node.args:
+        return node.args[0].value
+    if not isinstance(node, cst.Subscript):
+        return None
+    indices = [element.slice.value for element in node.slice if isinstance(element.slice, cst.Index)]
+    if len(node.slice) != 1 or len(indices) != 1 or isinstance(indices[0], (cst.BaseNumber, cst.BaseString, cst.Ellipsis)):
+        return None
+    return indices[0]
