@@ -158,6 +158,55 @@ def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path)
     assert results["train.py"].changed and not results["train.py"].error
 
 
+def test_a_backward_serving_a_forward_is_not_a_loop_over_data(tmp_path: Path) -> None:
+    # CCT's VAT decoder: get_r_adv() runs a power iteration with its own backward(), called from a
+    # module's forward; not a training loop that draws batches (DDP304 refused the folder)
+    write_project(tmp_path, {
+        "decoders.py": (
+            "import torch\nimport torch.nn as nn\n\n\ndef get_r_adv(x, decoder, it=1):\n"
+            "    d = torch.rand_like(x).requires_grad_()\n    for _ in range(it):\n"
+            "        decoder(x + d).sum().backward()\n        d = d.grad.detach().requires_grad_()\n"
+            "    return d.detach()\n\n\nclass VATDecoder(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.up = nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+            "        return self.up(x + get_r_adv(x, self.up))\n"
+        ),
+        "train.py": TRAIN_WITH.format(imports="from decoders import VATDecoder", setup="", after="").replace(
+            "torch.nn.DataParallel(torch.nn.Linear(4, 2))", "torch.nn.DataParallel(VATDecoder())"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), {name: result.error for name, result in results.items()}
+    assert results["train.py"].changed
+
+
+def test_micro_batches_of_a_fed_batch_in_a_project_solver_are_not_a_loop_over_data(tmp_path: Path) -> None:
+    # SRFBN's SRSolver.train_step(): `for i in range(self.split_batch)` cuts the batch the entry's
+    # loop fed it (`self.LR.narrow(0, i * sub, sub)`), a backward() per piece, one step
+    write_project(tmp_path, {
+        "solver.py": (
+            "import torch\nimport torch.nn as nn\n\n\nclass Solver:\n    def __init__(self):\n"
+            "        self.model = nn.DataParallel(nn.Linear(4, 2))\n"
+            "        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n        self.split_batch = 2\n\n"
+            "    def feed_data(self, batch):\n        self.LR, self.HR = batch\n\n    def train_step(self):\n"
+            "        self.opt.zero_grad()\n        sub = self.LR.size(0) // self.split_batch\n"
+            "        for i in range(self.split_batch):\n"
+            "            out = self.model(self.LR.narrow(0, i * sub, sub))\n"
+            "            loss = ((out - self.HR.narrow(0, i * sub, sub)) ** 2).mean() / self.split_batch\n"
+            "            loss.backward()\n        self.opt.step()\n"
+        ),
+        "train.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom solver import Solver\n\n\n"
+            "def main():\n    solver = Solver()\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8)\n"
+            "    for epoch in range(2):\n        for batch in loader:\n            solver.feed_data(batch)\n"
+            "            solver.train_step()\n\n\nif __name__ == '__main__':\n    main()\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), {name: result.error for name, result in results.items()}
+    assert "ddp_shard(loader)" in results["train.py"].output or "DistributedSampler" in results["train.py"].output
+
+
 TRAIN_WITH = (
     "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n{imports}\n\n\ndef main():\n{setup}"
     "    model = torch.nn.DataParallel(torch.nn.Linear(4, 2))\n"

@@ -146,7 +146,10 @@ class SamplerTransform(Transform):
         # step outside any loop, like an optimizer wrapper's `self._optimizer.step()`, runs in
         # a loop of the module that calls it, which is checked there)
         # (nor are loops over the model's parts, a backward() each: Wave-U-Net's compute_loss)
-        data_loops = [loop for loop in self.facts.training_loops if not (isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop))]
+        data_loops = [
+            loop for loop in self.facts.training_loops
+            if not (isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop)) and not self._serves_another_loop(loop)
+        ]
         library_step_only = self.context.is_library and not data_loops
         # (an entry script that hands only its settings to a project training function, hotpot's
         # `train(config)`: the loop over data is in that function's module, checked there)
@@ -489,6 +492,8 @@ class SamplerTransform(Transform):
                 continue  # an epoch loop that steps a scheduler: its data comes from inside the calls
             if isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop):
                 continue  # a backward() per part of the model, on a batch drawn around it
+            if self._serves_another_loop(loop):
+                continue
             if loop in fed or any(other in fed for other in walk(loop.body)) or self._inside(loop, fed):
                 continue
             sites = self.facts.step_call_sites.get(loop, [])
@@ -496,6 +501,25 @@ class SamplerTransform(Transform):
                 continue  # a loop of a step function that only loops over batches call: it repeats that step
             unfed.append(loop)
         return unfed
+
+    def _serves_another_loop(self, loop: cst.CSTNode) -> bool:
+        """A loop with a backward() that draws no data of its own for another loop's batch:
+        VAT's power iteration in a decoder's forward (CCT), or, in a module the entry imports,
+        micro-batches of the batch the entry's loop feeds it (SRFBN's solver)."""
+        return self._in_a_forward(loop) or self.context.is_library and _cuts_a_batch_in_hand(loop)
+
+    def _in_a_forward(self, node: cst.CSTNode, depth: int = 0) -> bool:
+        """Inside a module's ``forward``, or a function only forwards call (a backward() there
+        serves the forward pass: adversarial perturbations, CCT's VAT power iteration in
+        get_r_adv()), not a loop over data."""
+        while node is not None and not isinstance(node, cst.Module):
+            if isinstance(node, cst.FunctionDef) and node.name.value == "forward":
+                return isinstance(self.context.parent(self.context.parent(node)), cst.ClassDef)
+            if isinstance(node, cst.FunctionDef):
+                sites = self.facts.analyzer.calls.call_sites(node) if depth < 3 else []
+                return bool(sites) and all(self._in_a_forward(call, depth + 1) for call, _ in sites)
+            node = self.context.parent(node)
+        return False
 
     def _inside(self, node: cst.CSTNode, loops: set[cst.CSTNode]) -> bool:
         parent = self.context.parent(node)
@@ -687,6 +711,24 @@ def _calls_backward(loop: cst.CSTNode) -> bool:
 
 def _next_to(folder: Path, name: str) -> bool:
     return (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file() or (folder / name).is_dir()
+
+
+def _cuts_a_batch_in_hand(loop: cst.CSTNode) -> bool:
+    """``for i in range(self.split_batch):`` cutting a batch bound outside the loop into pieces
+    (``self.LR.narrow(0, i * sub, sub)``, ``x[i * n:(i + 1) * n]``): gradient accumulation over
+    the batch in hand, which the loop that feeds it draws."""
+    if not isinstance(loop, cst.For) or _draws_data(loop) or not isinstance(loop.target, cst.Name):
+        return False
+    index = loop.target.value
+    for node in walk(loop.body):
+        cut = None
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("narrow", "chunk", "split", "tensor_split"):
+            cut = node.func.value if any(isinstance(n, cst.Name) and n.value == index for arg in node.args for n in walk(arg)) else None
+        elif isinstance(node, cst.Subscript) and any(isinstance(n, cst.Name) and n.value == index for n in walk(node.slice[0] if node.slice else node)):
+            cut = node.value
+        if cut is not None and isinstance(cut, (cst.Name, cst.Attribute)):
+            return True
+    return False
 
 
 def _draws_data(loop: cst.CSTNode) -> bool:
