@@ -194,17 +194,27 @@ def test_micro_batches_of_a_fed_batch_in_a_project_solver_are_not_a_loop_over_da
             "            loss = ((out - self.HR.narrow(0, i * sub, sub)) ** 2).mean() / self.split_batch\n"
             "            loss.backward()\n        self.opt.step()\n"
         ),
+        # (its create_dataloader() builds the validation loader too: sharded where the training
+        # loop draws, the builder left whole; the loop feeds the solver, another method trains)
+        "data.py": (
+            "import torch\n\n\ndef create_dataloader(dataset, phase):\n    if phase == 'train':\n"
+            "        batch_size, shuffle = 8, True\n    else:\n        batch_size, shuffle = 1, False\n"
+            "    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)\n"
+        ),
         "train.py": (
-            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom solver import Solver\n\n\n"
+            "import torch\nfrom torch.utils.data import TensorDataset\nfrom data import create_dataloader\nfrom solver import Solver\n\n\n"
             "def main():\n    solver = Solver()\n"
-            "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8)\n"
+            "    loader = create_dataloader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), 'train')\n"
+            "    val_loader = create_dataloader(TensorDataset(torch.randn(8, 4), torch.randn(8, 2)), 'val')\n"
             "    for epoch in range(2):\n        for batch in loader:\n            solver.feed_data(batch)\n"
-            "            solver.train_step()\n\n\nif __name__ == '__main__':\n    main()\n"
+            "            solver.train_step()\n        for batch in val_loader:\n            solver.feed_data(batch)\n"
+            "\n\nif __name__ == '__main__':\n    main()\n"
         ),
     })
     results = convert_tree(tmp_path)
     assert not any(result.error for result in results.values()), {name: result.error for name, result in results.items()}
-    assert "ddp_shard(loader)" in results["train.py"].output or "DistributedSampler" in results["train.py"].output
+    assert "in ddp_shard(loader):" in results["train.py"].output and "in val_loader:" in results["train.py"].output
+    assert not results["data.py"].changed
 
 
 TRAIN_WITH = (

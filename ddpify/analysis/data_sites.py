@@ -132,12 +132,21 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and (dotted(loop.iter.func) or "").rpartition(".")[2] in ("range", "trange"):
         targets = set()  # an epoch counter handed to a training call (`trainer.train(epoch, loader)`) is not data
     derived = _derived_from(targets, loop.body)
-    for call in _own_calls(loop.body):
+    calls = _own_calls(loop.body)
+    # (an object fed the batch by one method and trained by another: SRFBN's
+    # `solver.feed_data(batch)`, then `solver.train_step()`)
+    fed = {
+        dotted(call.func.value) for call in calls if isinstance(call.func, cst.Attribute)
+        and {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)} & derived
+    } - {None}
+    for call in calls:
         if is_training_call(call):
             return True
         if dotted(call.func) in facts.training_calls:
             arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
             if (not targets and not isinstance(loop, cst.For)) or arguments & derived:
+                return True
+            if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in fed:
                 return True
     return False
 

@@ -190,10 +190,19 @@ class Loaders(Room):
             return [value] if index is None else []
         function = self.scopes.local_function(value.func)
         if function is None and self._from_project(value.func):
+            if self._builds_others_too(value):
+                return []  # (sharded where the training loop draws it: the builder stays whole)
             return [self._foreign_loader(value, index)]
         if function is None or depth > 4:
             return []
         return self.loaders_returned(function, index, depth)
+
+    def _builds_others_too(self, call: cst.Call) -> bool:
+        """Does this file call the project's loader builder for other loaders too (SRFBN's
+        ``create_dataloader(val_set, opt)``)? Sharded in the builder, its evaluation loaders
+        would be sharded with the training one."""
+        name = dotted(call.func)
+        return sum(1 for other, _ in self.scopes.calls if dotted(other.func) == name) > 1
 
     def _from_project(self, func: cst.BaseExpression) -> bool:
         root = root_name(func)
