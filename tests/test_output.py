@@ -236,3 +236,28 @@ def test_every_code_has_a_docs_anchor_on_a_generated_page():
         assert code_url(code) == f"{DOCS_URL}rules/#{code.lower()}"
     for code in set(convert_codes()) - set(RULES):
         assert code_url(code) == f"{DOCS_URL}transforms/#{code.lower()}"
+
+
+def test_a_long_elif_chain_converts_in_linear_time():
+    # Bag-of-Tricks-for-AT: 20 `elif` branches; each statement's guard question asked again of
+    # every statement around it, without a memo, never finished
+    import time
+
+    from ddpify.api import convert_source
+
+    branches = "".join(
+        f"        {'if' if i == 0 else 'elif'} args.m == 'a{i}':\n            loss = ((model(x) - y) ** 2).mean() * {i + 1}\n"
+        f"            print('branch {i}')\n"
+        for i in range(24)
+    )
+    source = (
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--m', default='a0')\nargs = p.parse_args()\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)\n"
+        f"for epoch in range(2):\n    for x, y in loader:\n{branches}        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+    )
+    started = time.perf_counter()
+    result = convert_source(source, path="train.py")
+    assert result.changed and not result.error
+    assert time.perf_counter() - started < 20

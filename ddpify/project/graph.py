@@ -367,6 +367,11 @@ class Project:
             target = self.resolve(info, made, classes=True)
             if target is None or target[0] is info or made in found:
                 continue
+            if target[1] in target[0].functions:  # a factory (SRFBN's create_solver returns SRSolver(opt))
+                made_there = _class_returned(target[0].function_sources.get(target[1], ""))
+                target = self.resolve(target[0], made_there, classes=True) if made_there else None
+                if target is None:
+                    continue
             methods = _training_method_names(target[0].class_sources.get(target[1], ""))
             found.update(f"{instance}.{method}" for method in methods if f"{instance}.{method}(" in info.source)
         return frozenset(found)
@@ -395,6 +400,25 @@ class Project:
             if module is not None and not self.in_project(module):
                 return f"{module}.{attribute}" if attribute else module
         return None
+
+
+def _class_returned(function_source: str) -> str | None:
+    """The class a factory function returns an instance of: ``return Cls(...)``, or a name
+    bound to one (``solver = SRSolver(opt)`` ... ``return solver``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(function_source))
+    except SyntaxError:
+        return None
+    made = {
+        target.id: ast.unparse(node.value.func) for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Call):
+            return ast.unparse(node.value.func)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id in made:
+            return made[node.value.id]
+    return None
 
 
 def _training_method_names(class_source: str) -> set[str]:

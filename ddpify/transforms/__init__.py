@@ -48,5 +48,6 @@ EXISTING_DDP = (ExistingDdpTransform, SetEpochTransform, ImportsTransform)
 # and an imported module that only prints, saves or names DataParallel.
 ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, RunNamesTransform, ProcessGroupTransform, ImportsTransform)
 LIBRARY_SIDE_EFFECTS = (
-    DevicesTransform, WrapModelTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform
+    # (a step function there decides on the mean loss: SRFBN's solver skips a step on its loss)
+    DevicesTransform, WrapModelTransform, DecisionsTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform
 )

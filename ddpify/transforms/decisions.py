@@ -81,6 +81,7 @@ class DecisionsTransform(Transform):
         self._averaged_tests: dict[cst.If, set[str]] = {}  # early stops decided on the mean
         self._agreed_tests: set[cst.If] = set()  # per-rank skips decided alike on every rank
         self._stepping_tests: set[cst.If] = set()  # training steps taken on a per-rank test
+        self._stepping_after_loops: set[cst.If] = set()  # those after a step function's loop, on losses
         self._fed_metrics: dict[cst.Name, str] = {}  # loop-computed values an early-stop object is given
 
     def check(self) -> None:
@@ -91,6 +92,29 @@ class DecisionsTransform(Transform):
             self._report_per_rank_skips(loop)
         for loop in self._epoch_loops():
             self._average_what_deciders_are_given(loop)
+        self._stepping_after_loops = set(self._steps_on_a_loss_after_the_loop())
+
+    def _steps_on_a_loss_after_the_loop(self) -> list[cst.If]:
+        """``if loss_batch < self.skip_threshold * self.last_epoch_loss: self.optimizer.step()``
+        after a loop of backward() passes, in a step function (SRFBN's train_step(), outside any
+        training loop): decided on this rank's loss, one rank would step and another not."""
+        found = []
+        for node in walk(self.context.module):
+            if not isinstance(node, cst.If) or node in self._stepping_tests or isinstance(innermost_loop(node, self.context.parent), (cst.For, cst.While)):
+                continue
+            function = self.context.parent(node)
+            while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
+                function = self.context.parent(function)
+            if not isinstance(function, cst.FunctionDef) or not any(
+                isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" for call in calls_in(function)
+            ):
+                continue
+            if (
+                any(is_training_call(call) for call in calls_in(node.body)) and self._losses_tested(node.test)
+                and same_path_on_every_rank(node, self.context.parent)
+            ):
+                found.append(node)
+        return found
 
     def _epoch_loops(self) -> list[cst.CSTNode]:
         """Loops around a training loop (the epoch loops), whatever draws the data."""
@@ -229,6 +253,16 @@ class DecisionsTransform(Transform):
         return {n.value for n in walk(test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        if original_node in self._stepping_after_loops:
+            # (the losses a step function keeps, `self.last_epoch_loss = loss_batch`, are each
+            # rank's own too: their mean is the global batch's, as DataParallel kept it)
+            self.context.use_helper("ddp_mean")
+            self.context.report(
+                original_node, "DDP808",
+                f"`if {self.context.code(original_node.test)}:` takes a training step on this rank's losses: it decides on "
+                "their means across ranks, the global batch's values, so every rank steps alike",
+            )
+            return updated_node.with_changes(test=updated_node.test.visit(_AverageLossReads()))
         if original_node in self._stepping_tests:
             shown = self.context.code(original_node.test)
             losses = self._losses_tested(original_node.test)
@@ -428,6 +462,24 @@ class _AverageValues(cst.CSTTransformer):
         if original_node.value in self.names:
             return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
         return updated_node
+
+
+class _AverageLossReads(cst.CSTTransformer):
+    """``loss_batch`` and ``self.last_epoch_loss`` -> their ``ddp_mean(...)`` inside one condition."""
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return "loss" not in node.attr.value.lower()
+
+    def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
+        if "loss" in original_node.attr.value.lower():
+            return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
+        return updated_node
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        return True
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)]) if "loss" in original_node.value.lower() else updated_node
 
 
 class _AverageNames(cst.CSTTransformer):

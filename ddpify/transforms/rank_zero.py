@@ -362,7 +362,16 @@ class RankZeroTransform(Transform):
         return not any(name.rpartition(".")[0] in sys.stdlib_module_names for name in self.context.qualified(func))
 
     def _would_guard(self, original: cst.BaseStatement) -> bool:
-        """_guardable without its reports: a write on its own line, nothing unsafe in it."""
+        """_guardable without its reports: a write on its own line, nothing unsafe in it.
+        Remembered: each statement asks of every statement around it (an `elif` chain of 20
+        branches took exponential time, Bag-of-Tricks-for-AT)."""
+        memo = self.__dict__.setdefault("_would_guard_memo", {})
+        key = (original, getattr(self, "_units", None) is not None)  # (GuardUnits asks while it is planned)
+        if key not in memo:
+            memo[key] = self._would_guard_now(original)
+        return memo[key]
+
+    def _would_guard_now(self, original: cst.BaseStatement) -> bool:
         if self._under_rank_guard(original) or self._inside_guarded(original):
             return False
         if self._writes_file(original):
@@ -1106,7 +1115,8 @@ class RankZeroTransform(Transform):
         if not (isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call)):
             return {}
         call = statement.value
-        if "builtins.print" not in self.context.qualified(call.func) or not self._shows_output(call):
+        printed = "builtins.print" in self.context.qualified(call.func) and self._shows_output(call)
+        if not printed and not _logs_a_value(call):
             return {}
         shown = {name: "ddp_mean" for name in _loss_names(call, self._derived_losses)}
         if not shown:
@@ -1326,3 +1336,15 @@ def _call_path(call: cst.Call, code) -> str | None:
     if call.args and call.args[0].keyword is None:
         return code(call.args[0].value)
     return code(call.func.value) if isinstance(call.func, cst.Attribute) else None
+
+
+def _logs_a_value(call: cst.Call) -> bool:
+    """A logged value every rank reaches (rank 0's is kept): ``logger.info(...)`` (logging is
+    quiet on the other ranks), ``writer.add_scalar(...)`` (a stand-in there, DDP606); the same
+    mean across ranks as a printed loss (AdaBound's curves, amc's tensorboard)."""
+    if not isinstance(call.func, cst.Attribute):
+        return False
+    method, receiver = call.func.attr.value, (dotted(call.func.value) or "").lower()
+    if method in ("add_scalar", "add_scalars"):
+        return True
+    return method in ("info", "debug", "warning") and "log" in receiver
