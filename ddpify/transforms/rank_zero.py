@@ -633,11 +633,14 @@ class RankZeroTransform(Transform):
             self.context.code(c.func.value) for c in tests if not c.args and isinstance(c.func, cst.Attribute)
         }
         branches = [check.body, *([check.orelse] if check.orelse is not None else [])]
+        # (`if not os.path.isdir(d): os.makedirs(d)` alone needs no decision: exist_ok does, DDP605)
+        makers = ("makedirs", "mkdir") if check.orelse is not None else ()
         for branch in branches:
             for call in calls_in(branch):
                 name = dotted(call.func) or ""
-                changes = name.endswith(("makedirs", "mkdir", "rmtree", "remove", "unlink")) or name in ("sys.exit", "exit")
-                if changes and (name in ("sys.exit", "exit") or _call_path(call, self.context.code) in tested):
+                if name in ("sys.exit", "exit"):
+                    return True
+                if name.endswith((*makers, "rmtree", "remove", "unlink")) and _call_path(call, self.context.code) in tested:
                     return True
             if any(isinstance(node, cst.Raise) for node in walk(branch)):
                 return True
