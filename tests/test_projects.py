@@ -220,6 +220,29 @@ def test_micro_batches_of_a_fed_batch_in_a_project_solver_are_not_a_loop_over_da
     assert "if ddp_mean(loss_batch) < 10 * ddp_mean(self.last_epoch_loss):" in results["solver.py"].output
 
 
+def test_a_builder_handed_the_phase_it_picks_its_loader_by_stays_whole(tmp_path: Path) -> None:
+    # SR3's sample.py: `if phase == 'train': train_loader = Data.create_dataloader(train_set, opt, phase)`;
+    # the builder returns the validation loader for another phase: sharded there, sr.py's
+    # validation would run on a shard
+    write_project(tmp_path, {
+        "data.py": (
+            "import torch\n\n\ndef create_dataloader(dataset, phase):\n    if phase == 'train':\n"
+            "        return torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True)\n"
+            "    return torch.utils.data.DataLoader(dataset, batch_size=1, shuffle=False)\n"
+        ),
+        "train.py": TRAIN_WITH.format(
+            imports="from data import create_dataloader", setup="", after=""
+        ).replace(
+            "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), batch_size=8, shuffle=True)\n",
+            "    for phase in ['train']:\n        if phase == 'train':\n"
+            "            loader = create_dataloader(TensorDataset(torch.randn(64, 4), torch.randn(64, 2)), phase)\n",
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), {name: result.error for name, result in results.items()}
+    assert "in ddp_shard(loader):" in results["train.py"].output and not results["data.py"].changed
+
+
 TRAIN_WITH = (
     "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n{imports}\n\n\ndef main():\n{setup}"
     "    model = torch.nn.DataParallel(torch.nn.Linear(4, 2))\n"

@@ -213,6 +213,12 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
     name = (dotted(expr.func) or "").rpartition(".")[2]
     if name in COUNTS or name in TENSOR_PARTS or names & DATA_LOADER:
         return []
+    if analyzer.scopes.local_function(expr.func) is not None:
+        # a pass-through generator of this file handed the loader (big_transfer's
+        # `for x, y in recycle(train_loader):`): the loader inside is what is drawn
+        handed = [arg for arg in _iterated_by_call(expr, analyzer) if _a_loader(arg, expr, analyzer)]
+        if handed:
+            return [found for arg in handed for found in _data_expressions(arg, analyzer)]
     return [expr]
 
 

@@ -15,7 +15,7 @@ from libcst.metadata import PositionProvider, ScopeProvider
 
 from ddpify.analysis.facts import Context, ForeignLoader, Function, LoaderSite
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import dotted, iterator_of, returns, root_name
+from ddpify.analysis.tree import dotted, iterator_of, returns, root_name, walk
 
 # Calls that only wrap an iterable: the loader is their first argument.
 ITERABLE_WRAPPERS = {
@@ -202,7 +202,20 @@ class Loaders(Room):
         ``create_dataloader(val_set, opt)``)? Sharded in the builder, its evaluation loaders
         would be sharded with the training one."""
         name = dotted(call.func)
-        return sum(1 for other, _ in self.scopes.calls if dotted(other.func) == name) > 1
+        if sum(1 for other, _ in self.scopes.calls if dotted(other.func) == name) > 1:
+            return True
+        # (or handed the phase an `if` around the call tested, SR3's `create_dataloader(train_set,
+        # dataset_opt, phase)` under `if phase == 'train':`: the builder picks its loader by it)
+        handed = {arg.value.value for arg in call.args if isinstance(arg.value, cst.Name)}
+        node = self.scopes.parent(call)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            tests = [n for n in walk(node.test) if isinstance(n, cst.Comparison)] if isinstance(node, cst.If) else []
+            for test in tests:
+                strings = [c.comparator for c in test.comparisons if isinstance(c.comparator, cst.SimpleString)]
+                if isinstance(test.left, cst.Name) and test.left.value in handed and strings:
+                    return True
+            node = self.scopes.parent(node)
+        return False
 
     def _from_project(self, func: cst.BaseExpression) -> bool:
         root = root_name(func)
