@@ -188,6 +188,13 @@ def test_a_summed_loss_evaluation_shares_reports_the_original_value(runs):
     assert lines_with(runs["ddp"].stdout, "validation loss") == lines_with(runs["single"].stdout, "validation loss") == original
 
 
+@only("features_only_wrap")
+def test_a_part_wrap_widened_keeps_dataparallel_s_checkpoint_keys(runs):
+    original = lines_with(runs["original"].stdout, "checkpoint keys")
+    assert original == ["checkpoint keys ['features.module.0.bias']"]
+    assert lines_with(runs["ddp"].stdout, "checkpoint keys") == lines_with(runs["single"].stdout, "checkpoint keys") == original
+
+
 @only("side_effects")
 def test_log_records_and_files_are_written_once(runs):
     for run in ("original", "ddp"):

@@ -612,14 +612,24 @@ class DdpModel(DistributedDataParallel):
             return getattr(self.module, name)
 
     def state_dict(self, *args, **kwargs):
-        if getattr(self, "ddp_keys_unwrapped", False):
-            return self.module.state_dict(*args, **kwargs)
-        return super().state_dict(*args, **kwargs)
+        """The keys DataParallel's checkpoints had: the bare model's (``keys_unwrapped``), or
+        those of a model whose one part DataParallel wrapped (``keys_unwrapped="features"``:
+        ``features.module.0.weight``, the ImageNet example's VGG recipe)."""
+        part = getattr(self, "ddp_keys_unwrapped", False)
+        if not part:
+            return super().state_dict(*args, **kwargs)
+        state = self.module.state_dict(*args, **kwargs)
+        if part is True:
+            return state
+        return type(state)((f"{part}.module.{k[len(part) + 1:]}" if k.startswith(f"{part}.") else k, v) for k, v in state.items())
 
     def load_state_dict(self, state_dict, strict=True, **kwargs):
         """A checkpoint saved by the bare model (no `module.` prefix) loads too: code that
         added the prefix only when DataParallel wrapped (CTR-GCN's reload of its best model)
         no longer knows that this model is wrapped."""
+        part = getattr(self, "ddp_keys_unwrapped", False)
+        if isinstance(part, str):  # (`features.module.0.weight`: DataParallel wrapped that part only)
+            state_dict = {k.replace(f"{part}.module.", f"{part}.", 1): v for k, v in state_dict.items()}
         if state_dict and not any(key.startswith("module.") for key in state_dict):
             return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
         return super().load_state_dict(state_dict, strict=strict, **kwargs)

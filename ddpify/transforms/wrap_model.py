@@ -151,7 +151,9 @@ example's AlexNet/VGG recipe, which spared the classifier's large layers DataPar
 copies): where the training calls the whole model (``model(images)``), the whole model is
 wrapped instead, as that example's own DDP path does::
 
-    model.features = torch.nn.DataParallel(model.features)   ->   model = ddp_wrap(model)
+    model.features = torch.nn.DataParallel(model.features)   ->   model = ddp_wrap(model, keys_unwrapped="features")
+
+Its checkpoints keep DataParallel's keys (``features.module.0.weight``), so old ones resume.
 
 (refuses) where the training calls the submodules themselves (``model.classifier(
 model.features(x))``, which would bypass DDP's forward), or inside an ``nn.Module``
@@ -453,8 +455,11 @@ class WrapModelTransform(Transform):
         )
         self.context.use_helper("ddp_wrap")
         self.context.add_import(*DDP_IMPORT)
+        # (its checkpoints keep DataParallel's keys: `features.module.0.weight`)
+        part = site.target[len(owner) + 1 :] if site.target and site.target.startswith(owner + ".") else None
+        keys = f', keys_unwrapped="{part}"' if part else ""
         return updated_node.with_changes(
-            targets=[cst.AssignTarget(cst.Name(owner))], value=cst.parse_expression(f"ddp_wrap({owner})")
+            targets=[cst.AssignTarget(cst.Name(owner))], value=cst.parse_expression(f"ddp_wrap({owner}{keys})")
         )
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
