@@ -760,8 +760,8 @@ def ddp_selected_mean(loss, selection):
     DataParallel's loss was. A share that selects nothing adds nothing (its mean is not a number)."""
     if dist.get_world_size() == 1:
         return loss
-    count = selection.sum() if torch.is_tensor(selection) and selection.dtype == torch.bool else torch.tensor(torch.as_tensor(selection).numel())
-    count = count.to(ddp_device(), torch.float64)
+    selection = torch.as_tensor(selection)  # (a numpy mask too)
+    count = (selection.sum() if selection.dtype == torch.bool else torch.tensor(selection.numel())).to(ddp_device(), torch.float64)
     weight = (count / ddp_mean(count)).to(loss.device, loss.dtype)
     return torch.where(count.to(loss.device) > 0, loss * weight, torch.zeros_like(loss))
 
