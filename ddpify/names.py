@@ -42,6 +42,9 @@ FILE_WRITERS = {
     "librosa.output.write_wav", "soundfile.write", "scipy.io.wavfile.write", "torchaudio.save", "joblib.dump",
     "scipy.io.savemat",
 }
+# Matrix products: one of the batch with its own transpose compares every pair of samples
+# (read by the same rule in the script, transforms/batch_losses.py, and in project modules).
+MATRIX_PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
 # Schedulers that decide from a metric the script passes in: it must be the same on every rank.
 METRIC_SCHEDULERS = {"torch.optim.lr_scheduler.ReduceLROnPlateau"}
 PROGRESS_BARS = {f"tqdm.{module}{name}" for module in ("", "auto.", "notebook.", "std.") for name in ("tqdm", "trange")}

@@ -216,7 +216,7 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
     if analyzer.scopes.local_function(expr.func) is not None:
         # a pass-through generator of this file handed the loader (big_transfer's
         # `for x, y in recycle(train_loader):`): the loader inside is what is drawn
-        handed = [arg for arg in _iterated_by_call(expr, analyzer) if _a_loader(arg, expr, analyzer)]
+        handed = _loaders_handed(expr, analyzer)
         if handed:
             return [found for arg in handed for found in _data_expressions(arg, analyzer)]
     return [expr]
@@ -260,12 +260,18 @@ def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpr
         value, _ = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
         if isinstance(value, cst.Call):
             handed = _iterated_by_call(value, analyzer)
-            loaders = [arg for arg in handed if _a_loader(arg, value, analyzer)]
+            loaders = _loaders_handed(value, analyzer, handed)
             found += loaders
             # (PytorchWaveNetVocoder's train_generator(wav_list, feat_list, ...): lists of file
             # names, not loaders: the batches it yields are split, not its arguments)
             generators |= bool(handed) and not loaders
     return found or ([source] if generators else [])
+
+
+def _loaders_handed(call: cst.Call, analyzer, handed: list[cst.BaseExpression] | None = None) -> list[cst.BaseExpression]:
+    """What a generator or iterable wrapper is handed that is (or may be) a DataLoader."""
+    handed = _iterated_by_call(call, analyzer) if handed is None else handed
+    return [arg for arg in handed if _a_loader(arg, call, analyzer)]
 
 
 def _a_loader(arg: cst.BaseExpression, call: cst.Call, analyzer) -> bool:

@@ -182,6 +182,11 @@ class Facts:
     def training_loaders(self) -> list[LoaderSite]:
         return [site for site in self.loaders.values() if site.training]
 
+    @property
+    def wrap_targets(self) -> set[str]:
+        """What the wrapped models are bound to (``model``, ``self.net``)."""
+        return {site.target for site in self.wraps if site.target}
+
     def copy(self) -> Facts:
         """What the walk found, for one more resolution to decide on: its own containers and
         loader sites (a resolution marks loaders training and adds to most collections)."""

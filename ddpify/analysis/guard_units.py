@@ -164,8 +164,8 @@ class GuardUnits:
         tested = [call for call in calls_in(check.test) if (dotted(call.func) or "").endswith(EXISTENCE_CHECKS)]
         if not made or not tested or any(self.unsafe(call) for call in calls_in(check)):
             return False
-        made_paths = {_path_code(call) for call in made} - {None}
-        return bool(made_paths & {_path_code(call) for call in tested})
+        made_paths = {path_code(call) for call in made} - {None}
+        return bool(made_paths & {path_code(call) for call in tested})
 
 
     def _checks_then_writes(self, statement: cst.BaseStatement) -> bool:
@@ -188,7 +188,7 @@ def _binds(statement: cst.BaseStatement, name: str) -> bool:
     )
 
 
-def _path_code(call: cst.Call) -> str | None:
+def path_code(call: cst.Call) -> str | None:
     """The path a call looks at or makes: its first argument, or what ``path.exists()`` is
     called on."""
     module = cst.Module([])

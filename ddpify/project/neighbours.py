@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ddpify.project.dp_subclasses import SubclassPlan, call_name, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
-from ddpify.names import FILE_WRITERS
+from ddpify.names import FILE_WRITERS, MATRIX_PRODUCTS
 
 # Calls (by their last name) that write files or folders, and those that do only when called
 # on a module of the standard library (`os.remove`, not `items.remove`).
@@ -330,8 +330,6 @@ PAIRWISE = re.compile(
     r"|addmm_?\(\s*[^,()]+,\s*[^,()]+,\s*(\w+)\s*,\s*\10\.t\(\)\s*\)|addmm_?\(\s*(\w+)\s*,\s*\11\.t\(\)"
     r"|(\w+)\s*\+\s*\12\.t\(\)"  # `dist = dist + dist.t()`: the squared norms of every pair
 )
-# Matrix products: one of the batch with its own transpose compares every pair of samples.
-PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
 
 
 def _a_batch_product(definition: ast.AST) -> bool:
@@ -341,7 +339,7 @@ def _a_batch_product(definition: ast.AST) -> bool:
     for node in ast.walk(definition):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             operands, later = [node.left, node.right], [node.right]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PRODUCTS:
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MATRIX_PRODUCTS:
             torch_call = isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
             operands = list(node.args) if torch_call else [node.func.value, *node.args]
             later = operands

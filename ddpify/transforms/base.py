@@ -131,6 +131,15 @@ class ConversionContext:
         else:
             self.report(node, code, f"{message}; not converted", Severity.ERROR)
 
+    def on_the_whole_batch(self, node: cst.CSTNode | None) -> bool:
+        """Inside a loss call given the gathered global batch (DDP117), or its definition: what it
+        computes is DataParallel's already."""
+        while node is not None:
+            if node in self.whole_batch_calls or node in self.whole_batch_definitions:
+                return True
+            node = self.parent(node)
+        return False
+
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         try:
             return self.metadata.get_metadata(ParentNodeProvider, node)

@@ -77,12 +77,12 @@ import re
 import libcst as cst
 
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
+from ddpify.names import MATRIX_PRODUCTS
 from ddpify.transforms.base import Transform, keyword
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
 LOSS_FUNCTION = re.compile(r"loss|triplet|contrast", re.IGNORECASE)
 PAIRWISE_FUNCTIONS = {"torch.cdist", "torch.pdist", "torch.nn.functional.pdist"}
-PRODUCTS = {"mm", "matmul", "addmm", "addmm_", "baddbmm"}
 IN_PLACE = re.compile(r"\.(index_copy_|index_add_|copy_|mul_|add_|sub_|div_|fill_|index_fill_|scatter_|zero_)\(")
 
 
@@ -289,7 +289,7 @@ class BatchLossesTransform(Transform):
     @property
     def _wrapped_names(self) -> set[str]:
         """What the wrapped models are bound to (``model``, ``self.net``)."""
-        return {site.target for site in self.facts.wraps if site.target}
+        return self.facts.wrap_targets
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._gathered_outputs:
@@ -567,7 +567,7 @@ class BatchLossesTransform(Transform):
                 operands = [arg.value for arg in node.args if arg.keyword is None]
                 if self.context.qualified(node.func) & PAIRWISE_FUNCTIONS and operands and not any(_reads_self(o) for o in operands[:2]):
                     return node
-            operands = _product_operands(node, PRODUCTS)
+            operands = _product_operands(node, MATRIX_PRODUCTS)
             # (`a @ b`: the right operand is the transposed one; a call may name either first)
             transposed = operands[1:] if isinstance(node, cst.BinaryOperation) else operands
             if any(_transposed(o) for o in transposed) and not any(_reads_self(o) for o in operands):

@@ -162,7 +162,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import runs_after_setup
-from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, stand_in_escapes
+from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -208,6 +208,8 @@ class RankZeroTransform(Transform):
 
     def __init__(self, context) -> None:
         super().__init__(context)
+        # statement, whether GuardUnits is planned yet -> _would_guard's answer
+        self._would_guard_memo: dict[tuple[cst.CSTNode, bool], bool] = {}
         self._made_here: set[cst.CSTNode] = set()  # statements making a rank-0-only tracker
         self._fetches: set[cst.Call] = set()  # method results of rank-0-only objects, sent from rank 0
 
@@ -365,11 +367,10 @@ class RankZeroTransform(Transform):
         """_guardable without its reports: a write on its own line, nothing unsafe in it.
         Remembered: each statement asks of every statement around it (an `elif` chain of 20
         branches took exponential time, Bag-of-Tricks-for-AT)."""
-        memo = self.__dict__.setdefault("_would_guard_memo", {})
-        key = (original, getattr(self, "_units", None) is not None)  # (GuardUnits asks while it is planned)
-        if key not in memo:
-            memo[key] = self._would_guard_now(original)
-        return memo[key]
+        key = (original, hasattr(self, "_units"))  # (GuardUnits asks while it is planned)
+        if key not in self._would_guard_memo:
+            self._would_guard_memo[key] = self._would_guard_now(original)
+        return self._would_guard_memo[key]
 
     def _would_guard_now(self, original: cst.BaseStatement) -> bool:
         if self._under_rank_guard(original) or self._inside_guarded(original):
@@ -629,9 +630,7 @@ class RankZeroTransform(Transform):
             return False
         if not runs_after_setup(check, self.facts, self.context.parent) or not self._same_path_on_every_rank(check):
             return False
-        tested = {self.context.code(c.args[0].value) for c in tests if c.args} | {
-            self.context.code(c.func.value) for c in tests if not c.args and isinstance(c.func, cst.Attribute)
-        }
+        tested = {path_code(call) for call in tests} - {None}
         branches = [check.body, *([check.orelse] if check.orelse is not None else [])]
         # (`if not os.path.isdir(d): os.makedirs(d)` alone needs no decision: exist_ok does, DDP605)
         makers = ("makedirs", "mkdir") if check.orelse is not None else ()
@@ -640,7 +639,7 @@ class RankZeroTransform(Transform):
                 name = dotted(call.func) or ""
                 if name in ("sys.exit", "exit"):
                     return True
-                if name.endswith((*makers, "rmtree", "remove", "unlink")) and _call_path(call, self.context.code) in tested:
+                if name.endswith((*makers, "rmtree", "remove", "unlink")) and path_code(call) in tested:
                     return True
             if any(isinstance(node, cst.Raise) for node in walk(branch)):
                 return True
@@ -1332,13 +1331,6 @@ def _path_mkdir(call: cst.Call) -> bool:
         return False
     keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
     return len(keywords) == len(call.args) and keywords <= {"mode", "parents"}
-
-
-def _call_path(call: cst.Call, code) -> str | None:
-    """The path a call makes or removes: its first argument, or what ``path.mkdir()`` is called on."""
-    if call.args and call.args[0].keyword is None:
-        return code(call.args[0].value)
-    return code(call.func.value) if isinstance(call.func, cst.Attribute) else None
 
 
 def _logs_a_value(call: cst.Call) -> bool:

@@ -442,7 +442,7 @@ class SamplerTransform(Transform):
     def _model_handed_on(self) -> str | None:
         """A call of code from elsewhere given the wrapped model (``trainer.train(model, ...)``,
         ``Solver(data, model, optimizer).train()``), in a file that builds an optimizer."""
-        names = {site.target for site in self.facts.wraps if site.target}
+        names = self.facts.wrap_targets
         builds_optimizer = any(
             any(name.startswith("torch.optim.") for name in self.context.qualified(call.func))
             for call in walk(self.context.module)

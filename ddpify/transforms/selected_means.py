@@ -61,19 +61,11 @@ class SelectedMeansTransform(Transform):
         for loop in self.facts.training_loops:
             origins = _origins(loop)
             for node in (node for expr in _reaching_backward(loop, origins) for node in walk(expr)):
-                if not isinstance(node, cst.Call) or node in self._selected or self._gathered(node):
+                if not isinstance(node, cst.Call) or node in self._selected or self.context.on_the_whole_batch(node):
                     continue
                 selection = self._selection(node, origins)
                 if selection is not None and same_path_on_every_rank(node, self.context.parent):
                     self._selected[node] = selection
-
-    def _gathered(self, node: cst.CSTNode) -> bool:
-        """A loss given the whole global batch (DDP117) is DataParallel's already."""
-        while node is not None:
-            if node in self.context.whole_batch_calls or node in self.context.whole_batch_definitions:
-                return True
-            node = self.context.parent(node)
-        return False
 
     def _selection(self, call: cst.Call, origins: dict[str, list[cst.BaseExpression]]) -> str | None:
         """The code of what the mean-reduced loss ``call`` averages over, if a mask selects it."""
@@ -106,15 +98,19 @@ class SelectedMeansTransform(Transform):
 
     def _constructor(self, call: cst.Call) -> cst.Call | None:
         """``nn.CrossEntropyLoss(...)`` when ``call`` calls the one name it is bound to."""
-        if not isinstance(call.func, (cst.Name, cst.Attribute)):
-            return None
-        name = dotted(call.func)
-        made = [
-            node.value for node in walk(self.context.module)
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
-            and any(dotted(target.target) == name for target in node.targets)
-        ]
+        made = self._calls_bound.get(dotted(call.func) or "", []) if isinstance(call.func, (cst.Name, cst.Attribute)) else []
         return made[0] if len(made) == 1 else None
+
+    @property
+    def _calls_bound(self) -> dict[str, list[cst.Call]]:
+        """Each name (``criterion``, ``self.seg_loss``) -> the calls assigned to it (read once)."""
+        if not hasattr(self, "_bound"):
+            self._bound: dict[str, list[cst.Call]] = {}
+            for node in walk(self.context.module):
+                if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                    for target in node.targets:
+                        self._bound.setdefault(dotted(target.target) or "", []).append(node.value)
+        return self._bound
 
     def _constructor_args(self, call: cst.Call) -> list[cst.Arg]:
         made = self._constructor(call)

@@ -75,7 +75,7 @@ class SummedLossesTransform(Transform):
             self._scaled[value] = self.context.code(value)
         for call in self._project_sums():
             self._scaled[call] = self.context.code(call)
-        for node in [node for node in self._scaled if self._on_the_whole_batch(node)]:
+        for node in [node for node in self._scaled if self.context.on_the_whole_batch(node)]:
             del self._scaled[node]
         self._while_training = {node: self._model_of_shared(node) for node in self._scaled if self._shared_with_evaluation(node)}
         self._global_counts = self._sums_over_counts()
@@ -116,7 +116,7 @@ class SummedLossesTransform(Transform):
         """The wrapped model the function runs (its ``training`` flag tells training from
         evaluation, as model.train()/model.eval() set it), else whether autograd records."""
         function = self.facts.contexts[node].function
-        wrapped = {site.target for site in self.facts.wraps if site.target}
+        wrapped = self.facts.wrap_targets
         for call in calls_in(function.body):
             name = dotted(call.func) or ""
             for model in sorted(wrapped, key=len, reverse=True):
@@ -127,14 +127,6 @@ class SummedLossesTransform(Transform):
     def _inside(self, node: cst.CSTNode, within: cst.CSTNode) -> bool:
         while node is not None:
             if node is within:
-                return True
-            node = self.context.parent(node)
-        return False
-
-    def _on_the_whole_batch(self, node: cst.CSTNode) -> bool:
-        """A sum a loss computes from the gathered global batch (DDP117) is DataParallel's already."""
-        while node is not None:
-            if node in self.context.whole_batch_calls or node in self.context.whole_batch_definitions:
                 return True
             node = self.context.parent(node)
         return False

@@ -583,9 +583,7 @@ class WrapModelTransform(Transform):
                 continue
             values = [other.module_arg]
             if isinstance(other.module_arg, cst.Name):
-                scopes = self.facts.analyzer.scopes
-                bound = [a.node for a in scopes.assignments_of(other.module_arg) if getattr(a, "node", None) is not None]
-                values += [scopes.assigned_value(node)[0] for node in bound]
+                values += self._assigned_values(other.module_arg)
             for value in values:
                 if isinstance(value, cst.Call) and any(dotted(arg.value) == site.target for arg in value.args):
                     return True
