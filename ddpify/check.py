@@ -171,8 +171,9 @@ def _import_table(tree: ast.Module, lines: list[int] | None = None) -> dict[str,
 class Checker:
     """Flat passes over the statements on given lines; findings are deduplicated by the caller."""
 
-    def __init__(self, imports: dict[str, str]) -> None:
+    def __init__(self, imports: dict[str, str], source_lines: list[str] | None = None) -> None:
         self.imports = imports
+        self.source_lines = source_lines or []  # (a reference marked `# ddpify: ignore[DDP100]` is deliberate)
         self.findings: list[tuple[ast.AST, str, bool]] = []  # (node, code, only in DDP code)
         # DDP code: the file imports torch.distributed or DDP, or names them (found by run()).
         self.uses_distributed = any(t.startswith("torch.distributed") or t in DDP for t in imports.values())
@@ -253,7 +254,9 @@ class Checker:
         if name.startswith("torch.distributed") or name in DDP:
             self.uses_distributed = True
         if name in DATA_PARALLEL:
-            self.uses_data_parallel = True
+            line = self.source_lines[node.lineno - 1] if 0 < node.lineno <= len(self.source_lines) else ""
+            # (ddpify's own ddp_alone names it on purpose: not a DataParallel path beside DDP)
+            self.uses_data_parallel |= not _suppressed(line, "DDP100")
             self.flag(node, "DDP121" if id(node) in self.subclass_bases else "DDP100", ddp_only=False)
 
     def _definition(self, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -421,7 +424,7 @@ def _checked(tree: ast.Module, source: str, selective: bool = True) -> Checker:
     """The checker after its passes: over the statements holding rule words, or (not
     `selective`, what tests compare against) over every statement."""
     imports = _import_table(tree, _lines_with(source, ["import"]) if selective else None)
-    checker = Checker(imports)
+    checker = Checker(imports, source.splitlines())
     if not selective:
         checker.run(tree)
     else:

@@ -17,6 +17,8 @@ CODE_LINE = re.compile(r"^(DDP\d{3})  ")  # "DDP105  text": a paragraph, not a "
 OTHER_CODES = {
     "DDP001": "DDP001  (error) the file does not parse; Python's own position and message are given "
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
+    "DDP002": "DDP002  (error) the rewrite does not compile on the running Python where the original does (code "
+    "spliced where this grammar refuses it): a ddpify defect; the file is left as it is, nothing half-written.",
     "DDP014": "DDP014  (warning) the script's own DDP path (pytorch/examples' --multiprocessing-distributed, a "
     "--distributed flag) trains on DataLoaders built here with no DistributedSampler anywhere (EfficientDet.Pytorch): "
     "under its switch every rank would train on all the data. That path is not taken: its DataParallel path is "

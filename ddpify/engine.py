@@ -230,11 +230,16 @@ class FileConversion:
         converted = module.visit(Pipeline(context, transforms))
         if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
             return _refused(path, source, context.diagnostics)
+        output = context.finish(converted.code)
+        broken = _rewrite_does_not_compile(source, output)
+        if broken:
+            context.report(module, "DDP002", broken, Severity.ERROR)
+            return _refused(path, source, context.diagnostics)
         launches = role == ENTRY or (role == SCRIPT and facts.wraps)
         return FileResult(
             path,
             source,
-            context.finish(converted.code),
+            output,
             tuple(sorted(set(context.diagnostics))),
             context.launch_command or (launch_command(path, context) if launches else None),
         )
@@ -301,6 +306,23 @@ def variant_refusal(path: str, source: str, facts: Facts, metadata: MetadataView
             message = f"{RULES[code].summary}; not converted"
             errors.append(Diagnostic(start.line, start.column + 1, code, message, Severity.ERROR))
     return _refused(path, source, errors) if errors else None
+
+
+def _rewrite_does_not_compile(source: str, output: str) -> str | None:
+    """Why the converted text does not compile on this Python where the original does (a
+    rewrite that spliced code where this grammar refuses it): never written."""
+    try:
+        compile(output, "<converted>", "exec", dont_inherit=True)
+        return None
+    except SyntaxError as error:
+        try:
+            compile(source, "<original>", "exec", dont_inherit=True)
+        except SyntaxError:
+            return None  # (the original does not compile here either: a newer Python's file)
+        return (
+            f"the rewrite does not compile on this Python (line {error.lineno} of the result: {error.msg}); "
+            "a ddpify defect, please report it with the file"
+        )
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

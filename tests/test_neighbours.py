@@ -1122,7 +1122,7 @@ def test_writers_of_a_module_imported_from_a_folder_without_init_run_on_rank_zer
     train += "utils.torch_save_model(model, 'checkpoints')\n"
     project(tmp_path, {"util.py": UTIL, "tools/utils.py": saver, "train.py": train})
     output = convert_file(tmp_path / "train.py").output
-    assert "if dist.get_rank() == 0:\n    utils.torch_save_model(model, 'checkpoints')" in output
+    assert "if dist.get_rank() == 0:\n    utils.torch_save_model(ddp_alone(model), 'checkpoints')" in output
 
 
 def test_a_project_class_whose_base_constructor_wraps_refuses_the_script_naming_folder_mode(tmp_path):
@@ -1652,3 +1652,116 @@ def test_a_hard_mining_loss_handed_to_a_step_function_of_the_file_is_gathered_th
     result = convert_file(tmp_path / "train.py")
     assert not result.error, result.diagnostics
     assert "loss = ddp_whole_batch(deep_supervision, criterion_metric, features, y) + ddp_whole_batch(criterion_metric, features, y)" in result.output
+
+
+MULTIBOX = '''import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MultiBoxLoss(nn.Module):
+    """Smooth L1 over the positive anchors, divided by how many the batch holds (DSFD's)."""
+
+    def forward(self, predictions, targets):
+        pos = targets > 0
+        num_pos = pos.long().sum(1, keepdim=True)
+        loss_l = F.smooth_l1_loss(predictions[pos], targets[pos], reduction="sum")
+        N = num_pos.data.sum().float()
+        loss_l /= N
+        return loss_l
+'''
+MULTIBOX_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from multibox import MultiBoxLoss
+
+
+def main():
+    torch.manual_seed(0)
+    images = torch.randn(16, 6)
+    targets = torch.zeros(16, 3)
+    targets[:5] = torch.rand(5, 3) + 0.5  # the first samples hold every positive: one share has none
+    loader = DataLoader(TensorDataset(images, targets), batch_size=8)
+    net = nn.DataParallel(nn.Linear(6, 3))
+    criterion = MultiBoxLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    for epoch in range(2):
+        for x, t in loader:
+            out = net(x)
+            loss = criterion(out, t)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    print("weights", [round(v, 6) for v in net.module.weight.detach().flatten().tolist()])
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_project_loss_that_counts_over_the_batch_keeps_the_batch_whole_and_splits_the_model_s_calls(tmp_path):
+    # DSFD's MultiBoxLoss divides by the batch's positive anchors: each rank would count its
+    # share's (none in one share here: a division by zero). Every rank draws the whole batch,
+    # the model's calls take their share (ddp_scattered): DataParallel's loss, exactly.
+    project(tmp_path, {"multibox.py": MULTIBOX, "train.py": MULTIBOX_TRAIN})
+    original = subprocess_run([sys.executable, "train.py"], tmp_path)
+    result = convert_file(tmp_path / "train.py")
+    assert "for x, t in ddp_shard(loader, whole_batches=True):" in result.output
+    assert "out = ddp_scattered(net, x)" in result.output
+    assert "DistributedSampler(" not in result.output.split("def main")[1]
+    assert any(d.code == "DDP314" and "MultiBoxLoss" in d.message for d in result.diagnostics)
+    (tmp_path / "train.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(torchrun, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    expected = eval(original.stdout.split("weights", 1)[1])
+    converted = eval(run.stdout.split("weights", 1)[1])
+    assert converted == pytest.approx(expected, abs=1e-5)
+
+
+def subprocess_run(command: list[str], cwd: Path):
+    import subprocess
+
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_a_project_writer_rank_zero_runs_alone_gets_the_module_it_hands_on_to_the_model(tmp_path):
+    # InsightFace-PyTorch: `megaface_acc = megaface_test(model)` on rank 0 (DDP617); the model runs
+    # two calls down (`gen_feature(path, model)` in a second module): DDP's forward there waited
+    # for the other ranks (a collective mismatch at the first evaluation)
+    project(tmp_path, {
+        "megaface_utils.py": "def gen_feature(model, x):\n    return model(x)\n",
+        "megaface.py": (
+            "import json\n\nfrom megaface_utils import gen_feature\n\n\ndef megaface_test(model):\n    import torch\n"
+            "    feats = gen_feature(model, torch.ones(2, 3))\n    with open('megaface.json', 'w') as f:\n"
+            "        json.dump(feats.tolist(), f)\n    return float(feats.sum())\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom megaface import megaface_test\n\n\n"
+            "def main():\n    model = nn.DataParallel(nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)))\n"
+            "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(16, 3)), batch_size=4)\n    for epoch in range(2):\n"
+            "        for (x,) in loader:\n            loss = model(x).pow(2).mean()\n            optimizer.zero_grad()\n"
+            "            loss.backward()\n            optimizer.step()\n        acc = megaface_test(model)\n"
+            "        print('megaface', acc)\n\n\nif __name__ == '__main__':\n    main()\n"
+        ),
+    })
+    result = convert_file(tmp_path / "train.py")
+    assert "acc = ddp_shared_values(megaface_test(ddp_alone(model)) if dist.get_rank() == 0 else None)" in result.output
+    assert any(d.code == "DDP614" and "megaface_test" in d.message for d in result.diagnostics)
+
+
+EVALUATOR_MODULE = 'import torch\n\n\ndef write_submission(values, path):\n    f = open(path, "w")\n    for v in values:\n        f.write(f"{v}\\n")\n    f.close()\n\n\ndef forward(model, x):\n    with torch.no_grad():\n        return model(x)\n\n\nclass Evaluator:\n    def __init__(self, model):\n        self.model = model\n\n    def evaluate(self, x, path):\n        out = forward(self.model, x)\n        write_submission(out.flatten().tolist(), path)\n        return len(open(path).read().splitlines())\n'
+EVALUATOR_MAIN = 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom evaluate import Evaluator\n\n\ndef main():\n    model = nn.DataParallel(nn.Linear(3, 1))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    loader = DataLoader(TensorDataset(torch.randn(16, 3)), batch_size=4)\n    evaluator = Evaluator(model=model)\n    for (x,) in loader:\n        loss = model(x).mean()\n        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n    lines = evaluator.evaluate(torch.ones(5, 3), "_submission.csv")\n    print("lines", lines)\n\n\nif __name__ == "__main__":\n    main()\n'
+
+
+def test_a_project_evaluator_object_that_writes_and_reads_back_runs_quietly_on_the_other_ranks(tmp_path):
+    # dcase2017's `evaluator.evaluate(...)` (a method of a project class) writes a submission CSV
+    # and reads it back: every rank wrote and read the same file
+    project(tmp_path, {"evaluate.py": EVALUATOR_MODULE, "main.py": EVALUATOR_MAIN})
+    result = convert_file(tmp_path / "main.py")
+    assert 'lines = ddp_quiet(evaluator.evaluate, torch.ones(5, 3), "_submission.csv")' in result.output
+    assert any(d.code == "DDP616" and "evaluator.evaluate" in d.message for d in result.diagnostics)

@@ -261,3 +261,16 @@ def test_a_long_elif_chain_converts_in_linear_time():
     result = convert_source(source, path="train.py")
     assert result.changed and not result.error
     assert time.perf_counter() - started < 20
+
+
+def test_a_rewrite_that_does_not_compile_is_never_written(monkeypatch, tmp_path):
+    from ddpify import engine
+
+    assert engine._rewrite_does_not_compile("x = 1\n", "x = 1\n") is None
+    assert engine._rewrite_does_not_compile("x = (\n", "x = (\n") is None  # (the original's own error: DDP001's)
+    # a rewrite that broke the grammar (a splice this Python refuses) is refused whole
+    monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "print(f'{'\n")
+    script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
+    result = CliRunner().invoke(app, ["convert", str(script)])
+    assert "DDP002" in result.output and "does not compile" in result.output
+    assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"

@@ -1078,3 +1078,100 @@ def test_the_global_optimizer_hooks_go_at_exit_so_open_files_are_flushed(tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env={**env, "DDPIFY_NO_RELAUNCH": "1"}, check=True, timeout=120)
     assert (tmp_path / "train.log").read_text() == "end of training\n"
+
+
+def test_a_shard_lives_only_as_long_as_what_it_shards(monkeypatch):
+    # DiscoGAN makes new loader iterators each epoch: a cache of every object seen kept their
+    # workers and open files alive for the whole run
+    import gc
+    import weakref
+
+    _as_rank(monkeypatch, 0)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    assert template.ddp_shard(loader) is template.ddp_shard(loader), "rebuilt once per loader"
+    gone = weakref.ref(loader)
+    del loader
+    gc.collect()
+    assert gone() is None
+
+
+def test_whole_batches_are_the_same_batches_on_every_rank(monkeypatch):
+    # ddp_shard(..., whole_batches=True): each rank draws every batch whole (the model's calls split it)
+    episodes = [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    ranks = []
+    for rank in (0, 1):
+        loader = torch.utils.data.DataLoader(INDICES, batch_sampler=episodes)
+        _as_rank(monkeypatch, rank)
+        ranks.append([batch[0].tolist() for batch in template.ddp_shard(loader, whole_batches=True)])
+    assert ranks[0] == ranks[1] == episodes
+
+
+def test_a_scattered_call_runs_the_model_on_this_rank_s_share_and_gathers_every_output(monkeypatch):
+    _as_rank(monkeypatch, 1)
+    seen = []
+
+    def model(x, y):
+        seen.append((x.tolist(), y.tolist()))
+        return x * 10
+
+    monkeypatch.setattr(template, "ddp_gathered", lambda outputs: ("gathered", outputs.tolist()))
+    assert template.ddp_scattered(model, torch.arange(4), torch.arange(4) + 4) == ("gathered", [20, 30])
+    assert seen == [([2, 3], [6, 7])]
+
+
+def test_a_batch_object_with_tensor_fields_is_split_and_a_batch_with_nothing_to_split_stops(monkeypatch):
+    # torchtext's Batch (`batch.src`, `batch.trg`) was handed whole to every rank
+    _as_rank(monkeypatch, 1)
+
+    class Batch:
+        def __init__(self, src, trg):
+            self.src, self.trg, self.fields = src, trg, ["src", "trg"]
+
+    share = template.ddp_batch_share(Batch(torch.arange(4), torch.arange(4) + 10))
+    assert share.src.tolist() == [2, 3] and share.trg.tolist() == [12, 13] and share.fields == ["src", "trg"]
+    with pytest.raises(RuntimeError, match="holds no tensor or array to split"):
+        template.ddp_batch_share(["a sentence", "another"])
+
+
+def test_a_pickled_wrapped_model_is_a_data_parallel_of_its_module():
+    # `torch.save(model)` of the wrapped model: the project's loader (`checkpoint['model'].module`)
+    # reads what DataParallel's checkpoints held, not a class of the converted script
+    import pickle
+
+    wrapped = template.DdpModel.__new__(template.DdpModel)
+    torch.nn.Module.__init__(wrapped)
+    wrapped.module = torch.nn.Linear(2, 1)
+    loaded = pickle.loads(pickle.dumps(wrapped))
+    assert type(loaded) is torch.nn.DataParallel
+    assert torch.equal(loaded.module.weight, wrapped.module.weight)
+    assert torch.equal(loaded(torch.ones(1, 2)), wrapped.module(torch.ones(1, 2)))
+
+
+UNFROZEN_LATE = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+ddp_setup()
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+for p in net[0].parameters():
+    p.requires_grad_(False)  # frozen when wrapped, unfrozen later by a step function out of sight
+model = ddp_wrap(net)
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+for p in net[0].parameters():
+    p.requires_grad_(True)
+x = torch.randn(4, 3) + dist.get_rank()  # each rank's own shard
+model(x).sum().backward()
+optimizer.step()
+torch.save([p.detach() for p in net.parameters()], f"weights{dist.get_rank()}.pt")
+"""
+
+
+def test_parameters_unfrozen_after_the_wrap_are_averaged_before_each_step(tmp_path):
+    # SiamDW's project step function unfreezes backbone blocks after the wrap: DDP never averaged
+    # them, and each rank trained its own copy
+    result = _torchrun(tmp_path, UNFROZEN_LATE)
+    assert result.returncode == 0, result.stderr
+    ranks = [torch.load(tmp_path / f"weights{rank}.pt") for rank in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(*ranks))

@@ -129,6 +129,18 @@ def test_one_split_shared_by_the_ranks_checks_base_indices():
     assert checks._pass_problem({0: rank([7, 2]), 1: rank([3, 9])}, world=2) is None
 
 
+def test_whole_batches_must_be_the_same_batches_on_every_rank():
+    # ddp_shard(..., whole_batches=True): every rank draws every batch, the model's calls split it
+    def rank(indices):
+        return {"site": "t.py:1", "kind": "DdpShard", "distributed": True, "dataset_size": None, "whole": True,
+                "drop_last": False, "complete": True, "indices": indices}
+
+    assert checks._pass_problem({0: rank([4, 5, 6, 7]), 1: rank([4, 5, 6, 7])}, world=2) is None
+    assert checks._pass_problem({0: rank([4, 5, 6, 7]), 1: rank([5, 4, 6, 7])}, world=2) == (
+        "rank(s) 1 drew other whole batches than rank 0"
+    )
+
+
 def test_parameters_added_after_the_wrap_are_outside_ddp():
     report = verify(FIXTURES / "verify" / "head_after_wrap.py")
     failed = failures(report)

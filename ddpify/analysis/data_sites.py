@@ -26,7 +26,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.loaders import ITERABLE_WRAPPERS
-from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, iterator_of, walk
+from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, is_training_call, iterator_of, walk, without_moves
 from ddpify.names import DATA_LOADER
 
 # Calls that count steps rather than draw data.
@@ -131,7 +131,7 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
     if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and (dotted(loop.iter.func) or "").rpartition(".")[2] in ("range", "trange"):
         targets = set()  # an epoch counter handed to a training call (`trainer.train(epoch, loader)`) is not data
-    derived = _derived_from(targets, loop.body)
+    derived = derived_from(targets, loop.body)
     calls = _own_calls(loop.body)
     # (an object fed the batch by one method and trained by another: SRFBN's
     # `solver.feed_data(batch)`, then `solver.train_step()`)
@@ -151,7 +151,7 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     return False
 
 
-def _derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
+def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
     """``names`` and the names the body binds from them, through other such names
     (DiffGAN-TTS: ``G_loss`` of ``Loss(model, batch, output)``, then ``model_update(model,
     step, G_loss, opt)``: a step on the batch)."""
@@ -488,3 +488,4 @@ def _callees(call: cst.Call, by_name: dict[str, list[cst.FunctionDef]]) -> list[
     if isinstance(func, cst.Attribute) and func.attr.value not in MODULE_METHODS:
         return by_name.get(func.attr.value, [])
     return []
+

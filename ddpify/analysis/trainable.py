@@ -246,7 +246,15 @@ def _picked_at_run_time(func: cst.BaseExpression, built: dict[str, list[cst.Base
     if isinstance(func, (cst.Call, cst.Subscript)):
         return True
     values = built.get(dotted(func) or "", []) if isinstance(func, (cst.Name, cst.Attribute)) else []
-    return any(isinstance(value, (cst.Call, cst.Subscript)) for value in values)
+    if any(isinstance(value, (cst.Call, cst.Subscript)) for value in values):
+        return True
+    # (a class of a module imported by a name given at run time: TENet's
+    # `module = importlib.import_module("model." + args.model)`, then `module.Net(...)`)
+    owners = built.get(dotted(func.value) or "", []) if isinstance(func, cst.Attribute) else []
+    return any(
+        isinstance(value, cst.Call) and (dotted(value.func) or "").rpartition(".")[2] in ("import_module", "__import__")
+        for value in owners
+    )
 
 
 # Methods a DDP-wrapped model answers itself (nn.Module's and DDP's own).

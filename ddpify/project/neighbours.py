@@ -99,6 +99,10 @@ class Neighbours:
     # through another function of their module: kospeech's build_model -> build_las), as bound
     # here -> the methods that wrap (empty: calling it wraps)
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # classes and functions of those modules that divide by a count of the batch's content
+    # (DSFD's MultiBoxLoss: `loss_l /= num_pos.data.sum()`; cc's `valid.nelement() / valid.sum()`),
+    # as bound here: DataParallel counted over the whole batch, each DDP process would count its share
+    count_normalized: frozenset[str] = frozenset()
     # functions of those modules that return a sum of everything (StyleGAN's R1Penalty:
     # `torch.sum(grads * grads)` over the batch), as bound here: a training loss that adds
     # one is scaled by the world size, as a sum written in the script is (DDP116)
@@ -128,7 +132,7 @@ class Neighbours:
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing,
-            value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
+            count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
         )
 
 
@@ -193,6 +197,8 @@ _SCRIPT_FOLDERS: list[Path] = []
 
 def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Neighbours:
     writers, classes, reexports, wrapping, freezing, files, pairwise = set(), set(), {}, [], set(), [], set()
+    counted: set[str] = set()  # count_normalized, as bound here
+    evaluator_classes: dict[str, dict[str, tuple]] = {}  # as bound here
     trainers: dict[str, tuple[tuple[int, str], ...]] = {}
     constructed: dict[str, tuple[tuple[int, str], ...]] = {}
     mutating: dict[str, tuple[int, ...]] = {}
@@ -214,6 +220,8 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         classes.update(f"{bound}.{name}" for name in summary.writer_classes)
         freezing.update(f"{bound}.{name}" for name in summary.freezing_classes)
         pairwise.update(f"{bound}.{name}" for name in summary.pairwise)
+        counted.update(f"{bound}.{name}" for name in summary.count_normalized)
+        evaluator_classes.update((f"{bound}.{name}", methods) for name, methods in summary.evaluator_classes.items())
         trainers.update((f"{bound}.{name}", params) for name, params in summary.trainers.items())
         constructed.update((f"{bound}.{name}", params) for name, params in summary.constructor_loaders.items())
         mutating.update((f"{bound}.{name}", found) for name, found in summary.mutating_writers.items())
@@ -254,10 +262,14 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                     _bind(found, kind, alias)
                 for names, kind in (
                     (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
-                    (evaluators, summary.writing_evaluators),
+                    (evaluators, summary.writing_evaluators), (counted, summary.count_normalized),
                 ):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
             for alias in node.names:
+                if alias.name in summary.evaluator_classes:
+                    evaluator_classes[alias.asname or alias.name] = summary.evaluator_classes[alias.name]
+                elif alias.name == "*":
+                    evaluator_classes.update(summary.evaluator_classes)
                 if alias.name in summary.writing_trainers:
                     writing.add(alias.asname or alias.name)
                 if alias.name in summary.memory_banks:
@@ -270,6 +282,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                     classes.update(summary.writer_classes)
                     freezing.update(summary.freezing_classes)
                     pairwise.update(summary.pairwise)
+                    counted.update(summary.count_normalized)
                     trainers.update(summary.trainers)
                     idle.update(summary.idle_parts)
                     trainer_classes.update(summary.trainer_classes)
@@ -308,6 +321,8 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                 as_module(alias.asname or alias.name, summary)
     instances = _instance_trainers(tree, trainer_classes)
     trainers.update((call, params) for call, (_, params) in instances.items())
+    # (`evaluator = Evaluator(model=model)`, then `evaluator.evaluate(...)`, which writes and reads back)
+    evaluators.update(_instance_trainers(tree, evaluator_classes))
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         writers=frozenset(writers), writer_classes=frozenset(classes), reexports=reexports,
@@ -316,7 +331,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
         wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
-        writing_evaluators=frozenset(evaluators - writers - set(trainers)),
+        writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
 
 
@@ -528,6 +543,10 @@ class ModuleSummary:
     constructor_loaders: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)  # see Neighbours
     mutating_writers: dict[str, tuple[int, ...]] = field(default_factory=dict)  # see Neighbours
     writing_evaluators: frozenset[str] = frozenset()  # see Neighbours
+    count_normalized: frozenset[str] = frozenset()  # see Neighbours
+    # classes with methods that run the model and write files (dcase2017's Evaluator.evaluate
+    # writes a submission CSV and reads it back) -> those methods
+    evaluator_classes: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -739,7 +758,77 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             if isinstance(node, ast.FunctionDef) and node.name not in writers and node.name not in trainers
             and _evaluates(node) and (_writes(node) or _calls_one_of(node, writing_helpers))
         ),
+        count_normalized=frozenset(
+            node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and _normalised_by_a_count(node)
+        ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
+        evaluator_classes={
+            node.name: methods for node in tree.body if isinstance(node, ast.ClassDef)
+            for methods in [_evaluating_writers(node, writing_helpers)] if methods
+        },
     )
+
+
+def _evaluating_writers(cls: ast.ClassDef, writing_helpers: set[str]) -> dict[str, tuple]:
+    """The public methods of a class that run a model without training it and write files,
+    themselves or through the methods of the class they call and the module's writers."""
+    methods = {m.name: m for m in cls.body if isinstance(m, ast.FunctionDef)}
+    found: dict[str, tuple] = {}
+    for name in methods:
+        if name.startswith("_"):
+            continue
+        reached, todo = set(), [name]
+        while todo:
+            current = todo.pop()
+            if current in reached or current not in methods:
+                continue
+            reached.add(current)
+            todo += [n.func.attr for n in ast.walk(methods[current]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
+        bodies = [methods[n] for n in reached]
+        text = "\n".join(ast.unparse(body) for body in bodies)
+        runs = EVERY_RANK_WORDS.search(text) is not None and TRAINING_OR_COLLECTIVE.search(text) is None
+        if runs and any(_writes(body) or _calls_one_of(body, writing_helpers) for body in bodies):
+            found[name] = ()
+    return found
+
+
+def _normalised_by_a_count(definition: ast.AST) -> bool:
+    """A division by a total count of the inputs' content: ``loss_l /= N`` with ``N =
+    num_pos.data.sum()`` (DSFD's MultiBoxLoss), ``valid.nelement() / valid.sum()`` (cc's
+    photometric loss); not a per-sample count (``mask.sum(dim=1)``), nor a weight's (``self.``)."""
+    counts = {
+        target.id for node in ast.walk(definition) if isinstance(node, ast.Assign) and _a_total_count(node.value)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+
+    def counted(value: ast.AST) -> bool:
+        return _a_total_count(value) or isinstance(value, ast.Name) and value.id in counts
+
+    return any(
+        isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and counted(node.right)
+        or isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) and counted(node.value)
+        for node in ast.walk(definition)
+    )
+
+
+def _a_total_count(value: ast.AST) -> bool:
+    """``x.sum()`` (through ``.data``, ``.float()``, ``.item()``, ``max(1, ...)``...) with no
+    dimension, of something not read from ``self``."""
+    for node in ast.walk(value):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sum"):
+            continue
+        summed = node.func.value
+        if isinstance(summed, ast.Name) and summed.id == "torch":
+            total = len(node.args) == 1 and not node.keywords
+            summed = node.args[0] if node.args else summed
+        else:
+            total = not node.args and not node.keywords
+        root = summed
+        while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+            root = root.func if isinstance(root, ast.Call) else root.value
+        if total and not (isinstance(root, ast.Name) and root.id == "self"):
+            return True
+    return False
 
 
 def _returns_a_total_sum(function: ast.FunctionDef) -> bool:

@@ -279,22 +279,32 @@ class DdpNextEpochSampler(DistributedSampler):
         return order
 
 
-def ddp_shard(loader, global_batch=True):
+def ddp_shard(loader, global_batch=True, whole_batches=False):
     """A training DataLoader rebuilt once with each rank drawing its share of every epoch
     (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch.
-    Anything else the loop draws batches from is split batch by batch (DdpSplit)."""
+    Anything else the loop draws batches from is split batch by batch (DdpSplit).
+    ``whole_batches``: every rank draws the same whole batches (the model's calls split them)."""
     if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
         return loader
-    cache = ddp_shard.__dict__.setdefault("cache", {})
-    if id(loader) not in cache:
-        cache[id(loader)] = (loader, ddp_rebuilt(loader, global_batch))  # the original kept alive: its id stays its own
-    return cache[id(loader)][1]
+    # rebuilt once per object, kept on it: the shard lives as long as what it shards (an iterator
+    # made each epoch, and its workers, are let go with it); a list or a generator, which
+    # take no attributes, is split anew on each call
+    kept = "ddp_whole_batches" if whole_batches else "ddp_shard_made"
+    made = getattr(loader, kept, None)
+    if made is None:
+        made = ddp_rebuilt(loader, global_batch, whole_batches)
+        try:
+            setattr(loader, kept, made)
+        except (AttributeError, TypeError):
+            pass
+    return made
 
 
-def ddp_rebuilt(loader, global_batch):
-    """The loader with its sampler (or each batch of its batch sampler) split across the ranks."""
+def ddp_rebuilt(loader, global_batch, whole_batches=False):
+    """The loader with its sampler (or each batch of its batch sampler) split across the ranks,
+    or with ``whole_batches`` drawn alike and whole on every rank."""
     import functools
     import inspect
 
@@ -314,7 +324,9 @@ def ddp_rebuilt(loader, global_batch):
     # a subclass whose constructor cannot be repeated (torch_geometric's DenseDataLoader): a copy
     # of it that samples its share, its own collate and iteration kept
     make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
-    if type(batches) is BatchSampler:
+    if whole_batches:
+        rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=True, whole=True), **options)
+    elif type(batches) is BatchSampler:
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
         # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
         local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
@@ -350,12 +362,12 @@ class DdpSplit:
             draws = ddp_draw_by_draw(self.source, self.same)
         else:
             draws = self.ongoing = self.ongoing or self.drawing(self.step)
-        return (ddp_scatter(item) for item in draws)
+        return (ddp_batch_share(item) for item in draws)
 
     def __next__(self):
         if self.ongoing is None:
             self.ongoing = self.drawing(self.step) if self.step else ddp_draw_by_draw(self.source, self.same)
-        return ddp_scatter(next(self.ongoing))
+        return ddp_batch_share(next(self.ongoing))
 
     next = __next__  # Python 2's spelling, as the script calls it
 
@@ -374,6 +386,25 @@ class DdpSplit:
 
     def __getattr__(self, name):  # the source's own attributes (`loader.dataset`)
         return getattr(self.source, name)
+
+
+def ddp_batch_share(batch):
+    """This rank's share of a batch drawn whole (ddp_scatter); an object that carries its tensors
+    as attributes (torchtext's Batch: `batch.src`, `batch.trg`) is opened too. A batch with
+    nothing to split stops the run: every rank would train on all of it."""
+    if any(torch.is_tensor(leaf) or hasattr(leaf, "ndim") for leaf in ddp_leaves(batch)):
+        return ddp_scatter(batch)
+    fields = getattr(batch, "__dict__", {})
+    if any(torch.is_tensor(value) for value in fields.values()):
+        import copy
+
+        share = copy.copy(batch)
+        share.__dict__.update((name, ddp_scatter(value)) for name, value in fields.items())
+        return share
+    raise RuntimeError(
+        f"a training batch ({type(batch).__name__}) holds no tensor or array to split between the ranks: every rank "
+        "would train on all of it; make the loop draw from a DataLoader, or give each rank its share by hand"
+    )
 
 
 def ddp_drawn(draw, *args, **kwargs):
@@ -442,10 +473,10 @@ class DdpShard(torch.utils.data.Sampler):
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
     as many steps), or of a batch sampler its part of each batch (ddp_part)."""
 
-    ddp_own_share = True  # (its loader's random draws are this rank's own: ddp_own_data_draws)
-
-    def __init__(self, sampler, dataset, per_batch):
+    def __init__(self, sampler, dataset, per_batch, whole=False):
         self.sampler, self.dataset, self.per_batch, self.epoch, self.chosen = sampler, dataset, per_batch, 0, None
+        self.whole = whole  # every rank keeps every batch whole (the model's calls split it)
+        self.ddp_own_share = not whole  # (its loader's random draws are this rank's own: ddp_own_data_draws)
 
     def set_epoch(self, epoch):
         self.chosen = epoch
@@ -458,6 +489,8 @@ class DdpShard(torch.utils.data.Sampler):
             self.sampler.set_epoch(self.epoch)
         drawn = ddp_same_draw(self.sampler, self.epoch)
         world, rank = dist.get_world_size(), dist.get_rank()
+        if self.whole:
+            return map(list, drawn)
         if self.per_batch:
             return (ddp_part(batch, world, rank) for batch in map(list, drawn))
         if not isinstance(drawn, list):  # an endless sampler: every world-size-th of its draws
@@ -576,17 +609,24 @@ class DdpModel(DistributedDataParallel):
     written for the bare model reads them (a project's helper, out of the converter's sight)."""
 
     made = []  # wrapped, not yet stepped
+    live = None  # every wrapped model (weakly)
 
     def __init__(self, module, **options):
         import atexit
+        import weakref
 
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         super().__init__(module, **options)
-        if not DdpModel.made:
+        if DdpModel.live is None:
+            DdpModel.live = weakref.WeakSet()
             atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
         DdpModel.made.append(self)
+        DdpModel.live.add(self)
         self.ddp_unseen = True
+        # what DDP averages: the parameters that trained when it was made
+        self.ddp_averaged = {id(p) for p in module.parameters() if p.requires_grad}
 
     def forward(self, *args, **kwargs):
         """Weights a pass past the wrapper set from its own batch (ArtFlow's `glow.module(x)`
@@ -603,6 +643,19 @@ class DdpModel(DistributedDataParallel):
         while DdpModel.made:
             ddp_broadcast_weights(DdpModel.made.pop())
 
+    @staticmethod
+    def late_parameters(optimizer, args, kwargs):
+        """Parameters unfrozen after the wrap (SiamDW's step function unfreezes backbone blocks
+        every few epochs, out of the converter's sight) train outside DDP's all-reduce: their
+        gradients are averaged here before each step, as DDP would have."""
+        if dist.get_world_size() == 1:
+            return
+        for model in list(DdpModel.live):
+            for p in model.module.parameters():
+                if p.requires_grad and p.grad is not None and id(p) not in model.ddp_averaged:
+                    dist.all_reduce(p.grad)
+                    p.grad /= dist.get_world_size()
+
     def __getattr__(self, name):
         try:
             return super().__getattr__(name)
@@ -610,6 +663,15 @@ class DdpModel(DistributedDataParallel):
             if name == "module":
                 raise
             return getattr(self.module, name)
+
+    def __reduce_ex__(self, protocol):
+        """Pickled (``torch.save(model)``, ``copy.deepcopy``) as DataParallel's checkpoints held
+        it: a DataParallel of the module, which loads anywhere (this class lives in this script
+        only, and a DDP model needs a process group)."""
+        import copyreg
+
+        state = ddp_alone(self).__reduce_ex__(2)[2]
+        return copyreg._reconstructor, (torch.nn.DataParallel, object, None), state  # ddpify: ignore[DDP100]
 
     def state_dict(self, *args, **kwargs):
         """The keys DataParallel's checkpoints had: the bare model's (``keys_unwrapped``), or
@@ -633,6 +695,21 @@ class DdpModel(DistributedDataParallel):
         if state_dict and not any(key.startswith("module.") for key in state_dict):
             return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
         return super().load_state_dict(state_dict, strict=strict, **kwargs)
+
+
+def ddp_alone(model):
+    """The wrapped model for code that rank 0 runs alone (an evaluation handed the model, two
+    calls down from here): a DataParallel of the module with no devices, which runs it in this
+    process (DDP's forward would wait for the other ranks) and keeps DataParallel's `.module`
+    and checkpoint keys."""
+    if not isinstance(model, DistributedDataParallel):
+        return model
+    if getattr(model, "ddp_keys_unwrapped", False):
+        return model.module  # (a part DataParallel never wrapped: its own keys)
+    alone = torch.nn.DataParallel.__new__(torch.nn.DataParallel)  # ddpify: ignore[DDP100]
+    torch.nn.Module.__init__(alone)
+    alone.module, alone.device_ids, alone.dim = model.module, [], 0
+    return alone
 
 
 def ddp_broadcast_weights(model):
@@ -715,6 +792,15 @@ def ddp_gathered(outputs, pieces=1):
     order (DdpGathered: each share's gradient goes back to its process), as DataParallel
     gathered them for a loss that compares the batch's samples."""
     return ddp_whole_batch(lambda gathered: gathered, outputs, ddp_pieces=pieces)
+
+
+def ddp_scattered(model, *args, **kwargs):
+    """DataParallel's forward, for a batch every rank holds whole: each process runs the model
+    on its share of the arguments' first dimension (ddp_scatter) and gets every process's
+    outputs, in rank order (ddp_gathered: each share's gradient goes back to its process)."""
+    if dist.get_world_size() == 1:
+        return model(*args, **kwargs)
+    return ddp_gathered(model(*ddp_scatter(args), **ddp_scatter(kwargs)))
 
 
 def ddp_leaves(item, change=None):

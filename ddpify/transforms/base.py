@@ -18,6 +18,9 @@ from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis import Facts, star_imported_torch
+from ddpify.analysis.data_sites import data_sites
+from ddpify.analysis.scatter_points import scattered_at_the_model
+from ddpify.analysis.tree import dotted, walk, without_moves
 from ddpify.project.neighbours import Neighbours
 from ddpify.diagnostics import LIBRARY, SCRIPT, ConvertOptions, Diagnostic, Severity
 
@@ -79,6 +82,31 @@ class ConversionContext:
     whole_batch_definitions: set[cst.CSTNode] = field(default_factory=set)
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
+    _scattered: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def scattered_loops(self) -> dict[cst.CSTNode, tuple[cst.Call, ...]]:
+        """Training loops whose batches every rank draws whole, the wrapped model's calls
+        there taking their share as DataParallel's scatter did (scattered_at_the_model):
+        loop -> those calls."""
+        if self._scattered is None:
+            sites = data_sites(self.facts) if self.facts.wraps else []
+            coupled = self.batch_coupled()
+            self._scattered = {site.loop: calls for site in sites if (calls := scattered_at_the_model(site, self.facts, coupled))}
+        return self._scattered
+
+    def batch_coupled(self) -> frozenset[str]:
+        """The project's losses that count over the batch's content (neighbours), and the names
+        bound here to one made (``criterion = MultiBoxLoss(...)``)."""
+        counted = self.neighbours.count_normalized
+        if not counted:
+            return frozenset()
+        made = {
+            dotted(target.target) for node in walk(self.module)
+            if isinstance(node, cst.Assign) and isinstance(value := without_moves(node.value), cst.Call) and dotted(value.func) in counted
+            for target in node.targets
+        }
+        return frozenset(counted | made) - {None}
 
     @property
     def is_library(self) -> bool:
@@ -132,10 +160,21 @@ class ConversionContext:
             self.report(node, code, f"{message}; not converted", Severity.ERROR)
 
     def on_the_whole_batch(self, node: cst.CSTNode | None) -> bool:
-        """Inside a loss call given the gathered global batch (DDP117), or its definition: what it
-        computes is DataParallel's already."""
+        """Inside a loss call given the gathered global batch (DDP117), or its definition, or a
+        loop whose batch every rank holds whole (the model's calls scattered): what it computes
+        is DataParallel's already."""
+        if self.in_a_scattered_loop(node):
+            return True
         while node is not None:
             if node in self.whole_batch_calls or node in self.whole_batch_definitions:
+                return True
+            node = self.parent(node)
+        return False
+
+    def in_a_scattered_loop(self, node: cst.CSTNode | None) -> bool:
+        """Inside a training loop whose batch every rank holds whole (scattered_loops)."""
+        while node is not None and self.scattered_loops:
+            if node in self.scattered_loops:
                 return True
             node = self.parent(node)
         return False
@@ -169,8 +208,11 @@ class ConversionContext:
             node = self.parent(node)
         return f"getattr({name}, {quote}module{quote}, {name})"
 
-    def shard_call(self, loader: str, per_process: bool = False) -> str:
-        """``ddp_shard(loader)``: the training loader sharded at run time (emitted code)."""
+    def shard_call(self, loader: str, per_process: bool = False, whole_batches: bool = False) -> str:
+        """``ddp_shard(loader)``: the training loader sharded at run time (emitted code);
+        ``whole_batches``: every rank draws DataParallel's whole batches (the model's calls split them)."""
+        if whole_batches:
+            return f"ddp_shard({loader}, whole_batches=True)"
         batch = ", global_batch=False" if self.options.per_process_batch or per_process else ""
         return f"ddp_shard({loader}{batch})"
 
@@ -221,6 +263,8 @@ class Pipeline(cst.CSTTransformer):
                 result = hook(original_node, result)
         if isinstance(result, (cst.Module, cst.IndentedBlock)) and isinstance(result, type(original_node)):
             result = self._edit_block(original_node, result)
+        if isinstance(result, cst.FormattedString) and result is not original_node:
+            result = _quoted_apart(result)
         return result
 
     def _edit_block(self, original: cst.Module | cst.IndentedBlock, updated: Any) -> Any:
@@ -229,6 +273,26 @@ class Pipeline(cst.CSTTransformer):
         for transform in self.transforms:
             block = transform.edit_block(owner, block)
         return updated.with_changes(body=[statement for _, statement in block])
+
+
+def _quoted_apart(string: cst.FormattedString) -> cst.FormattedString:
+    """An f-string the transforms changed, its fields' string literals quoted with the quote
+    the f-string does not use: before Python 3.12 (PEP 701) `f"{d.get("k")}"` does not parse,
+    whatever inserted code put the literal there."""
+    quote = string.start[-1]
+    if string.start.endswith(quote * 3):
+        return string  # (a triple-quoted f-string takes either quote inside)
+    other = "'" if quote == '"' else '"'
+
+    class Requote(cst.CSTTransformer):
+        def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.SimpleString:
+            prefix = updated.prefix
+            body = updated.value[len(prefix):]
+            if body[:1] != quote or body[:3] == quote * 3 or other in body or "\\" in body:
+                return updated
+            return updated.with_changes(value=prefix + other + body[1:-1] + other)
+
+    return string.with_changes(parts=[part.visit(Requote()) if isinstance(part, cst.FormattedStringExpression) else part for part in string.parts])
 
 
 # -- small helpers for editing call arguments -------------------------------------------------

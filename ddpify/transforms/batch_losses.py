@@ -76,6 +76,7 @@ import re
 
 import libcst as cst
 
+from ddpify.analysis.data_sites import derived_from
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.names import MATRIX_PRODUCTS
 from ddpify.transforms.base import Transform, keyword
@@ -102,6 +103,10 @@ class BatchLossesTransform(Transform):
             return
         definitions = self._definitions()
         for name, (definition, calls) in self._losses_trained(definitions).items():
+            whole = [call for call in calls if self.context.in_a_scattered_loop(call)]
+            if whole and len(whole) == len(calls):
+                continue  # (the loop holds the whole batch already: DataParallel's loss as it is)
+            calls = [call for call in calls if call not in whole]
             pairwise = self._pairwise(definition)
             if pairwise is not None:
                 self._gather_for(calls, definition)
@@ -130,10 +135,15 @@ class BatchLossesTransform(Transform):
         """A training loop that multiplies a batch's outputs with their own transpose
         (DCL's ``torch.mm(out, out.t().contiguous())``: every other sample a negative)."""
         for loop in self.facts.training_loops:
+            if self.context.in_a_scattered_loop(loop):
+                continue
             for node in walk(loop.body):
                 operands = _product_operands(node, {"mm", "matmul"})
                 if len(operands) >= 2 and any(_transposed(o) for o in operands[1:2]) and not any(_reads_self(o) for o in operands):
                     roots = {_root(o) for o in operands[:2]}
+                    drawn = self._drawn_in(self._innermost_loop(node))
+                    if drawn is not None and roots - drawn:
+                        continue  # (the classes' weights compared with each other: alike on every rank)
                     if len(roots) == 1 and None not in roots:
                         model_calls = self._only_through_the_model(self._innermost_loop(node))
                         if model_calls:
@@ -163,6 +173,13 @@ class BatchLossesTransform(Transform):
         while node is not None and not isinstance(node, (cst.For, cst.While)):
             node = self.context.parent(node)
         return node
+
+    def _drawn_in(self, loop: cst.CSTNode | None) -> set[str] | None:
+        """The names a ``for`` loop binds to what it draws, and to what it computes from them
+        (None for another loop: its batch is not known)."""
+        if not isinstance(loop, cst.For):
+            return None
+        return set(derived_from({n.value for n in walk(loop.target) if isinstance(n, cst.Name)}, loop.body))
 
     def _only_through_the_model(self, loop) -> list[cst.Call]:
         """The wrapped model's calls in a ``for`` training loop that reads what it draws (and what
@@ -240,8 +257,9 @@ class BatchLossesTransform(Transform):
             )
 
     def _gather_for(self, calls: list[cst.Call], definition: cst.CSTNode | None = None) -> None:
-        """Each training call of a loss that compares the batch's samples gets the global batch."""
-        self.context.whole_batch_calls.update(calls)
+        """Each training call of a loss that compares the batch's samples gets the global batch
+        (not in a loop that holds it whole already: its model's calls are scattered)."""
+        self.context.whole_batch_calls.update(call for call in calls if not self.context.in_a_scattered_loop(call))
         if definition is not None:
             self.context.whole_batch_definitions.add(definition)
 
@@ -544,7 +562,9 @@ class BatchLossesTransform(Transform):
                 if target is None or self._evaluates(call, name):
                     continue
                 pattern = LOSS_CLASS if isinstance(target, cst.ClassDef) else LOSS_FUNCTION
-                if pattern.search(target.name.value):
+                # (or a function of any name given the model's outputs: HCL's `criterion(out_1, out_2, ...)`)
+                handed_outputs = isinstance(target, cst.FunctionDef) and name not in self.facts.model_names and self._given_outputs(call)
+                if pattern.search(target.name.value) or handed_outputs:
                     found.setdefault(target.name.value, (target, []))[1].append(call)
         return found
 

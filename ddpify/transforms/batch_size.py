@@ -146,7 +146,7 @@ class BatchSizeTransform(Transform):
             return updated_node
         sides = [original_node.left, original_node.comparisons[0].comparator]
         for counted, size in (sides, sides[::-1]):
-            if self.context.code(size) in self._loader_batch_sizes and self._counts_batch(counted) and self._in_training_loop(original_node, innermost=True):
+            if self.context.code(size) in self._loader_batch_sizes and self._counts_batch(counted) and self._in_training_loop(original_node, innermost=True) and not self.context.in_a_scattered_loop(original_node):
                 self.context.report(
                     size,
                     "DDP407",
@@ -197,6 +197,8 @@ class BatchSizeTransform(Transform):
             return None
         if self._shapes_tensor(original) or not self._in_a_batch_loop(original):
             return None
+        if original in self.context.whole_batch_calls or self.context.in_a_scattered_loop(original):
+            return None  # (given the whole global batch: DataParallel's size is its size)
         args = [
             arg.with_changes(value=self._local(arg.value)) if self.context.code(arg.value) in sizes else arg
             for arg in updated.args
@@ -251,7 +253,7 @@ class BatchSizeTransform(Transform):
                 changed |= any(new is not old for new, old in zip(elements, value.elements))
                 value = value.with_changes(elements=elements)
             args.append(arg.with_changes(value=value))
-        if not changed or not self._in_training_loop(original):
+        if not changed or not self._in_training_loop(original) or self.context.in_a_scattered_loop(original):
             return updated
         self.context.report(
             original,

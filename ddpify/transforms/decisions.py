@@ -275,6 +275,9 @@ class DecisionsTransform(Transform):
                     "mean across ranks, the global batch's value, so every rank steps alike",
                 )
                 return updated_node.with_changes(test=updated_node.test.visit(_AverageValues(losses)))
+            reduced = self._on_global_totals(original_node, updated_node, "DDP808", "takes a training step")
+            if reduced is not None:
+                return reduced
             self.context.use_helper("ddp_all")
             self.context.report(
                 original_node,
@@ -297,6 +300,9 @@ class DecisionsTransform(Transform):
                     "mean across ranks, the global batch's value DataParallel tested, so all take the same steps",
                 )
                 return updated_node.with_changes(test=updated_node.test.visit(_AverageValues(losses)))
+            reduced = self._on_global_totals(original_node, updated_node, "DDP806", "skips a training step")
+            if reduced is not None:
+                return reduced
             self.context.use_helper("ddp_any")
             self.context.report(
                 original_node,
@@ -312,6 +318,28 @@ class DecisionsTransform(Transform):
         shown = ", ".join(sorted(metrics))
         self.context.report(original_node, "DDP805", f"the early stop decides on the mean of {shown} across ranks, the same on every rank")
         return updated_node.with_changes(test=updated_node.test.visit(_AverageNames(metrics)))
+
+    def _on_global_totals(self, original: cst.If, updated: cst.If, code: str, what: str) -> cst.If | None:
+        """A test on a total of the batch (ReInfoSelect's ``if action.sum().item() < 1 and step %
+        args.T != 0: continue``): DataParallel tested the global batch's total, so the total is
+        summed (a mean averaged) across ranks first, and the test is then the same everywhere.
+        None where something else in the test is this rank's own."""
+        totals = _GlobalTotals()
+        original.test.visit(totals)
+        if not totals.found:
+            return None
+        uniform = original.test.visit(_GlobalTotals(stand_in=True))
+        if not same_on_every_rank(uniform, loop_names_around(original, self.context.parent)):
+            return None
+        for helper in totals.helpers:
+            self.context.use_helper(helper)
+        reduced = ", ".join(self.context.code(node) for node in totals.found)
+        self.context.report(
+            original, code,
+            f"`if {self.context.code(original.test)}:` {what} on a total of this rank's share ({reduced}): it tests the "
+            "total across ranks, the global batch's DataParallel tested, so every rank decides alike",
+        )
+        return updated.with_changes(test=updated.test.visit(_GlobalTotals()))
 
     def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
         counter = dotted(original_node.target)
@@ -443,6 +471,51 @@ def _objects_read(test: cst.BaseExpression) -> set[str]:
             if base and base not in ("args", "self", "opt", "cfg", "config", "np", "torch", "math"):
                 found.add(base)
     return found
+
+
+TOTALS = {"sum": "ddp_sum", "mean": "ddp_mean"}
+READS = ("item", "float", "double", "long", "int", "cpu", "detach", "data")
+
+
+def _total_of(node: cst.BaseExpression) -> str | None:
+    """``x.sum()`` / ``x.mean()`` over everything (``.item()``, ``.float()``, ``.data`` around it):
+    the helper that takes it across ranks."""
+    while isinstance(node, (cst.Call, cst.Attribute)):
+        attribute = node.func if isinstance(node, cst.Call) else node
+        if not isinstance(attribute, cst.Attribute):
+            return None
+        name = attribute.attr.value
+        if isinstance(node, cst.Call) and name in TOTALS and not node.args:
+            return TOTALS[name]
+        if name not in READS or isinstance(node, cst.Call) and node.args:
+            return None
+        node = attribute.value
+    return None
+
+
+class _GlobalTotals(cst.CSTTransformer):
+    """Each total of a condition taken across ranks (``ddp_sum(action.sum().item())``), or with
+    ``stand_in`` replaced by a constant (to ask whether the rest is the same on every rank)."""
+
+    def __init__(self, stand_in: bool = False) -> None:
+        super().__init__()
+        self.stand_in, self.found, self.helpers, self._outer = stand_in, [], set(), []
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        helper = _total_of(node)
+        if helper is None:
+            return True
+        self.found.append(node)
+        self.helpers.add(helper)
+        self._outer.append(node)
+        return False
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node not in self._outer:
+            return updated_node
+        if self.stand_in:
+            return cst.Name("TOTAL")
+        return cst.Call(func=cst.Name(_total_of(original_node)), args=[cst.Arg(updated_node)])
 
 
 class _AverageValues(cst.CSTTransformer):

@@ -26,6 +26,11 @@ DDP204  entry script of a project: set-up added here, for the training that runs
         modules it imports.
 DDP206  (error) a project module whose module-level code wraps or trains runs at import
         time, before the entry script's set-up.
+DDP207  a function's own variable ``dist`` (ReInfoSelect's ``dist = Categorical(probs)``) where
+        the converted code needs torch.distributed: the converted code there names it in full,
+        the function's own ``dist`` is left as it is::
+
+            if dist.get_rank() == 0:   ->   if torch.distributed.get_rank() == 0:
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ TEMPLATE_NAMES = (
     "ddp_shard",
     "ddp_rebuilt",
     "DdpSplit",
+    "ddp_batch_share",
     "ddp_drawn",
     "ddp_scatter",
     "ddp_resampled",
@@ -76,12 +82,14 @@ TEMPLATE_NAMES = (
     "ddp_device",
     "ddp_wrap",
     "DdpModel",
+    "ddp_alone",
     "ddp_broadcast_weights",
     "ddp_through",
     "ddp_wrap_every_parameter",
     "ddp_local_batch_size",
     "ddp_whole_batch",
     "ddp_gathered",
+    "ddp_scattered",
     "ddp_leaves",
     "DdpGathered",
     "ddp_selected_mean",
@@ -319,15 +327,40 @@ class ProcessGroupTransform(Transform):
         return found
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        for name, node in self._local_bindings.get(original_node, {}).items():
-            if _uses_of(updated_node, name) > _uses_of(original_node, name):
+        local = self._local_bindings.get(original_node, {})
+        for name, node in local.items():
+            # (the function's own `dist` names are marked: leave_Name; those left are the converted code's)
+            added = _uses_of(updated_node, name) if name == "dist" else _uses_of(updated_node, name) - _uses_of(original_node, name)
+            if added <= 0:
+                continue
+            if name == "dist" and not _binds(original_node, "torch"):
+                # ReInfoSelect's `dist = Categorical(probs)`: the converted code there names
+                # torch.distributed in full instead
+                updated_node = _dist_in_full(updated_node)
                 self.context.report(
                     node,
-                    "DDP203",
-                    f"`{name}` is a variable of `{original_node.name.value}()`, where the converted code needs the "
-                    f"name `{name}` itself (a rank guard, a collective); rename the variable",
-                    Severity.ERROR,
+                    "DDP207",
+                    f"`dist` is a variable of `{original_node.name.value}()`: the converted code there calls "
+                    "torch.distributed by its full name",
                 )
+                continue
+            self.context.report(
+                node,
+                "DDP203",
+                f"`{name}` is a variable of `{original_node.name.value}()`, where the converted code needs the "
+                f"name `{name}` itself (a rank guard, a collective); rename the variable",
+                Severity.ERROR,
+            )
+        return _unmarked(updated_node) if "dist" in local else updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        """The function's own ``dist`` (a variable there), told apart from the converted code's
+        until the function is left."""
+        if original_node.value != "dist" or not self._local_bindings:
+            return updated_node
+        scope = self.context.metadata.get_metadata(ScopeProvider, original_node, None)
+        if isinstance(scope, FunctionScope) and "dist" in self._local_bindings.get(scope.node, {}):
+            return updated_node.with_changes(value=OWN_DIST)
         return updated_node
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
@@ -412,6 +445,44 @@ class ProcessGroupTransform(Transform):
             missing = max(0, 2 - sum(1 for line in statement.leading_lines if line.comment is None))
             rest = [(original, statement.with_changes(leading_lines=[*[cst.EmptyLine()] * missing, *statement.leading_lines])), *rest[1:]]
         return [*block[:at], *helpers, *rest]
+
+
+def _binds(function: cst.FunctionDef, name: str) -> bool:
+    """Does the function bind ``name`` itself (a parameter, an assignment, a loop, an import)?"""
+    targets: list[cst.CSTNode] = [param.name for param in walk(function.params) if isinstance(param, cst.Param)]
+    for node in walk(function.body):
+        if isinstance(node, cst.Assign):
+            targets += [target.target for target in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+            targets.append(node.target)
+        elif isinstance(node, (cst.AsName)):
+            targets.append(node.name)
+    return any(isinstance(n, cst.Name) and n.value == name for target in targets for n in walk(target))
+
+
+OWN_DIST = "__ddpify_own_dist__"  # a function's own `dist`, while that function is rewritten
+
+
+def _dist_in_full(function: cst.FunctionDef) -> cst.FunctionDef:
+    """The ``dist`` names the converted code put into the function, as ``torch.distributed``
+    (the function's own are marked OWN_DIST)."""
+
+    class InFull(cst.CSTTransformer):
+        def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
+            value = updated_node.value
+            if isinstance(value, cst.Name) and value.value == "dist":
+                return updated_node.with_changes(value=cst.parse_expression("torch.distributed"))
+            return updated_node
+
+    return function.visit(InFull())
+
+
+def _unmarked(function: cst.FunctionDef) -> cst.FunctionDef:
+    class Unmarked(cst.CSTTransformer):
+        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+            return updated_node.with_changes(value="dist") if updated_node.value == OWN_DIST else updated_node
+
+    return function.visit(Unmarked())
 
 
 def _uses_of(node: cst.CSTNode, name: str) -> int:

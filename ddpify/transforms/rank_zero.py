@@ -264,6 +264,10 @@ class RankZeroTransform(Transform):
             return call
         if dotted(call.func) in self.context.neighbours.writers:
             return call  # a function of the script's project that only writes files (save_args, create_exp_dir)
+        if any(self._opens_for_writing(arg.value) for arg in call.args):
+            # a file opened for writing in the call itself (`pickle.dump(preds, open(path, "wb"))`,
+            # `yaml.dump(config, open(path, "w"))`): written whole by this statement
+            return call
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
         if self.context.qualified(call.func) & SHELL_CALLS and call.args and SHELL_WRITES.match(self._literal_start(call.args[0].value)):
@@ -482,7 +486,9 @@ class RankZeroTransform(Transform):
             return self._save_unwrapped(original_node, updated_node)
         if "torch.onnx.export" in names:
             return self._export_unwrapped(original_node, updated_node)
-        if self._opens_for_writing(original_node) and not self._under_rank_guard(original_node):
+        if self._hands_the_model(original_node, names) and self._rank_zero_alone(original_node):
+            return self._handed_unwrapped(original_node, updated_node)
+        if self._opens_for_writing(original_node) and not self._rank_zero_alone(original_node):
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
                     original_node,
@@ -597,6 +603,47 @@ class RankZeroTransform(Transform):
         unwrapped = self._unwrapped(name)
         self.context.report(original, "DDP614", message.format(unwrapped))
         return updated.with_changes(args=[updated.args[0].with_changes(value=cst.parse_expression(unwrapped)), *updated.args[1:]])
+
+    def _hands_the_model(self, call: cst.Call, names: set[str]) -> bool:
+        """A function of the script or its project given the wrapped model itself (InsightFace's
+        `megaface_test(model)`, which runs it two calls down), not torch's, a builtin or a logger."""
+        if any(name.split(".")[0] in ("builtins", "torch", "logging", "numpy", "copy", *TRACKER_MODULES) for name in names):
+            return False
+        return any(arg.keyword is None and dotted(arg.value) in self.facts.model_names for arg in call.args)
+
+    def _rank_zero_alone(self, call: cst.Call) -> bool:
+        """Does rank 0 alone run this call once converted (a guard there, or one this transform adds)?"""
+        if self._under_rank_guard(call):
+            return True
+        parent = self.context.parent(call)
+        if isinstance(parent, cst.Assign) and parent.value is call and not self._import_time(parent):
+            # (`megaface_acc = megaface_test(model)`: a project writer's values, made on rank 0)
+            if self._project_writer_values(parent) or self._project_writer_values(parent, plain=True):
+                return True
+        node = self.context.parent(call)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, cst.BaseStatement) and (self._units.guarded(node) or self._would_guard(node)):
+                return True
+            node = self.context.parent(node)
+        return False
+
+    def _handed_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """Rank 0 alone hands the model on: the module inside DDP goes (DDP's forward, run by one
+        rank, would wait for the others: it broadcasts buffers)."""
+        args = []
+        for arg in updated.args:
+            name = dotted(arg.value) if arg.keyword is None else None
+            if name in self.facts.model_names:
+                arg = arg.with_changes(value=cst.Call(cst.Name("ddp_alone"), [cst.Arg(arg.value)]))
+            args.append(arg)
+        self.context.use_helper("ddp_alone")
+        self.context.report(
+            original, "DDP614",
+            f"`{self.context.code(original.func)}(...)` runs on rank 0 alone and is handed the model: it gets the module "
+            "in a DataParallel of no devices (ddp_alone: DataParallel's keys and `.module`; DDP's forward, run by one "
+            "rank, would wait for the others)",
+        )
+        return updated.with_changes(args=args)
 
     def _export_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """``torch.onnx.export(model, x, path)`` runs the model to trace it: on rank 0 alone,
@@ -871,6 +918,9 @@ class RankZeroTransform(Transform):
         parent = self.context.parent(call)
         if isinstance(parent, cst.Assign) and parent.value is call:
             return False
+        if isinstance(parent, cst.Arg) and parent.value is call and self._put_in_a_container(parent):
+            # `output_writers.append(SummaryWriter(...))` (cc's validation writers): an element, as in a list
+            return not self._under_rank_guard(call)
         if isinstance(parent, cst.Arg) and parent.value is call and not self._under_rank_guard(call):
             # `train(SummaryWriter(...))` in a function (at the top level it may run before the
             # set-up, which the call itself may hold): followed into the function that receives it
@@ -879,6 +929,11 @@ class RankZeroTransform(Transform):
             guarded = lambda node: node is not None and (self._units.guarded(node) or self._would_guard(node))  # noqa: E731
             return argument_escapes(call, self.context.module, self.context.parent, guarded) is None
         return isinstance(parent, (cst.Return, cst.DictElement, cst.Element)) and not self._under_rank_guard(call)
+
+    def _put_in_a_container(self, arg: cst.Arg) -> bool:
+        """``writers.append(arg)`` / ``.insert(i, arg)`` / ``.add(arg)``: the value is an element."""
+        call = self.context.parent(arg)
+        return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "insert", "add")
 
     def _tracker_with_item(self, call: cst.Call) -> bool:
         """``with SummaryWriter(path) as writer:`` (pvcnn): made on rank 0 only, as an assigned
@@ -1224,8 +1279,9 @@ def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
         if (isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name))
         or (isinstance(found, cst.Assign) and len(found.targets) == 1 and isinstance(found.targets[0].target, cst.Name))
     ]
-    # `criterion = nn.MSELoss()`: a loss module, not a loss value
-    assignments = [(name, value) for name, value in assignments if not _constructs(value)]
+    # `criterion = nn.MSELoss()`: a loss module, not a loss value; `print_str = f"loss {loss:.4f}"`:
+    # text, which no mean across ranks changes (the loss inside it is rank 0's)
+    assignments = [(name, value) for name, value in assignments if not _constructs(value) and not _text(value)]
     grown = True
     while grown:
         grown = False
@@ -1234,6 +1290,20 @@ def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
                 derived.add(name)
                 grown = True
     return frozenset(derived)
+
+
+def _text(value: cst.BaseExpression) -> bool:
+    """A string made from values: an f-string, ``"...".format(...)``, ``"..." % x``, ``str(x)``,
+    or a sum that starts with one."""
+    while isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+        value = value.left
+    if isinstance(value, (cst.FormattedString, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        return isinstance(value.left, (cst.SimpleString, cst.FormattedString))
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+        return isinstance(value.func.value, (cst.SimpleString, cst.FormattedString))
+    return isinstance(value, cst.Call) and dotted(value.func) == "str"
 
 
 def _constructs(value: cst.BaseExpression) -> bool:

@@ -58,6 +58,17 @@ model): every rank draws alike and takes its share of the batch::
 
     x, y = data.get_batch(64)   ->   x, y = ddp_drawn(data.get_batch, 64)
 
+DDP314  a loader with a batch sampler of the user's whose batches the loop cuts before the model
+(few-shot episodes: ``split_shot_query(data, way, shot, query, episodes)``, a ``view`` by the
+sampler's counts): DataParallel split the model's inputs after that cut, not the batch's
+index list. Every rank draws the whole batch, alike, and each call of the wrapped model in
+the loop takes its share of its inputs and gathers every rank's outputs (the gradient of each
+share goes back to its rank), so the loop computes DataParallel's loss::
+
+    for x, _ in loader:                       for x, _ in ddp_shard(loader, whole_batches=True):
+        x_shot, x_query = split(x, ...)   ->      x_shot, x_query = split(x, ...)
+        logits = model(x_shot, x_query)           logits = ddp_scattered(model, x_shot, x_query)
+
 DDP304  (error; a warning with ``--allow-partial``) the script trains, but its training loop
 draws from no DataLoader (a list of batches made here, tensors sliced by hand: nothing
 ``ddp_shard`` can split), or its training step is out of sight (no ``backward()``/``step()``
@@ -74,7 +85,9 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
+from ddpify.analysis.tree import without_moves
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
+from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
@@ -100,7 +113,20 @@ class SamplerTransform(Transform):
 
     def check(self) -> None:
         runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
+        scattered = self.context.scattered_loops
+        whole = {call for site in data_sites(self.facts) if site.loop in scattered for call in site.loaders} if scattered else set()
+        # (a name bound to a loader of this file and to one from elsewhere: HRank's ImageNet branch)
+        mixed = {
+            call: other for site in data_sites(self.facts) if site.loop not in scattered
+            for other in [bound_elsewhere_too(site, self.facts)] if other for call in site.loaders
+        }
         for site in self.facts.training_loaders:
+            if site.call in whole:
+                runtime[site.call] = "every rank draws its whole batches, the model's calls split them"
+                continue
+            if site.call in mixed:
+                runtime[site.call] = f"the loop's loader may also be `{mixed[site.call]}`, from elsewhere: sharded where the loop draws, whichever it is"
+                continue
             if site.foreign is not None or site.call in self.facts.parameter_stand_ins:
                 # Built by another module of the project, which shards it (or the project
                 # is refused with it): here it only needs set_epoch.
@@ -227,10 +253,10 @@ class SamplerTransform(Transform):
         self._split_drawn_batches()
         self._split_drawn_calls()
         self._shard_passed_at_run_time(runtime)
-        self.context.run_time_loaders.update(call for site, _ in self._run_time.values() if not site.regrouped for call in site.loaders)
-        self.context.run_time_shards.update(
-            (site.function, self.context.code(expr)) for expr, (site, _) in self._run_time.items()
-        )
+        # (a loop that holds each batch whole divides neither its batch size nor its sums)
+        divided = {expr: site for expr, (site, _) in self._run_time.items() if site.loop not in self.context.scattered_loops}
+        self.context.run_time_loaders.update(call for site in divided.values() if not site.regrouped for call in site.loaders)
+        self.context.run_time_shards.update((site.function, self.context.code(expr)) for expr, site in divided.items())
 
     def _split_drawn_batches(self) -> None:
         """A training loop that draws its batches with ``next(it)`` from an iterator of its own
@@ -381,13 +407,20 @@ class SamplerTransform(Transform):
         self.context.add_import(*SAMPLER_IMPORT)
         per_process = self.context.options.per_process_batch
         batch = "each process loads its own batch" if per_process else "each process loads its share of each batch"
-        self.context.report(
-            original,
-            "DDP312",
-            f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
-            f"{batch}; each pass over it is the next epoch",
-        )
-        shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped))
+        whole = site.loop in self.context.scattered_loops
+        if whole:
+            self.context.report(original, "DDP314", f"`{code}`: {self._why_whole(site.loop)}: every process draws the "
+                "whole batch (ddp_shard(..., whole_batches=True), alike on every rank), and the wrapped model's calls in "
+                "the loop take their share of their inputs and gather every process's outputs (ddp_scattered), as "
+                "DataParallel's scatter and gather did; the data loading is not divided between the processes")
+        else:
+            self.context.report(
+                original,
+                "DDP312",
+                f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
+                f"{batch}; each pass over it is the next epoch",
+            )
+        shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped, whole_batches=whole))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
         # (a loader handed to a training function out of sight: every pass there trains)
         condition = None if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
@@ -405,6 +438,31 @@ class SamplerTransform(Transform):
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
         return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
+
+    def _why_whole(self, loop: cst.CSTNode) -> str:
+        coupled = self.context.batch_coupled()
+        loss = next((call for call in calls_in(loop.body) if dotted(call.func) in coupled), None)
+        if loss is not None:
+            name = dotted(loss.func)
+            made = next((
+                dotted(value.func) for node in walk(self.context.module)
+                if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets)
+                and isinstance(value := without_moves(node.value), cst.Call)
+            ), None)
+            what = f"`{name}` ({made}, a module of this project)" if made and made != name else f"`{name}` (a module of this project)"
+            return f"the loop's loss {what} divides by a count of the batch's content, which DataParallel counted over the whole batch"
+        return (
+            "the loop cuts each batch of its own batch_sampler by the sampler's counts before the model (episodes, "
+            "groups), so a share of the batch's indices would break that structure"
+        )
+
+    def _scattered(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        """``model(a, b)`` -> ``ddp_scattered(model, a, b)`` in a loop whose batch stays whole."""
+        self.context.use_helper("ddp_scattered")
+        model = updated_node.func
+        if isinstance(model, cst.Attribute) and model.attr.value == "forward":
+            model = model.value  # (through the wrap: DDP averages the gradients only then)
+        return cst.Call(func=cst.Name("ddp_scattered"), args=[cst.Arg(model, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *updated_node.args])
 
     def _no_loader(self, loop: cst.CSTNode) -> str:
         """The true blocker of a training loop that draws from no DataLoader."""
@@ -633,6 +691,8 @@ class SamplerTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self._run_time:
             return self._shard_at_run_time(original_node, updated_node)
+        if any(original_node in calls for calls in self.context.scattered_loops.values()):
+            return self._scattered(original_node, updated_node)
         if original_node in self._drawn:
             self.context.report(
                 original_node,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, walk
+from ddpify.analysis.tree import without_moves
 from ddpify.transforms.base import Transform
 from ddpify.transforms.summed_losses import _origins, _reaching_backward
 
@@ -107,9 +108,12 @@ class SelectedMeansTransform(Transform):
         if not hasattr(self, "_bound"):
             self._bound: dict[str, list[cst.Call]] = {}
             for node in walk(self.context.module):
-                if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                # (`nn.CrossEntropyLoss(ignore_index=0).cuda()`; a move re-bound, `loss_fn = loss_fn.cuda()`,
+                # binds nothing new)
+                value = without_moves(node.value) if isinstance(node, cst.Assign) else None
+                if isinstance(value, cst.Call):
                     for target in node.targets:
-                        self._bound.setdefault(dotted(target.target) or "", []).append(node.value)
+                        self._bound.setdefault(dotted(target.target) or "", []).append(value)
         return self._bound
 
     def _constructor_args(self, call: cst.Call) -> list[cst.Arg]:

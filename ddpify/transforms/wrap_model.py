@@ -105,7 +105,10 @@ uses; a submodule's result that ``forward()`` computes and never reads, Backgrou
 ``multi_feat = self.model_enc_multi(multi)``; a part ``forward()`` picks by an argument,
 Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127), and so does a pretrained model
 of Hugging Face's libraries (``BertForRelation.from_pretrained(...)``, PURE: its pooler idles when
-only the sequence output is read), as Hugging Face's Trainer does.
+only the sequence output is read), as Hugging Face's Trainer does. A model built from a class
+picked at run time, whose parts cannot be read here (``import_class(name)``, a registry lookup,
+a class of a module imported by a name given at run time: TENet's ``module =
+importlib.import_module("model." + args.model)``, then ``module.Net(...)``), gets it too.
 
 DDP129  a DataParallel subclass of the file or of the project (project/dp_subclasses.py)
 that only answers for the model's attributes, or only changes how one process splits each

@@ -307,7 +307,17 @@ def _pass_problem(by_rank: dict[int, dict], world: int) -> str | None:
             f"{first['kind']} over {size} samples is not sharded: every rank trains on all of it, "
             f"each sample {world} times per epoch (use a DistributedSampler)"
         )
+    if first.get("whole"):
+        return _whole_batches_problem(by_rank)
     return _split_problem(by_rank) or _coverage_problem(by_rank, world)
+
+
+def _whole_batches_problem(by_rank: dict[int, dict]) -> str | None:
+    """Batches every rank holds whole (the model's calls take each rank's share) must be the
+    same batches on every rank, or the gathered outputs mix samples of different batches."""
+    first = next(iter(by_rank.values()))["indices"]
+    differ = [rank for rank, record in sorted(by_rank.items()) if record["indices"] != first]
+    return f"rank(s) {_list(differ)} drew other whole batches than rank 0" if differ else None
 
 
 def _coverage_problem(by_rank: dict[int, dict], world: int) -> str | None:

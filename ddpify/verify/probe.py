@@ -496,6 +496,8 @@ def _shard_summary(shard) -> dict:
         "num_replicas": dist.get_world_size() if dist.is_initialized() else 1,
         "shuffle": type(inner).__name__ == "RandomSampler",
         "dataset_size": len(shard.dataset) if plain and not shard.per_batch else None,
+        # every rank draws the same whole batches, the model's calls split them (ddp_scattered)
+        "whole": getattr(shard, "whole", False),
     }
 
 

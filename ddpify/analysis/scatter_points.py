@@ -1,0 +1,132 @@
+"""Where DataParallel's split of the batch must stay where it was: at the model's inputs.
+
+DataParallel scattered the wrapped model's inputs along their first dimension, ran a replica
+on each share, and gathered the outputs; everything else in the training loop saw the whole
+batch. Sharding the loader moves that split to the data, which is what a person writes and
+right for most loops. Two kinds of loop need DataParallel's split kept (``ddp_shard(loader,
+whole_batches=True)`` and ``ddp_scattered(model, ...)``): a batch sampler's structured batches
+cut before the model, and a loss out of this file's sight that couples the batch's samples.
+This module also finds a loop's loader bound to something from elsewhere besides.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import ScopeProvider
+
+from ddpify.analysis.data_sites import DataSite, derived_from
+from ddpify.analysis.facts import Facts
+from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, walk, without_moves
+
+
+def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str] = frozenset()) -> tuple[cst.Call, ...]:
+    """The wrapped model's calls of a training loop whose batches must stay whole on every
+    rank, split where DataParallel split them: at the model's inputs (none: the batch is
+    split where the loop draws it).
+
+    A batch sampler of the user's yields batches with a structure (few-shot-meta-baseline's
+    episodes: `ep_per_batch` episodes of `way x (shot + query)` flat indices). When the loop
+    feeds the model what it cut from the batch (``split_shot_query(data, way, shot, query,
+    ep_per_batch)``, a ``view`` by the sampler's counts) rather than the batch itself, a cut of
+    each batch's index list per rank would break that structure; DataParallel scattered the
+    model's inputs along their first dimension after the cut. Each rank then draws the whole
+    batch, and each call of the model takes its share and gathers everyone's outputs
+    (``ddp_scattered``).
+
+    The same holds for a loop whose loss comes from ``coupled``, code out of this file's sight
+    that couples the samples of the batch (a project loss normalised by a count of the batch's
+    content, DSFD's MultiBoxLoss): computed on the whole batch, it is DataParallel's."""
+    loop, parent_of = site.loop, facts.analyzer.scopes.parent
+    if not isinstance(loop, cst.For) or site.regrouped:
+        return ()
+    calls = [
+        call for call in calls_in(loop.body)
+        if (dotted(call.func) or "").removesuffix(".forward") in facts.model_names and innermost_loop(call, parent_of) is loop
+    ]
+    if calls and coupled and any(dotted(call.func) in coupled and innermost_loop(call, parent_of) is loop for call in calls_in(loop.body)):
+        return tuple(calls)
+    if not site.loaders or not all(_own_batch_sampler(call) for call in site.loaders):
+        return ()
+    batch = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+    derived, whole = derived_from(batch, loop.body), _batch_itself(batch, loop, parent_of)
+    cut = any(
+        {n.value for n in walk(arg.value) if isinstance(n, cst.Name)} & derived
+        and not (isinstance(_moved(arg.value), cst.Name) and _moved(arg.value).value in whole)
+        for call in calls for arg in call.args
+    )
+    return tuple(calls) if cut else ()
+
+
+def _own_batch_sampler(call: cst.Call) -> bool:
+    """``DataLoader(..., batch_sampler=CategoriesSampler(...))``: the user's, not a distributed one."""
+    own = next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "batch_sampler"), None)
+    if own is None or (isinstance(own.value, cst.Name) and own.value.value == "None"):
+        return False
+    return "Distributed" not in cst.Module([]).code_for_node(own.value)
+
+
+def _moved(value: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under its moves and casts (``Variable(x.cuda())``, ``x.to(device).float()``)."""
+    value = without_moves(value)
+    while isinstance(value, cst.Call) and (dotted(value.func) or "").rpartition(".")[2] == "Variable" and value.args:
+        value = without_moves(value.args[0].value)
+    return value
+
+
+def _batch_itself(batch: set[str], loop: cst.For, parent_of) -> set[str]:
+    """Names bound in the loop to the batch as drawn: its fields unpacked or indexed
+    (``x, y = batch``, ``x = batch["img"]``) and their moves, not cuts of its tensors (a name
+    also bound to a cut somewhere in the loop is not)."""
+    bindings = [
+        (node, {n for target in node.targets for n in bound_names(target.target)})
+        for node in walk(loop.body) if isinstance(node, cst.Assign) and innermost_loop(node, parent_of) is loop
+    ]
+    whole, cut = set(batch), set()
+    for _ in range(3):  # a few steps along the assignments
+        for node, names in bindings:
+            value = _moved(node.value)
+            if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name) and len(value.slice) == 1:
+                index = value.slice[0].slice
+                if isinstance(index, cst.Index) and isinstance(index.value, (cst.Integer, cst.SimpleString)):
+                    value = value.value
+            if isinstance(value, cst.Name) and value.value in whole - cut:
+                whole |= names
+            else:
+                cut |= names
+    return whole - cut
+
+
+def bound_elsewhere_too(site: DataSite, facts: Facts) -> str | None:
+    """What else the name a training loop draws from is bound to, beside this file's DataLoader
+    calls (HRank's `trainloader = DataLoader(...)` for CIFAR, `trainloader = data_tmp.loader_train`
+    of a project class for ImageNet): sharded where it is built, one binding would train whole
+    and the `set_epoch` added for the name would fail on it. The code of that other value."""
+    expr = site.expr
+    if not site.loaders or not isinstance(expr, cst.Name):
+        return None
+    analyzer = facts.analyzer
+    scope = analyzer.scopes.get_metadata(ScopeProvider, expr, None)
+    if scope is None:
+        return None
+    for assignment in scope[expr.value]:
+        node = getattr(assignment, "node", None)
+        if node is None:
+            continue
+        value, index = analyzer.scopes.assigned_value(node)
+        if value is None or index is not None:
+            continue  # (unpacked from a builder's tuple: traced by loaders_for, or not at all)
+        value = _moved(value) if isinstance(value, cst.Call) else value
+        if value in site.loaders or isinstance(value, cst.Name) and value.value == "None":
+            continue
+        if isinstance(value, cst.Call) and (value in facts.loaders or _wraps_a_loader(value, site.loaders)):
+            continue
+        if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and value is not expr:
+            traced = analyzer.loaders.loaders_for(value, facts.contexts[site.loop], depth=0) if isinstance(value, (cst.Name, cst.Attribute)) else []
+            if not traced:  # (another name of the same loaders: `loader = train_loader`)
+                return cst.Module([]).code_for_node(value)
+    return None
+
+
+def _wraps_a_loader(call: cst.Call, loaders: tuple[cst.Call, ...]) -> bool:
+    """``tqdm(DataLoader(...))``, ``iter(loader)``: a wrapper around one of the loaders."""
+    return any(node in loaders for node in walk(call))
