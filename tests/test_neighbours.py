@@ -1765,3 +1765,31 @@ def test_a_project_evaluator_object_that_writes_and_reads_back_runs_quietly_on_t
     result = convert_file(tmp_path / "main.py")
     assert 'lines = ddp_quiet(evaluator.evaluate, torch.ones(5, 3), "_submission.csv")' in result.output
     assert any(d.code == "DDP616" and "evaluator.evaluate" in d.message for d in result.diagnostics)
+
+
+def test_a_script_inside_the_package_it_imports_finds_the_wrap_without_a_marker_file(tmp_path):
+    # 3DUnetCNN downloaded as a zip (no .git): unet3d/scripts/train.py imports `unet3d.*`, whose
+    # models wrap in DataParallel; without a root marker the script was "nothing to convert"
+    project(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/models/__init__.py": "",
+        "pkg/models/build.py": "import torch.nn as nn\n\n\ndef build_model():\n    return nn.DataParallel(nn.Linear(3, 1))\n",
+        "pkg/scripts/train.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom pkg.models.build import build_model\n\n"
+            "model = build_model()\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for (x,) in DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4):\n    loss = model(x).mean()\n"
+            "    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n"
+        ),
+    })
+    result = convert_file(tmp_path / "pkg" / "scripts" / "train.py")
+    refusal = next(d for d in result.diagnostics if d.code == "DDP214")
+    assert f"`ddpify convert {tmp_path}`" in refusal.message  # the folder `pkg.` is imported from
+
+
+def test_a_model_class_re_exported_by_its_package_keeps_its_idle_parts(tmp_path):
+    # ERFNet-CULane: `import models; models.ERFNet()` (models/__init__.py: `from .erfnet import
+    # ERFNet`); its output_conv runs only under `predict`: DDP stopped at iteration 2
+    project(tmp_path, {"models/__init__.py": "from .erfnet import ERFNet\n", "models/erfnet.py": 'import torch.nn as nn\n\n\nclass ERFNet(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.encoder = nn.Linear(3, 3)\n        self.output_conv = nn.Linear(3, 2)\n\n    def forward(self, x, predict=False):\n        out = self.encoder(x)\n        if predict:\n            return self.output_conv(out)\n        return out\n', "train.py": 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport models\n\nmodel = nn.DataParallel(models.ERFNet())\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor (x,) in DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=4):\n    loss = model(x).mean()\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()\n'})
+    result = convert_file(tmp_path / "train.py")
+    assert "model = ddp_wrap(models.ERFNet(), find_unused_parameters=True)" in result.output
+

@@ -1175,3 +1175,37 @@ def test_parameters_unfrozen_after_the_wrap_are_averaged_before_each_step(tmp_pa
     assert result.returncode == 0, result.stderr
     ranks = [torch.load(tmp_path / f"weights{rank}.pt") for rank in (0, 1)]
     assert all(torch.equal(a, b) for a, b in zip(*ranks))
+
+
+def test_a_sampler_that_reseeds_from_entropy_still_draws_alike_on_every_rank(monkeypatch):
+    # FastGAN's InfiniteSampler calls `np.random.seed()` (no argument) each time it wraps around:
+    # each rank drew its own permutation, and the shares overlapped
+    import numpy
+
+    class Reseeding(torch.utils.data.Sampler):
+        def __iter__(self):
+            numpy.random.seed()
+            return iter(numpy.random.permutation(16).tolist())
+
+        def __len__(self):
+            return 16
+
+    orders = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        with template.DdpSameRandom(3):
+            orders.append(list(Reseeding()))
+    assert orders[0] == orders[1]
+    numpy.random.seed()  # (the seeding functions are put back: entropy again outside a draw)
+    assert numpy.random.seed.__module__ != template.__name__
+
+
+def test_a_batch_shorter_than_the_world_gives_each_rank_one_of_its_samples(monkeypatch):
+    # d-bert's torchtext iterator keeps a last batch of 1: rank 1's share was empty and
+    # pack_padded_sequence stopped it
+    _as_rank(monkeypatch, 1, world=4)
+    assert template.ddp_batch_share((torch.arange(2), torch.arange(2) + 10)) == (torch.tensor([1]), torch.tensor([11]))
+    _as_rank(monkeypatch, 3, world=4)
+    assert template.ddp_batch_share([torch.arange(2)])[0].tolist() == [1]
+    # (the model's inputs of a batch every rank holds whole keep DataParallel's cut: a share may be empty)
+    assert template.ddp_scatter(torch.arange(2)).tolist() == []

@@ -278,3 +278,28 @@ def innermost_loop(node: cst.CSTNode, parent_of) -> cst.CSTNode | None:
     while node is not None and not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
         node = parent_of(node)
     return node
+
+
+def loop_origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
+    """Every name the loop binds (``=``, ``+=``) -> the values bound to it, in order."""
+    origins: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(loop.body):
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for name in (name for target in targets for name in walk(target) if isinstance(name, cst.Name)):
+                origins.setdefault(name.value, []).append(node.value)
+    return origins
+
+
+def reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
+    """What the loop's backward() calls take, and the values of the names it reads, and so on."""
+    pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+    seen: set[str] = set()
+    reached: list[cst.BaseExpression] = []
+    while pending:
+        expr = pending.pop()
+        reached.append(expr)
+        for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
+            seen.add(name)
+            pending += origins.get(name, [])
+    return reached

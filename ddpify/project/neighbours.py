@@ -162,7 +162,14 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer and not calls_its_training:
         return None
     script = Path(path).parent
-    common = Path(os.path.commonpath([script.resolve(), found.wrapping_files[0].resolve()]))
+    # (the folder an absolute import resolves from: `pkg.models.build` of pkg/models/build.py is
+    # imported from the folder above pkg/, which folder mode must hold)
+    imported_from = found.wrapping_files[0].resolve().parent
+    module = found.wrapping_modules[0]
+    if not module.startswith("."):
+        for _ in module.split(".")[: -1 if found.wrapping_files[0].name != "__init__.py" else None]:
+            imported_from = imported_from.parent
+    common = Path(os.path.commonpath([script.resolve(), imported_from]))
     try:
         folder = common.relative_to(Path.cwd().resolve()) if not script.is_absolute() else common
     except ValueError:
@@ -323,6 +330,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     trainers.update((call, params) for call, (_, params) in instances.items())
     # (`evaluator = Evaluator(model=model)`, then `evaluator.evaluate(...)`, which writes and reads back)
     evaluators.update(_instance_trainers(tree, evaluator_classes))
+
     writing.update(call for call, (cls, _) in instances.items() if cls in writing)
     return Neighbours(
         writers=frozenset(writers), writer_classes=frozenset(classes), reexports=reexports,
@@ -471,6 +479,13 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
     for candidate in _joined_folders(folder, tree):
         if candidate not in found:
             found.append(candidate)
+    # the folder above that holds a package the script imports (3DUnetCNN's
+    # unet3d/scripts/train.py imports `unet3d.*`): its root, with or without a marker file
+    tops = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    tops |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    holder = next((up for up in list(folder.parents)[:4] if any((up / top / "__init__.py").is_file() for top in tops)), None)
+    if holder is not None and holder not in found:
+        found.append(holder)
     # `import _init_paths` (HRNet, Faster R-CNN) puts ../lib on sys.path; 3DMPPE's
     # `from config import cfg` puts `join(cfg.root_dir, 'common')` there, root_dir being '..'
     for node in tree.body:
@@ -742,7 +757,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     # (and those it imports, which importers may take from here: reid/loss/__init__.py's InvNet)
     banks |= frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.memory_banks, "")))
     return ModuleSummary(
-        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, idle_parts(tree, _imported_idle_parts(path, tree)), trainer_classes,
+        frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, {**_imported_idle_parts(path, tree), **idle_parts(tree, _imported_idle_parts(path, tree))}, trainer_classes,
         writing, banks, names, _dp_classes(tree, aliases),
         # (and the wrapping classes it imports, which importers may take from here: OpenNRE's
         # framework/__init__.py `from .sentence_re import SentenceRE`)

@@ -393,13 +393,13 @@ def ddp_batch_share(batch):
     as attributes (torchtext's Batch: `batch.src`, `batch.trg`) is opened too. A batch with
     nothing to split stops the run: every rank would train on all of it."""
     if any(torch.is_tensor(leaf) or hasattr(leaf, "ndim") for leaf in ddp_leaves(batch)):
-        return ddp_scatter(batch)
+        return ddp_scatter(batch, each_one=True)
     fields = getattr(batch, "__dict__", {})
     if any(torch.is_tensor(value) for value in fields.values()):
         import copy
 
         share = copy.copy(batch)
-        share.__dict__.update((name, ddp_scatter(value)) for name, value in fields.items())
+        share.__dict__.update((name, ddp_scatter(value, each_one=True)) for name, value in fields.items())
         return share
     raise RuntimeError(
         f"a training batch ({type(batch).__name__}) holds no tensor or array to split between the ranks: every rank "
@@ -416,7 +416,7 @@ def ddp_drawn(draw, *args, **kwargs):
     return ddp_scatter(batch) if dist.get_world_size() > 1 else batch
 
 
-def ddp_scatter(item):
+def ddp_scatter(item, each_one=False):
     """This rank's share of a batch: every tensor (and numpy array) split along its first
     dimension, tuples, lists and dicts walked into (ddp_leaves), anything else whole, as
     DataParallel's scatter."""
@@ -428,6 +428,10 @@ def ddp_scatter(item):
             size, larger = divmod(leaf.shape[dim], world)
             start = rank * size + min(rank, larger)
             return leaf.index_select(dim, torch.arange(start, start + size + (rank < larger), device=leaf.device))
+        if each_one and torch.is_tensor(leaf) and leaf.dim() > dim and 0 < leaf.shape[dim] < world:
+            # a drawn batch shorter than the world (a last batch of 1): each rank one of its samples,
+            # as a batch sampler's share gives (an empty share would stop a forward: `pack_padded_sequence`)
+            return leaf.narrow(dim, rank % leaf.shape[dim], 1)
         if torch.is_tensor(leaf):
             return leaf.tensor_split(world, dim)[rank] if leaf.dim() > dim else leaf
         if type(leaf).__module__ == "numpy" and getattr(leaf, "ndim", 0) > dim:
@@ -568,9 +572,39 @@ class DdpSameRandom:
 
     def __enter__(self):
         self.other = self.swap(self.other)
+        self.reseeds = ddp_seeds_from_the_stream()
 
     def __exit__(self, *error):
+        self.reseeds()
         self.other = self.swap(self.other)
+
+
+def ddp_seeds_from_the_stream():
+    """While a draw is made alike on every rank, a sampler's seeding from the system's entropy
+    (FastGAN's `np.random.seed()` each time it wraps around) seeds from the shared stream
+    instead, so the ranks still draw alike. Returns what puts the seeding functions back."""
+    import random
+    import sys
+
+    modules = [module for module in (random, getattr(sys.modules.get("numpy"), "random", None)) if module is not None]
+    originals = [module.seed for module in modules]
+
+    def alike(original, module):
+        def seed(*args, **kwargs):
+            if (args[0] if args else kwargs.get("a", kwargs.get("seed"))) is not None:
+                return original(*args, **kwargs)
+            return original(random.getrandbits(32) if module is random else int(module.randint(0, 2**31 - 1)))
+
+        return seed
+
+    for module, original in zip(modules, originals):
+        module.seed = alike(original, module)
+
+    def put_back():
+        for module, original in zip(modules, originals):
+            module.seed = original
+
+    return put_back
 
 
 def ddp_first_slurm_host(nodelist):

@@ -562,8 +562,9 @@ class BatchLossesTransform(Transform):
                 if target is None or self._evaluates(call, name):
                     continue
                 pattern = LOSS_CLASS if isinstance(target, cst.ClassDef) else LOSS_FUNCTION
-                # (or a function of any name given the model's outputs: HCL's `criterion(out_1, out_2, ...)`)
-                handed_outputs = isinstance(target, cst.FunctionDef) and name not in self.facts.model_names and self._given_outputs(call)
+                # (or a function or class of any name given the model's outputs: HCL's `criterion(out_1,
+                # out_2, ...)`, KD-Zoo's relational `RKD(...)`)
+                handed_outputs = name not in self.facts.model_names and self._given_outputs(call)
                 if pattern.search(target.name.value) or handed_outputs:
                     found.setdefault(target.name.value, (target, []))[1].append(call)
         return found

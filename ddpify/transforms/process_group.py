@@ -78,6 +78,7 @@ TEMPLATE_NAMES = (
     "ddp_same_draw",
     "ddp_draw_by_draw",
     "DdpSameRandom",
+    "ddp_seeds_from_the_stream",
     "ddp_first_slurm_host",
     "ddp_device",
     "ddp_wrap",

@@ -124,6 +124,14 @@ another made the folder takes the other branch)::
 
     if os.path.exists(out_dir):   ->   if ddp_from_rank_zero(os.path.exists(out_dir)):
 
+DDP623  a write of what the model computes (FastGAN's ``save_image(netG(fixed_noise)[0], path)``):
+the model's forward is collective, so every rank computes the value, into a name of its own, and
+only the write runs on rank 0::
+
+    save_image(netG(z), path)   ->   ddp_written = netG(z)
+                                     if dist.get_rank() == 0:
+                                         save_image(ddp_written, path)
+
 DDP616  single-file mode: a function of another module of the project, read but not
 rewritten, that trains or runs the model and writes files (robot-surgery-segmentation's
 ``utils.train`` saves the model and appends to a log; HRNet's ``validate`` writes its COCO
@@ -997,6 +1005,15 @@ class RankZeroTransform(Transform):
         pairs = [*block, (None, None)]
         for at, pair in enumerate(pairs):
             current = None
+            hoisted = self._hoisted_write(pair)
+            if hoisted is not None:
+                if run:
+                    result.extend(self._guard(run) if kind == "guard" else self._download_first_on_rank_zero(run))
+                    run, kind = [], None
+                values, write = hoisted
+                result.extend((None, value) for value in values)
+                result.extend(self._guard([write]))
+                continue
             if pair[1] is not None:
                 guarded = pair[0] is not None and self._units.guarded(pair[0]) or self._guardable(pair[0])
                 current = "guard" if guarded else "download" if self._downloads(owner, pair[0]) else None
@@ -1012,6 +1029,53 @@ class RankZeroTransform(Transform):
                     # the others wait until rank 0 made it (a SummaryWriter makes its log folder)
                     result.append((None, cst.parse_statement("dist.barrier()")))
         return result
+
+    def _hoisted_write(self, pair: Pair) -> tuple[list[cst.BaseStatement], Pair] | None:
+        """``save_image(netG(fixed_noise)[0], path)`` (FastGAN's sample grid): the write runs the
+        model for what it writes, which every rank must do (DDP's forward is collective). The
+        value is computed on every rank first, into a name of its own, and only the write is
+        rank 0's. None where the statement is not such a write."""
+        original, updated = pair
+        if not self._hoistable(original):
+            return None
+        call, new_call = original.body[0].value, updated.body[0].value
+        values, args = [], []
+        for index, (arg, new_arg) in enumerate(zip(call.args, new_call.args)):
+            if any(self._reaches_model(inner) for inner in calls_in(arg.value)):
+                name = self._fresh("ddp_written")
+                values.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], new_arg.value)]))
+                new_arg = new_arg.with_changes(value=cst.Name(name))
+            args.append(new_arg)
+        values[0] = values[0].with_changes(leading_lines=updated.leading_lines)
+        write = updated.with_changes(body=[updated.body[0].with_changes(value=new_call.with_changes(args=args))], leading_lines=[])
+        self.context.report(
+            original, "DDP623",
+            f"`{self.context.code(call.func)}(...)` writes what the model computes: the value is computed on every rank "
+            "(the model's forward is collective), and only the write runs on rank 0",
+        )
+        return values, (original, write)
+
+    def _hoistable(self, original: cst.BaseStatement | None) -> bool:
+        """A write on its own line whose only reason to stay on every rank is a model call in
+        its arguments, reached by every rank alike."""
+        if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
+            return False
+        if self._under_rank_guard(original) or self._inside_guarded(original) or self._inside_unit(original):
+            return False
+        call = self._side_effect(original.body[0])
+        if call is None or any(self._reaches_model(inner) for inner in calls_in(call.func)):
+            return False
+        unsafe = [inner for arg in call.args for inner in calls_in(arg.value) if self._reaches_model(inner)]
+        return bool(unsafe) and all(arg.star == "" for arg in call.args) and self._same_path_on_every_rank(original)
+
+    def _fresh(self, stem: str) -> str:
+        taken = self.__dict__.setdefault("_fresh_taken", set(self.facts.names))
+        name, n = stem, 1
+        while name in taken:
+            n += 1
+            name = f"{stem}_{n}"
+        taken.add(name)
+        return name
 
     def _barrier_reached(self, original: cst.CSTNode) -> bool:
         return self._same_path_on_every_rank(original) and not self.context.is_library

@@ -28,9 +28,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import without_moves
+from ddpify.analysis.tree import loop_origins, reaching_backward, without_moves
 from ddpify.transforms.base import Transform
-from ddpify.transforms.summed_losses import _origins, _reaching_backward
 
 # torch.nn.functional losses that average over their input's elements (reduction="mean")
 MEAN_LOSSES = {
@@ -60,8 +59,8 @@ class SelectedMeansTransform(Transform):
         if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
             return
         for loop in self.facts.training_loops:
-            origins = _origins(loop)
-            for node in (node for expr in _reaching_backward(loop, origins) for node in walk(expr)):
+            origins = loop_origins(loop)
+            for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if not isinstance(node, cst.Call) or node in self._selected or self.context.on_the_whole_batch(node):
                     continue
                 selection = self._selection(node, origins)

@@ -41,7 +41,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import MOVES, without_moves
+from ddpify.analysis.tree import MOVES, loop_origins, reaching_backward, without_moves
 from ddpify.transforms.base import Transform
 
 # Where `x * world size` needs no parentheses around it.
@@ -91,10 +91,10 @@ class SummedLossesTransform(Transform):
         then the global sum over the global count."""
         found = set()
         for loop in self.facts.training_loops:
-            origins = _origins(loop)
+            origins = loop_origins(loop)
             # only what backward() takes (a metric divided so in the loop is left alone), where
             # every rank computes it (ddp_mean is a collective)
-            for node in (node for expr in _reaching_backward(loop, origins) for node in walk(expr)):
+            for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and same_path_on_every_rank(node, self.context.parent):
                     if _a_sum(node.left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
                         right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
@@ -214,7 +214,7 @@ class SummedLossesTransform(Transform):
             return []
         found: list[cst.Call] = []
         for loop in self.facts.training_loops:
-            for expr in _reaching_backward(loop, _origins(loop)):
+            for expr in reaching_backward(loop, loop_origins(loop)):
                 found += [call for call in calls_in(expr) if dotted(call.func) in summing and call not in found]
                 if isinstance(expr, cst.Call) and dotted(expr.func) in summing and expr not in found:
                     found.append(expr)
@@ -339,31 +339,6 @@ class SummedLossesTransform(Transform):
 
     def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
         return self._scale(original_node, updated_node)
-
-
-def _origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
-    """Every name the loop binds (``=``, ``+=``) -> the values bound to it, in order."""
-    origins: dict[str, list[cst.BaseExpression]] = {}
-    for node in walk(loop.body):
-        if isinstance(node, (cst.Assign, cst.AugAssign)):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            for name in (name for target in targets for name in walk(target) if isinstance(name, cst.Name)):
-                origins.setdefault(name.value, []).append(node.value)
-    return origins
-
-
-def _reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
-    """What the loop's backward() calls take, and the values of the names it reads, and so on."""
-    pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
-    seen: set[str] = set()
-    reached: list[cst.BaseExpression] = []
-    while pending:
-        expr = pending.pop()
-        reached.append(expr)
-        for name in {n.value for n in walk(expr) if isinstance(n, cst.Name)} - seen:
-            seen.add(name)
-            pending += origins.get(name, [])
-    return reached
 
 
 def _a_sum(value: cst.BaseExpression, qualified) -> bool:
