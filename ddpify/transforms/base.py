@@ -83,6 +83,19 @@ class ConversionContext:
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
     _scattered: Any = field(default=None, init=False, repr=False)
+    _coupled: Any = field(default=None, init=False, repr=False)
+    _taken: Any = field(default=None, init=False, repr=False)
+
+    def fresh_name(self, base: str) -> str:
+        """``base``, or ``base_2``, ...: a name nothing in the module uses yet, nor another
+        transform took for this file."""
+        if self._taken is None:
+            self._taken = set(self.facts.names)
+        name, number = base, 2
+        while name in self._taken:
+            name, number = f"{base}_{number}", number + 1
+        self._taken.add(name)
+        return name
 
     @property
     def scattered_loops(self) -> dict[cst.CSTNode, tuple[cst.Call, ...]]:
@@ -91,22 +104,21 @@ class ConversionContext:
         loop -> those calls."""
         if self._scattered is None:
             sites = data_sites(self.facts) if self.facts.wraps else []
-            coupled = self.batch_coupled()
+            coupled = frozenset(self.batch_coupled)
             self._scattered = {site.loop: calls for site in sites if (calls := scattered_at_the_model(site, self.facts, coupled))}
         return self._scattered
 
-    def batch_coupled(self) -> frozenset[str]:
+    @property
+    def batch_coupled(self) -> dict[str, str]:
         """The project's losses that count over the batch's content (neighbours), and the names
-        bound here to one made (``criterion = MultiBoxLoss(...)``)."""
-        counted = self.neighbours.count_normalized
-        if not counted:
-            return frozenset()
-        made = {
-            dotted(target.target) for node in walk(self.module)
-            if isinstance(node, cst.Assign) and isinstance(value := without_moves(node.value), cst.Call) and dotted(value.func) in counted
-            for target in node.targets
-        }
-        return frozenset(counted | made) - {None}
+        bound here to one made (``criterion = MultiBoxLoss(...)``) -> what each is (read once)."""
+        if self._coupled is None:
+            counted = self.neighbours.count_normalized
+            self._coupled = dict.fromkeys(counted, "")
+            for node in walk(self.module) if counted else ():
+                if isinstance(node, cst.Assign) and isinstance(value := without_moves(node.value), cst.Call) and dotted(value.func) in counted:
+                    self._coupled.update((dotted(t.target), dotted(value.func)) for t in node.targets if dotted(t.target))
+        return self._coupled
 
     @property
     def is_library(self) -> bool:

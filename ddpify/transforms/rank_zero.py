@@ -628,12 +628,10 @@ class RankZeroTransform(Transform):
             # (`megaface_acc = megaface_test(model)`: a project writer's values, made on rank 0)
             if self._project_writer_values(parent) or self._project_writer_values(parent, plain=True):
                 return True
-        node = self.context.parent(call)
-        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.BaseStatement) and (self._units.guarded(node) or self._would_guard(node)):
-                return True
-            node = self.context.parent(node)
-        return False
+        statement = parent
+        while statement is not None and not isinstance(statement, cst.BaseStatement):
+            statement = self.context.parent(statement)
+        return statement is not None and self._rank_zero_only(statement)
 
     def _handed_unwrapped(self, original: cst.Call, updated: cst.Call) -> cst.Call:
         """Rank 0 alone hands the model on: the module inside DDP goes (DDP's forward, run by one
@@ -1042,7 +1040,7 @@ class RankZeroTransform(Transform):
         values, args = [], []
         for index, (arg, new_arg) in enumerate(zip(call.args, new_call.args)):
             if any(self._reaches_model(inner) for inner in calls_in(arg.value)):
-                name = self._fresh("ddp_written")
+                name = self.context.fresh_name("ddp_written")
                 values.append(cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(name))], new_arg.value)]))
                 new_arg = new_arg.with_changes(value=cst.Name(name))
             args.append(new_arg)
@@ -1067,15 +1065,6 @@ class RankZeroTransform(Transform):
             return False
         unsafe = [inner for arg in call.args for inner in calls_in(arg.value) if self._reaches_model(inner)]
         return bool(unsafe) and all(arg.star == "" for arg in call.args) and self._same_path_on_every_rank(original)
-
-    def _fresh(self, stem: str) -> str:
-        taken = self.__dict__.setdefault("_fresh_taken", set(self.facts.names))
-        name, n = stem, 1
-        while name in taken:
-            n += 1
-            name = f"{stem}_{n}"
-        taken.add(name)
-        return name
 
     def _barrier_reached(self, original: cst.CSTNode) -> bool:
         return self._same_path_on_every_rank(original) and not self.context.is_library

@@ -85,7 +85,6 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
-from ddpify.analysis.tree import without_moves
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.diagnostics import ENTRY, Severity
@@ -104,7 +103,6 @@ class SamplerTransform(Transform):
         super().__init__(context)
         # loader statement (original) -> (new variable, dataset expression) to put above it
         self._hoisted: dict[cst.SimpleStatementLine, tuple[str, cst.BaseExpression]] = {}
-        self._taken = set(self.facts.names)  # fresh names avoid these
         # data expression of a training loop (original node) -> (its site, why): wrapped in
         # ddp_shard(...), sharded where the loop draws from it
         self._run_time: dict[cst.BaseExpression, tuple[DataSite, str]] = {}
@@ -113,11 +111,11 @@ class SamplerTransform(Transform):
 
     def check(self) -> None:
         runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
-        scattered = self.context.scattered_loops
-        whole = {call for site in data_sites(self.facts) if site.loop in scattered for call in site.loaders} if scattered else set()
+        scattered, sites = self.context.scattered_loops, data_sites(self.facts)
+        whole = {call for site in sites if site.loop in scattered for call in site.loaders}
         # (a name bound to a loader of this file and to one from elsewhere: HRank's ImageNet branch)
         mixed = {
-            call: other for site in data_sites(self.facts) if site.loop not in scattered
+            call: other for site in sites if site.loop not in scattered
             for other in [bound_elsewhere_too(site, self.facts)] if other for call in site.loaders
         }
         for site in self.facts.training_loaders:
@@ -440,16 +438,12 @@ class SamplerTransform(Transform):
         return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
 
     def _why_whole(self, loop: cst.CSTNode) -> str:
-        coupled = self.context.batch_coupled()
+        coupled = self.context.batch_coupled
         loss = next((call for call in calls_in(loop.body) if dotted(call.func) in coupled), None)
         if loss is not None:
             name = dotted(loss.func)
-            made = next((
-                dotted(value.func) for node in walk(self.context.module)
-                if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets)
-                and isinstance(value := without_moves(node.value), cst.Call)
-            ), None)
-            what = f"`{name}` ({made}, a module of this project)" if made and made != name else f"`{name}` (a module of this project)"
+            made = coupled[name]
+            what = f"`{name}` ({made}, a module of this project)" if made else f"`{name}` (a module of this project)"
             return f"the loop's loss {what} divides by a count of the batch's content, which DataParallel counted over the whole batch"
         return (
             "the loop cuts each batch of its own batch_sampler by the sampler's counts before the model (episodes, "
@@ -639,12 +633,7 @@ class SamplerTransform(Transform):
     def _fresh_name(self, target: str | None) -> str:
         """`train_loader` -> `train_dataset`; a name nothing in the module uses yet."""
         last = (target or "dataset").split(".")[-1]
-        base = last.replace("loader", "dataset") if "loader" in last else f"{last}_dataset"
-        name, number = base, 2
-        while name in self._taken:
-            name, number = f"{base}_{number}", number + 1
-        self._taken.add(name)
-        return name
+        return self.context.fresh_name(last.replace("loader", "dataset") if "loader" in last else f"{last}_dataset")
 
     def _hoist_dataset(self, original: cst.Call, updated: cst.Call, site: LoaderSite) -> tuple[cst.Call, cst.Name]:
         """Move a dataset built in the call to a new variable above the statement."""
