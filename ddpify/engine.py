@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from ddpify.analysis import Analysis, Facts, activate, walk
-from ddpify.analysis.data_sites import step_function_calls
+from ddpify.analysis.step_functions import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
 from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
@@ -231,7 +231,7 @@ class FileConversion:
         if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
             return _refused(path, source, context.diagnostics)
         output = context.finish(converted.code)
-        broken = _rewrite_does_not_compile(source, output)
+        broken = _rewrite_does_not_compile(source, output) or _collective_never_reached(source, output)
         if broken:
             context.report(module, "DDP002", broken, Severity.ERROR)
             return _refused(path, source, context.diagnostics)
@@ -323,6 +323,40 @@ def _rewrite_does_not_compile(source: str, output: str) -> str | None:
             f"the rewrite does not compile on this Python (line {error.lineno} of the result: {error.msg}); "
             "a ddpify defect, please report it with the file"
         )
+
+
+def _collective_never_reached(source: str, output: str) -> str | None:
+    """A collective the rewrite put after a ``return``/``raise``/``break``/``continue`` of its
+    block: the ranks that pass it would wait for ranks that never come (a hang). Never written."""
+    found = _unreachable_collectives(output)
+    if found is None or found <= (_unreachable_collectives(source) or 0):
+        return None
+    return "the rewrite puts a collective after a return or raise of its block, where no rank reaches it (a hang); a ddpify defect, please report it with the file"
+
+
+def _unreachable_collectives(text: str) -> int | None:
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    count = 0
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            ends = next((i for i, statement in enumerate(block) if isinstance(statement, (ast.Return, ast.Raise, ast.Break, ast.Continue))), None)
+            for statement in block[ends + 1:] if ends is not None else ():
+                count += any(
+                    isinstance(call, ast.Call) and (
+                        isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "dist"
+                        or isinstance(call.func, ast.Name) and call.func.id.startswith("ddp_")
+                    )
+                    for call in ast.walk(statement)
+                )
+    return count
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

@@ -1720,6 +1720,109 @@ def test_a_project_loss_that_counts_over_the_batch_keeps_the_batch_whole_and_spl
     assert converted == pytest.approx(expected, abs=1e-5)
 
 
+STEREO_LOSS = '''import torch.nn.functional as F
+
+
+def model_loss(disp_ests, disp_gt, mask):
+    weights = [0.5, 1.0]
+    all_losses = []
+    for disp_est, weight in zip(disp_ests, weights):
+        all_losses.append(weight * F.smooth_l1_loss(disp_est[mask], disp_gt[mask], size_average=True))
+    return sum(all_losses)
+'''
+STEREO_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from models.loss import model_loss
+
+torch.manual_seed(1)
+model = nn.DataParallel(nn.Linear(4, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+depth = torch.rand(16, 4) * (torch.rand(16, 4) > torch.linspace(0.05, 0.95, 16)[:, None])  # sparse: few valid pixels late
+loader = DataLoader(TensorDataset(torch.randn(16, 4), depth), batch_size=8)
+
+
+def train_sample(imgL, disp_gt):
+    out = model(imgL)
+    mask = (disp_gt < 0.9) & (disp_gt > 0)
+    loss = model_loss([out, out * 2], disp_gt, mask)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+for epoch in range(2):
+    for imgL, disp_gt in loader:
+        train_sample(imgL, disp_gt)
+print("weights", [round(v, 6) for v in model.module.weight.detach().flatten().tolist()])
+'''
+
+
+def test_a_project_loss_averaging_over_what_its_mask_parameter_selects_is_weighted_at_the_call(tmp_path):
+    # GwcNet's models/loss.py: model_loss(disp_ests, disp_gt, mask) averages over the valid pixels
+    # of its mask, called in the step function train_sample. Each rank's mean over its own valid
+    # pixels, averaged by DDP, is not DataParallel's mean over every valid pixel of the batch.
+    project(tmp_path, {"models/__init__.py": "", "models/loss.py": STEREO_LOSS, "train.py": STEREO_TRAIN})
+    original = subprocess_run([sys.executable, "train.py"], tmp_path)
+    result = convert_file(tmp_path / "train.py")
+    assert "loss = ddp_selected_mean(model_loss([out, out * 2], disp_gt, mask), mask)" in result.output
+    assert any(d.code == "DDP135" for d in result.diagnostics)
+    (tmp_path / "train.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(torchrun, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    expected = eval(original.stdout.split("weights", 1)[1])
+    converted = eval(run.stdout.split("weights", 1)[1])
+    assert converted == pytest.approx(expected, abs=1e-5)
+
+
+OHEM = '''import torch
+import torch.nn as nn
+
+
+class OhemCELoss(nn.Module):
+    """CoinCheung's: the cross-entropy of the hardest pixels of the batch, at least n_min."""
+
+    def __init__(self, thresh, n_min):
+        super().__init__()
+        self.thresh, self.n_min = thresh, n_min
+        self.criteria = nn.CrossEntropyLoss(reduction="none")
+
+    def forward(self, logits, labels):
+        loss = self.criteria(logits, labels).view(-1)
+        loss, _ = torch.sort(loss, descending=True)
+        if loss[self.n_min] > self.thresh:
+            loss = loss[loss > self.thresh]
+        else:
+            loss = loss[:self.n_min]
+        return torch.mean(loss)
+'''
+
+
+def test_a_project_loss_that_keeps_the_batch_s_hardest_elements_keeps_the_batch_whole(tmp_path):
+    # CoinCheung's Deeplab-Large-FOV: OhemCELoss ranks every pixel of the batch and keeps the
+    # hardest (n_min from the global batch size): each rank would rank its own share's.
+    train = MULTIBOX_TRAIN.replace("from multibox import MultiBoxLoss", "from ohem import OhemCELoss").replace(
+        "criterion = MultiBoxLoss()", "criterion = OhemCELoss(0.7, 5)"
+    ).replace("targets = torch.zeros(16, 3)\n", "targets = torch.arange(16) % 3\n").replace(
+        "    targets[:5] = torch.rand(5, 3) + 0.5  # the first samples hold every positive: one share has none\n", ""
+    )
+    project(tmp_path, {"ohem.py": OHEM, "train.py": train})
+    original = subprocess_run([sys.executable, "train.py"], tmp_path)
+    result = convert_file(tmp_path / "train.py")
+    assert "for x, t in ddp_shard(loader, whole_batches=True):" in result.output
+    assert any(d.code == "DDP314" and "OhemCELoss" in d.message and "hardest" in d.message for d in result.diagnostics)
+    (tmp_path / "train.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(torchrun, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    expected = eval(original.stdout.split("weights", 1)[1])
+    converted = eval(run.stdout.split("weights", 1)[1])
+    assert converted == pytest.approx(expected, abs=1e-5)
+
+
 def subprocess_run(command: list[str], cwd: Path):
     import subprocess
 
@@ -1793,3 +1896,27 @@ def test_a_model_class_re_exported_by_its_package_keeps_its_idle_parts(tmp_path)
     result = convert_file(tmp_path / "train.py")
     assert "model = ddp_wrap(models.ERFNet(), find_unused_parameters=True)" in result.output
 
+
+
+def test_a_script_that_reaches_a_wrapping_package_out_of_sight_is_refused_naming_folder_mode(tmp_path):
+    # AS-GCN's main.py: `import_class('processor.recognition.REC_Processor')`, whose base class in
+    # processor/io.py wraps the model in DataParallel. "Nothing to convert" would have launched
+    # N DataParallel jobs.
+    project(tmp_path, {
+        "processor/__init__.py": "",
+        "processor/io.py": "import torch.nn as nn\n\n\nclass IO:\n    def gpu(self):\n        self.model = nn.DataParallel(self.model)\n",
+        "processor/recognition.py": "from .io import IO\n\n\nclass REC_Processor(IO):\n    def train(self):\n        pass\n",
+        "main.py": (
+            "import sys\nfrom torchlight import import_class\n\nif __name__ == '__main__':\n"
+            "    Processor = import_class('processor.recognition.REC_Processor')\n    Processor(sys.argv[2:]).start()  # train\n"
+        ),
+        "plain/__init__.py": "",
+        "plain/nets.py": "import torch.nn as nn\n\nNet = nn.Linear\n",
+        "other.py": "from plain.nets import Net\n\nif __name__ == '__main__':\n    Net(2, 2).train()\n",
+    })
+    result = convert_file(tmp_path / "main.py")
+    assert result.output == result.source
+    assert [d.code for d in result.diagnostics] == ["DDP214"]
+    assert "processor/io.py" in result.diagnostics[0].message and "ddpify convert" in result.diagnostics[0].message
+    untouched = convert_file(tmp_path / "other.py")
+    assert untouched.output == untouched.source and not untouched.diagnostics

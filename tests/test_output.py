@@ -274,3 +274,19 @@ def test_a_rewrite_that_does_not_compile_is_never_written(monkeypatch, tmp_path)
     result = CliRunner().invoke(app, ["convert", str(script)])
     assert "DDP002" in result.output and "does not compile" in result.output
     assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"
+
+
+def test_a_rewrite_that_puts_a_collective_where_no_rank_reaches_it_is_never_written(monkeypatch, tmp_path):
+    # locuslab/smoothing: a closing barrier after `return datasets.CIFAR10(..., download=True)`
+    # never ran, and the ranks waiting for it hung. Whatever rewrite does it, it is not written.
+    from ddpify import engine
+
+    returned = "def f():\n    return 1\n    dist.barrier()\n"
+    assert engine._collective_never_reached("def f():\n    return 1\n", returned)
+    assert engine._collective_never_reached(returned, returned) is None  # (the original's own)
+    assert engine._collective_never_reached("x = 1\n", "for i in y:\n    continue\n    ddp_mean(i)\n")
+    monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "\ndef f():\n    raise SystemExit\n    dist.barrier()\n")
+    script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
+    result = CliRunner().invoke(app, ["convert", str(script)])
+    assert "DDP002" in result.output and "no rank reaches" in result.output
+    assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"

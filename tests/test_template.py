@@ -1177,6 +1177,38 @@ def test_parameters_unfrozen_after_the_wrap_are_averaged_before_each_step(tmp_pa
     assert all(torch.equal(a, b) for a, b in zip(*ranks))
 
 
+SEARCH_WEIGHTS = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+ddp_setup()
+torch.manual_seed(0)
+net = torch.nn.Linear(3, 2)
+alphas = (1e-3 * torch.randn(2, 3)).requires_grad_()  # PC-DARTS' architecture weights: a plain tensor
+net._arch_parameters = [alphas]  # held by the model
+proxies = torch.nn.Parameter(torch.randn(3, 2))  # a loss's own weights (ProxyGML)
+model = ddp_wrap(net)
+arch_optimizer = torch.optim.Adam([alphas, proxies], lr=0.1)
+x = torch.randn(4, 3) + dist.get_rank()  # each rank's own shard
+for step in range(2):
+    arch_optimizer.zero_grad()
+    (model(x) @ alphas @ proxies).pow(2).mean().backward()
+    arch_optimizer.step()
+torch.save([alphas.detach(), proxies.detach()], f"weights{dist.get_rank()}.pt")
+"""
+
+
+def test_weights_an_optimizer_steps_outside_ddp_are_averaged_before_each_step(tmp_path):
+    # PC-DARTS steps its architecture tensors (not parameters of any module) with their own
+    # optimizer, ProxyGML its loss's proxies: DDP never saw them, and each rank searched its own
+    # architecture and kept its own proxies
+    result = _torchrun(tmp_path, SEARCH_WEIGHTS)
+    assert result.returncode == 0, result.stderr
+    ranks = [torch.load(tmp_path / f"weights{rank}.pt") for rank in (0, 1)]
+    assert all(torch.equal(a, b) for a, b in zip(*ranks))
+
+
 def test_a_sampler_that_reseeds_from_entropy_still_draws_alike_on_every_rank(monkeypatch):
     # FastGAN's InfiniteSampler calls `np.random.seed()` (no argument) each time it wraps around:
     # each rank drew its own permutation, and the shares overlapped
@@ -1209,3 +1241,39 @@ def test_a_batch_shorter_than_the_world_gives_each_rank_one_of_its_samples(monke
     assert template.ddp_batch_share([torch.arange(2)])[0].tolist() == [1]
     # (the model's inputs of a batch every rank holds whole keep DataParallel's cut: a share may be empty)
     assert template.ddp_scatter(torch.arange(2)).tolist() == []
+
+
+ATTRIBUTES_SET = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+
+class Flow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+
+    def reverse(self):
+        return self.h_cache * 2
+
+
+ddp_setup()
+model = ddp_wrap(Flow())
+if hasattr(model, "layer"):  # (NanoFlow's test: DataParallel answered no, the bare model yes)
+    model.h_cache = torch.ones(1)
+model.train(False)
+model.require_backward_grad_sync = True
+assert model.module.reverse().item() == 2.0 and "h_cache" not in model.__dict__
+assert model.training is False and model.module.training is False
+assert "require_backward_grad_sync" in model.__dict__ and "require_backward_grad_sync" not in model.module.__dict__
+print("ok", dist.get_rank())
+"""
+
+
+def test_an_attribute_set_on_the_wrapped_model_that_the_wrapper_lacks_is_the_model_s(tmp_path):
+    # NanoFlow: `model.h_cache = nn.Parameter(...)` for the model's own reverse(): set on the DDP
+    # wrapper, reverse() found no h_cache (a crash at the first checkpoint's synthesis)
+    result = _torchrun(tmp_path, ATTRIBUTES_SET)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("ok") == 1  # (rank 0's output only)

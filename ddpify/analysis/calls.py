@@ -41,6 +41,18 @@ class CallGraph(Room):
                     sites.append((call, context))
         return sites
 
+    def callee(self, call: cst.Call, context: Context | None) -> Function | None:
+        """The function of this file a call runs: a top-level function by its name, or a
+        method of the caller's own class through ``self``."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            return self.scopes.module_functions.get(func.value)
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" and context is not None and context.cls is not None:
+            return next(
+                (node for node in context.cls.body.body if isinstance(node, cst.FunctionDef) and node.name.value == func.attr.value), None
+            )
+        return None
+
     def _instance_of(self, receiver: cst.BaseExpression, cls: cst.ClassDef) -> bool:
         """Is ``receiver`` (of ``receiver.method()``) an instance of ``cls``: ``self`` in its
         methods, or a name bound to ``Cls(...)``? ``self.model.train()`` is the model's."""

@@ -17,8 +17,6 @@ the others where the loop draws from them (``ddp_shard(loader)``, sharded at run
 
 from __future__ import annotations
 
-import re
-
 from dataclasses import dataclass
 
 import libcst as cst
@@ -26,7 +24,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.loaders import ITERABLE_WRAPPERS
-from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, is_training_call, iterator_of, walk, without_moves
+from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, iterator_of, walk
 from ddpify.names import DATA_LOADER
 
 # Calls that count steps rather than draw data.
@@ -129,8 +127,14 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     body (not in a loop inside it), or a step function of the file given its batch
     (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
-    if isinstance(loop, cst.For) and isinstance(loop.iter, cst.Call) and (dotted(loop.iter.func) or "").rpartition(".")[2] in ("range", "trange"):
+    if isinstance(loop, cst.For) and _counted(loop.iter):
         targets = set()  # an epoch counter handed to a training call (`trainer.train(epoch, loader)`) is not data
+    # (and what it draws with next(): MCCNet's `content_images = next(content_iter).to(device)`,
+    # then `train_step(content_images, style_images, ...)` in a counted loop)
+    targets |= {
+        name for node in walk(loop.body) if isinstance(node, cst.Assign) and any(dotted(c.func) == "next" for c in calls_in(node.value))
+        for target in node.targets for name in bound_names(target.target)
+    }
     derived = derived_from(targets, loop.body)
     calls = _own_calls(loop.body)
     # (an object fed the batch by one method and trained by another: SRFBN's
@@ -146,9 +150,34 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
             arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
             if (not targets and not isinstance(loop, cst.For)) or arguments & derived:
                 return True
+            if any(isinstance(node, cst.Call) and dotted(node.func) == "next" for arg in call.args for node in walk(arg.value)):
+                return True  # (`step(model, opt, next(it)[0])`)
+            if arguments & _iterators_made(loop, facts):
+                return True  # (handed an iterator it draws from: `train_one_iter(loader, loader_iterator, ...)`)
             if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in fed:
                 return True
     return False
+
+
+def _iterators_made(loop: cst.CSTNode, facts: Facts) -> set[str]:
+    """Names bound to ``iter(...)`` in the function around ``loop`` (or at module level)."""
+    context = facts.contexts.get(loop)
+    around = context.function if context is not None and context.function is not None else facts.analyzer.scopes.module
+    return {
+        name for node in walk(around) if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) == "iter"
+        for target in node.targets for name in bound_names(target.target)
+    }
+
+
+def _counted(iterated: cst.BaseExpression) -> bool:
+    """``range(n)``, ``trange(n)``, or a progress bar over one (``tqdm(range(args.max_iter))``):
+    a count of steps, not data."""
+    if not isinstance(iterated, cst.Call):
+        return False
+    name = (dotted(iterated.func) or "").rpartition(".")[2]
+    if name in ("range", "trange"):
+        return True
+    return name == "tqdm" and bool(iterated.args) and _counted(iterated.args[0].value)
 
 
 def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
@@ -241,7 +270,42 @@ def _draws_in(loop: cst.CSTNode, facts: Facts) -> list[cst.BaseExpression]:
     return sources
 
 
-def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
+def _returned_iterators(call: cst.Call, index: int | None, analyzer, depth: int) -> list[cst.BaseExpression]:
+    """What the iterators a function of this file returns iterate (its ``return content_iter,
+    style_iter`` of ``content_iter = iter(DataLoader(...))``), at ``index`` of a returned tuple."""
+    function = analyzer.scopes.local_function(call.func)
+    if function is None or any(isinstance(node, cst.Yield) for node in walk(function.body)):
+        return []
+    found = []
+    for node in walk(function.body):
+        if not isinstance(node, cst.Return) or node.value is None:
+            continue
+        value = node.value
+        if index is not None:
+            if not isinstance(value, (cst.Tuple, cst.List)) or index >= len(value.elements):
+                continue
+            value = value.elements[index].value
+        if isinstance(value, cst.Call) and iterator_of(value) is not None:
+            found += _iterated_by_call(value, analyzer)
+        elif isinstance(value, cst.Name):
+            found += _iterator_sources(value, analyzer, depth + 1)
+    return found
+
+
+def _handed_iterators(param: cst.Param, analyzer, depth: int) -> list[cst.BaseExpression]:
+    """What the iterators the callers of a function of this file hand it for ``param`` iterate."""
+    function = analyzer.scopes.parent(analyzer.scopes.parent(param))
+    if not isinstance(function, cst.FunctionDef):
+        return []
+    found = []
+    for call, _ in analyzer.calls.call_sites(function):
+        argument = analyzer.calls.argument_for(function, param, call)
+        if isinstance(argument, cst.Name):
+            found += _iterator_sources(argument, analyzer, depth + 1)
+    return found
+
+
+def _iterator_sources(source: cst.BaseExpression, analyzer, depth: int = 0) -> list[cst.BaseExpression]:
     """``iter(loader)`` -> loader; ``it`` -> what every ``it = iter(...)`` iterates; a
     generator function of this file handed the loader (``datalooper = infiniteloop(loader)``,
     pytorch-ddpm) -> the loader it is handed."""
@@ -257,7 +321,15 @@ def _iterator_sources(source: cst.BaseExpression, analyzer) -> list[cst.BaseExpr
     generators = False
     for assignment in analyzer.scopes.assignments_of(source):
         node = getattr(assignment, "node", None)
-        value, _ = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
+        if isinstance(node, cst.Param) and depth < 2:
+            # an iterator handed in (AnimeStyleTransfer's train_one_iter(..., train_loader_src_iterator),
+            # primed by `iter(train_loader_src)` in the caller before its loop)
+            found += _handed_iterators(node, analyzer, depth)
+            continue
+        value, index = analyzer.scopes.assigned_value(node) if node is not None else (None, None)
+        if isinstance(value, cst.Call) and depth < 2 and (made := _returned_iterators(value, index, analyzer, depth)):
+            found += made  # (MCCNet's `content_iter, style_iter = load_dataset(...)`, iter(DataLoader(...)) each)
+            continue
         if isinstance(value, cst.Call):
             handed = _iterated_by_call(value, analyzer)
             loaders = _loaders_handed(value, analyzer, handed)
@@ -371,121 +443,3 @@ def _bound_in(loop: cst.CSTNode) -> set[str]:
         elif isinstance(node, cst.NamedExpr):
             bound.update(bound_names(node.target))
     return bound
-
-
-# Methods every torch module and optimizer has: `model.train()` is not the file's own train().
-MODULE_METHODS = frozenset({
-    "train", "eval", "forward", "to", "cuda", "cpu", "zero_grad", "parameters", "state_dict",
-    "load_state_dict", "apply", "half", "float", "step", "backward", "add_param_group",
-})
-
-
-def step_function_calls(module: cst.Module) -> frozenset[str]:
-    """Calls (as written: ``train``, ``self.train_step``, ``solver.update``) of this file's
-    functions and methods that run backward() or an optimizer step, directly or through
-    other such functions of the file: a loop that calls one is a training loop (PSMNet's
-    ``loss = train(imgL, imgR, disp)`` per batch)."""
-    functions = [node for node in walk(module) if isinstance(node, cst.FunctionDef)]
-    by_name: dict[str, list[cst.FunctionDef]] = {}
-    for function in functions:
-        by_name.setdefault(function.name.value, []).append(function)
-    # (a function decorated to run without gradients never trains: PatchmatchNet's
-    # `@make_nograd_func def test_sample(...)`, though it calls the shared process_sample)
-    quiet = {function for function in functions if any(NO_GRAD_DECORATOR.search(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "") for d in function.decorators)}
-    trains = {function for function in functions if function not in quiet and any(is_training_call(call) for call in calls_in(function.body))}
-    switches = {function: _training_switch(function) for function in trains}
-    grown = True
-    while grown:
-        grown = False
-        for function in functions:
-            if function not in trains and function not in quiet and any(
-                callee in trains and _trains_at(callee, call, switches) for call in calls_in(function.body) for callee in _callees(call, by_name)
-            ):
-                trains.add(function)
-                grown = True
-    named = {
-        dotted(call.func)
-        for call in calls_in(module)
-        if dotted(call.func) and any(callee in trains and _trains_at(callee, call, switches) for callee in _callees(call, by_name))
-    }
-    # (and the step functions' own names: PatchmatchNet hands `train_sample` on as a value)
-    named |= {function.name.value for function in trains if function.name.value in by_name and len(by_name[function.name.value]) == 1}
-    return frozenset(named | _step_parameters(functions, by_name, trains))
-
-
-def _step_parameters(functions: list[cst.FunctionDef], by_name: dict, trains: set) -> set[str]:
-    """Parameters called as functions (PatchmatchNet's ``sample_function(model, sample, ...)``
-    in process_samples) where a call passes a step function of the file for them
-    (``process_samples(args, train_sample, ...)``): calling one is a training step there."""
-    found = set()
-    for function in functions:
-        params = [p.name.value for p in function.params.params]
-        called = {call.func.value for call in calls_in(function.body) if isinstance(call.func, cst.Name) and call.func.value in params}
-        for call in (c for other in functions for c in calls_in(other.body)):
-            if function not in _callees(call, by_name):
-                continue
-            positional = [a.value for a in call.args if a.keyword is None and not a.star]
-            for name in called:
-                index = params.index(name)
-                value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
-                value = value if value is not None else positional[index] if index < len(positional) else None
-                if isinstance(value, cst.Name) and any(f in trains for f in by_name.get(value.value, [])):
-                    found.add(name)
-    return found
-
-
-NO_GRAD_DECORATOR = re.compile(r"no_?grad|inference_mode", re.IGNORECASE)
-
-
-def _training_switch(function: cst.FunctionDef) -> tuple[int, str, bool] | None:
-    """The parameter (position, name) under whose ``if p:`` (or ``if not p:``) every training
-    call of ``function`` sits, and whether true trains: PatchmatchNet's process_sample steps
-    only ``if is_training:``."""
-    params = [p.name.value for p in function.params.params]
-    found = set()
-    for statement in walk(function.body):
-        if not isinstance(statement, cst.If):
-            continue
-        test, trains_when = statement.test, True
-        if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-            test, trains_when = test.expression, False
-        if isinstance(test, cst.Name) and test.value in params and any(is_training_call(c) for c in calls_in(statement.body)):
-            found.add((params.index(test.value), test.value, trains_when))
-    training = [c for c in calls_in(function.body) if is_training_call(c)]
-    if len(found) != 1:
-        return None
-    switch = found.pop()
-    guarded = {id(c) for s in walk(function.body) if isinstance(s, cst.If) and _names_switch(s.test, switch[1]) for c in calls_in(s.body)}
-    return switch if all(id(c) in guarded for c in training) else None
-
-
-def _names_switch(test: cst.BaseExpression, name: str) -> bool:
-    inner = test.expression if isinstance(test, cst.UnaryOperation) else test
-    return isinstance(inner, cst.Name) and inner.value == name
-
-
-def _trains_at(function: cst.FunctionDef, call: cst.Call, switches: dict) -> bool:
-    """Does this call of ``function`` train? Not when it sets the switch to the other literal."""
-    switch = switches.get(function)
-    if switch is None:
-        return True
-    index, name, trains_when = switch
-    value = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == name), None)
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    if value is None and index < len(positional):
-        value = positional[index]
-    if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
-        return True
-    return (value.value == "True") == trains_when
-
-
-def _callees(call: cst.Call, by_name: dict[str, list[cst.FunctionDef]]) -> list[cst.FunctionDef]:
-    """The file's functions a call may run, by name: ``f(...)``, or ``obj.m(...)`` for a
-    method name no torch module or optimizer has."""
-    func = call.func
-    if isinstance(func, cst.Name):
-        return by_name.get(func.value, [])
-    if isinstance(func, cst.Attribute) and func.attr.value not in MODULE_METHODS:
-        return by_name.get(func.attr.value, [])
-    return []
-

@@ -117,6 +117,11 @@ class Facts:
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
     training_loops: list[Loop] = field(default_factory=list)  # loops that call backward()/step()
+    # functions of this file whose backward() runs once per call, outside any loop of theirs
+    # (PSMNet's `def train(imgL, imgR, disp_L)` that the loop over batches calls)
+    step_functions: list[Function] = field(default_factory=list)
+    # functions of this file whose returned value reaches a step's backward() (a loss function)
+    loss_functions: list[Function] = field(default_factory=list)
     # a training loop inside a function -> the calls of that function in this file
     step_call_sites: dict[Loop, list[cst.Call]] = field(default_factory=dict)
     # a call of another method of a wrapped model standing for its forward in a training loop
@@ -177,6 +182,13 @@ class Facts:
     def foreign_training_loaders(self) -> list[ForeignLoader]:
         return [site.foreign for site in self.training_loaders if site.foreign is not None]
     analyzer: Analyzer | None = None  # answers "does this call reach the model?" for transforms
+
+    @property
+    def training_steps(self) -> list[Loop | Function]:
+        """Where a training step's code is written: the training loops' bodies, the step
+        functions they call and the loss functions whose value reaches backward(). The rules
+        about what backward() takes read all of them."""
+        return [*self.training_loops, *self.step_functions, *self.loss_functions]
 
     @property
     def training_loaders(self) -> list[LoaderSite]:

@@ -14,6 +14,7 @@ import libcst as cst
 
 from ddpify.analysis.facts import Context, EpochHook, Loop
 from ddpify.analysis.scopes import Room
+from ddpify.analysis.step_functions import loss_functions, step_functions
 from ddpify.analysis.tree import backwards_per_pass, calls_in, dotted, is_backward, walk
 from ddpify.analysis.trainable import forwards_around_ddp
 
@@ -53,6 +54,8 @@ class TrainingLoops(Room):
     # -- after the walk ------------------------------------------------------------------
     def resolve(self) -> None:
         self.facts.training_loops = list(self._training_loops)
+        self.facts.step_functions = step_functions(self.scopes.calls)
+        self.facts.loss_functions = loss_functions(self.facts, self.calls)
         for loop, context in self._training_loops.items():
             # (TencentPretrain's PGD attack, `for t in range(K)` inside the step function the
             # loop over batches calls: it repeats the step on that batch, drawing nothing)
@@ -313,3 +316,4 @@ class TrainingLoops(Room):
 
     def _trains_inside(self, loop: Loop) -> bool:
         return any(inner in self._training_loops for inner in walk(loop) if isinstance(inner, (cst.For, cst.While)))
+

@@ -281,9 +281,13 @@ def innermost_loop(node: cst.CSTNode, parent_of) -> cst.CSTNode | None:
 
 
 def loop_origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
-    """Every name the loop binds (``=``, ``+=``) -> the values bound to it, in order."""
+    """Every name the loop binds (``=``, ``+=``) -> the values bound to it, in order; a list's
+    name -> what is appended to it too (``all_losses.append(w * F.smooth_l1_loss(...))``)."""
     origins: dict[str, list[cst.BaseExpression]] = {}
     for node in walk(loop.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("append", "extend"):
+            if isinstance(node.func.value, cst.Name) and len(node.args) == 1:
+                origins.setdefault(node.func.value.value, []).append(node.args[0].value)
         if isinstance(node, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
             for name in (name for target in targets for name in walk(target) if isinstance(name, cst.Name)):
@@ -292,8 +296,12 @@ def loop_origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
 
 
 def reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
-    """What the loop's backward() calls take, and the values of the names it reads, and so on."""
+    """What the loop's backward() calls take, and the values of the names it reads, and so on.
+    In a function without a backward() of its own (a loss function a step calls), what it
+    returns takes the place of what backward() takes."""
     pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+    if not pending and isinstance(loop, cst.FunctionDef):
+        pending = [node.value for node in walk(loop.body) if isinstance(node, cst.Return) and node.value is not None]
     seen: set[str] = set()
     reached: list[cst.BaseExpression] = []
     while pending:

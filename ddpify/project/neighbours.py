@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpify.project.selected_losses import selecting_parameter
 from ddpify.project.dp_subclasses import SubclassPlan, call_name, subclass_plan
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 from ddpify.names import FILE_WRITERS, MATRIX_PRODUCTS
@@ -100,13 +101,19 @@ class Neighbours:
     # here -> the methods that wrap (empty: calling it wraps)
     wrapping_calls: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # classes and functions of those modules that divide by a count of the batch's content
-    # (DSFD's MultiBoxLoss: `loss_l /= num_pos.data.sum()`; cc's `valid.nelement() / valid.sum()`),
-    # as bound here: DataParallel counted over the whole batch, each DDP process would count its share
+    # (DSFD's MultiBoxLoss: `loss_l /= num_pos.data.sum()`; cc's `valid.nelement() / valid.sum()`)
+    # or keep its hardest elements (OhemCELoss), as bound here: DataParallel counted and ranked
+    # over the whole batch, each DDP process would over its share
     count_normalized: frozenset[str] = frozenset()
     # functions of those modules that return a sum of everything (StyleGAN's R1Penalty:
     # `torch.sum(grads * grads)` over the batch), as bound here: a training loss that adds
     # one is scaled by the world size, as a sum written in the script is (DDP116)
     summing: frozenset[str] = frozenset()
+    # functions of those modules that return a mean over what one of their parameters selects
+    # (GwcNet's model_loss(disp_ests, disp_gt, mask)), as bound here -> that parameter's position:
+    # a training loss that calls one is weighted by its selection's share, as a masked mean
+    # written in the script is (DDP135)
+    selecting: dict[str, int] = field(default_factory=dict)
     # functions of those modules that pick this process's GPU (squad's get_available_devices:
     # `torch.cuda.set_device(cuda:0)`), as bound here: converted alone, every rank would use it
     device_pickers: frozenset[str] = frozenset()
@@ -131,7 +138,7 @@ class Neighbours:
         DataParallel tests are the project's own business there: it converts those modules too."""
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
-            memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing,
+            memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, selecting=self.selecting,
             count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
         )
 
@@ -217,6 +224,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     dp_classes: dict[str, SubclassPlan] = {}
     wrapping_calls: dict[str, tuple[str, ...]] = {}
     summing: set[str] = set()
+    selecting: dict[str, int] = {}
     pickers: set[str] = set()
     readers: set[str] = set()
     evaluators: set[str] = set()
@@ -239,6 +247,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         dp_classes.update((f"{bound}.{name}", plan) for name, plan in summary.dp_classes.items())
         wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
         summing.update(f"{bound}.{name}" for name in summary.summing)
+        selecting.update((f"{bound}.{name}", index) for name, index in summary.selecting.items())
         pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
         readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
         evaluators.update(f"{bound}.{name}" for name in summary.writing_evaluators)
@@ -265,7 +274,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
                 if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
                     as_module(alias.asname or alias.name, _summary(sub))
-                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers)):
+                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers), (selecting, summary.selecting)):
                     _bind(found, kind, alias)
                 for names, kind in (
                     (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
@@ -337,7 +346,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
-        wrapping_calls=wrapping_calls, summing=frozenset(summing), device_pickers=frozenset(pickers),
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), selecting=selecting, device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
         writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
@@ -562,6 +571,7 @@ class ModuleSummary:
     # classes with methods that run the model and write files (dcase2017's Evaluator.evaluate
     # writes a submission CSV and reads it back) -> those methods
     evaluator_classes: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    selecting: dict[str, int] = field(default_factory=dict)  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -774,8 +784,13 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             and _evaluates(node) and (_writes(node) or _calls_one_of(node, writing_helpers))
         ),
         count_normalized=frozenset(
-            node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and _normalised_by_a_count(node)
+            node.name for node in tree.body
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))
         ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
+        selecting={
+            **_imported(path, tree, lambda summary: summary.selecting),
+            **{node.name: index for node in tree.body if isinstance(node, ast.FunctionDef) for index in [selecting_parameter(node)] if index is not None},
+        },
         evaluator_classes={
             node.name: methods for node in tree.body if isinstance(node, ast.ClassDef)
             for methods in [_evaluating_writers(node, writing_helpers)] if methods
@@ -807,7 +822,7 @@ def _evaluating_writers(cls: ast.ClassDef, writing_helpers: set[str]) -> dict[st
     return found
 
 
-def _normalised_by_a_count(definition: ast.AST) -> bool:
+def normalised_by_a_count(definition: ast.AST) -> bool:
     """A division by a total count of the inputs' content: ``loss_l /= N`` with ``N =
     num_pos.data.sum()`` (DSFD's MultiBoxLoss), ``valid.nelement() / valid.sum()`` (cc's
     photometric loss); not a per-sample count (``mask.sum(dim=1)``), nor a weight's (``self.``)."""
@@ -824,6 +839,23 @@ def _normalised_by_a_count(definition: ast.AST) -> bool:
         or isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) and counted(node.value)
         for node in ast.walk(definition)
     )
+
+
+# Hard-example mining: the loss keeps the batch's largest elements (OHEM's `torch.sort(loss.view(-1))`
+# then `loss[:self.n_min]`), ranked over the flattened batch.
+RANKING = re.compile(r"\b(sort|topk|kthvalue|argsort)\(")
+FLATTENED = re.compile(r"\b(view|reshape)\(\s*-1\s*\)|\.flatten\(\s*\)")
+
+
+def mines_the_batch(definition: ast.AST) -> bool:
+    """A loss that ranks the elements of the whole flattened batch and keeps the hardest
+    (CoinCheung's OhemCELoss): DataParallel ranked the global batch's, each DDP process would
+    rank its share's."""
+    if isinstance(definition, ast.ClassDef):
+        bodies = [m for m in definition.body if isinstance(m, ast.FunctionDef) and m.name in ("forward", "__call__")]
+    else:
+        bodies = [definition]
+    return any(RANKING.search(text) and FLATTENED.search(text) for text in map(ast.unparse, bodies))
 
 
 def _a_total_count(value: ast.AST) -> bool:
@@ -1492,7 +1524,7 @@ def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
             return by_call
     found = wrapping_neighbour(path, source)
     if found is None:
-        return imported_by_name(path, source)
+        return imported_by_name(path, source) or reached_through_a_package(path, source)
     module, folder = found
     message = (
         f"this script trains a model that the module it imports, `{module}` (or a module imported from there), "
@@ -1525,6 +1557,52 @@ def imported_by_name(path: str, source: str) -> FileResult | None:
         "that holds both (`ddpify convert DIR`)"
     )
     return _folder_refusal(path, source, message)
+
+
+def reached_through_a_package(path: str, source: str, limit: int = 2000) -> FileResult | None:
+    """Single-file mode: a script that trains and uses a package of its project (by an import,
+    or by a dotted name in a string: AS-GCN's ``import_class('processor.recognition.REC_Processor')``,
+    ipr-gan's ``getattr(models, config.name)``) where a module of that package wraps in
+    DataParallel, reached through a base class or a name picked at run time out of this file's
+    sight. "Nothing to convert" would launch N DataParallel jobs: refused, naming folder mode."""
+    if not Path(path).is_file() or not re.search(r"\btrain", source):
+        return None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    folders = search_folders(Path(path).resolve().parent, tree)
+    for package in _packages_used(tree, folders):
+        modules = sorted(package.rglob("*.py"))[:limit]
+        module = next((m for m in modules if "DataParallel" in m.read_text(errors="replace") and _summary(m).wraps), None)
+        if module is not None:
+            message = (
+                f"this script uses the package `{package.name}`, and `{module.relative_to(package.parent)}` in it wraps a model "
+                "in DataParallel, reached out of this file's sight (a base class, a name picked at run time): converted alone, "
+                f"that wrap would stay; convert the folder that holds both (`ddpify convert {package.parent}`)"
+            )
+            return _folder_refusal(path, source, message)
+    return None
+
+
+def _packages_used(tree: ast.Module, folders: list[Path]) -> list[Path]:
+    """The project packages (folders with an ``__init__.py`` in the script's search folders)
+    the script imports, or names by a dotted string ('processor.recognition.REC_Processor')."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module.split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", node.value):
+            names.append(node.value.split(".")[0])
+    found = []
+    for name in dict.fromkeys(names):
+        for folder in folders:
+            package = folder / name
+            if (package / "__init__.py").is_file() and package not in found:
+                found.append(package)
+    return found
 
 
 def _folder_refusal(path: str, source: str, message: str) -> FileResult:

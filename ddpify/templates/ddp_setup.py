@@ -644,6 +644,7 @@ class DdpModel(DistributedDataParallel):
 
     made = []  # wrapped, not yet stepped
     live = None  # every wrapped model (weakly)
+    started = set()  # weights outside DDP that start as rank 0's (see late_parameters)
 
     def __init__(self, module, **options):
         import atexit
@@ -661,6 +662,7 @@ class DdpModel(DistributedDataParallel):
         self.ddp_unseen = True
         # what DDP averages: the parameters that trained when it was made
         self.ddp_averaged = {id(p) for p in module.parameters() if p.requires_grad}
+        self.ddp_ready = True
 
     def forward(self, *args, **kwargs):
         """Weights a pass past the wrapper set from its own batch (ArtFlow's `glow.module(x)`
@@ -679,16 +681,36 @@ class DdpModel(DistributedDataParallel):
 
     @staticmethod
     def late_parameters(optimizer, args, kwargs):
-        """Parameters unfrozen after the wrap (SiamDW's step function unfreezes backbone blocks
-        every few epochs, out of the converter's sight) train outside DDP's all-reduce: their
-        gradients are averaged here before each step, as DDP would have."""
+        """Gradients an optimizer is about to apply that no DDP averages: parameters unfrozen
+        after the wrap (SiamDW's step function unfreezes backbone blocks every few epochs), a
+        search's or a loss's own weights (PC-DARTS' architecture tensors, ProxyGML's proxies).
+        Those that are weights (a module's parameters, tensors a wrapped model holds; not a
+        perturbation of this rank's own batch) start as rank 0's and have their gradients
+        averaged before each step, as DDP does for its own."""
         if dist.get_world_size() == 1:
             return
-        for model in list(DdpModel.live):
-            for p in model.module.parameters():
-                if p.requires_grad and p.grad is not None and id(p) not in model.ddp_averaged:
-                    dist.all_reduce(p.grad)
-                    p.grad /= dist.get_world_size()
+        models = list(DdpModel.live)
+        averaged = set().union(*(model.ddp_averaged for model in models))
+        weights = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and id(p) not in averaged]
+        if any(not isinstance(p, torch.nn.Parameter) for p in weights):
+            held = {id(t) for model in models for part in model.module.modules() for value in vars(part).values()
+                    for t in (value if isinstance(value, (list, tuple)) else [value]) if torch.is_tensor(t)}
+            weights = [p for p in weights if isinstance(p, torch.nn.Parameter) or id(p) in held]
+        if not weights:
+            return
+        for p in weights:
+            if id(p) not in DdpModel.started:  # (as DDP broadcasts its module's when it is built)
+                DdpModel.started.add(id(p))
+                dist.broadcast(p.data, 0)
+        device, world = ddp_device(), dist.get_world_size()
+        present = torch.tensor([float(p.grad is not None) for p in weights], dtype=torch.float64, device=device)
+        dist.all_reduce(present)  # (a gradient on any rank: every rank averages it)
+        for p, count in zip(weights, present.tolist()):
+            if count:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= world
 
     def __getattr__(self, name):
         try:
@@ -697,6 +719,14 @@ class DdpModel(DistributedDataParallel):
             if name == "module":
                 raise
             return getattr(self.module, name)
+
+    def __setattr__(self, name, value):
+        """An attribute the wrapper does not have, set on it, is the model's (NanoFlow's
+        `model.h_cache = ...`, read by the model's own methods), as reading one is."""
+        own = name.startswith(("_", "ddp_")) or name in self.__dict__ or hasattr(type(self), name)
+        if own or not self.__dict__.get("ddp_ready") or name in self._modules or name in self._parameters or name in self._buffers:
+            return super().__setattr__(name, value)
+        setattr(self.module, name, value)
 
     def __reduce_ex__(self, protocol):
         """Pickled (``torch.save(model)``, ``copy.deepcopy``) as DataParallel's checkpoints held
@@ -877,8 +907,9 @@ def ddp_selected_mean(loss, selection):
     """A loss averaged over the elements a mask selects (valid pixels, tokens that are not
     padding), weighted by this process's count over the mean count: DDP's average of the
     processes' gradients is then the mean over every selected element of the global batch, as
-    DataParallel's loss was. A share that selects nothing adds nothing (its mean is not a number)."""
-    if dist.get_world_size() == 1:
+    DataParallel's loss was. A share that selects nothing adds nothing (its mean is not a number).
+    Without gradients (a loss function evaluation calls too) the loss is left as it is."""
+    if dist.get_world_size() == 1 or not torch.is_grad_enabled():
         return loss
     selection = torch.as_tensor(selection)  # (a numpy mask too)
     count = (selection.sum() if selection.dtype == torch.bool else torch.tensor(selection.numel())).to(ddp_device(), torch.float64)

@@ -73,12 +73,14 @@ there that takes a distance of a batch with itself or builds a label-equality ma
 from __future__ import annotations
 
 import re
+import textwrap
 
 import libcst as cst
 
 from ddpify.analysis.data_sites import derived_from
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.names import MATRIX_PRODUCTS
+from ddpify.project.neighbours import mines_the_batch, normalised_by_a_count
 from ddpify.transforms.base import Transform, keyword
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
@@ -108,6 +110,15 @@ class BatchLossesTransform(Transform):
                 continue  # (the loop holds the whole batch already: DataParallel's loss as it is)
             calls = [call for call in calls if call not in whole]
             pairwise = self._pairwise(definition)
+            totals = self._over_batch_totals(definition) if pairwise is None else None
+            if totals is not None:
+                self._gather_for(calls, definition)
+                self.context.report(
+                    definition,
+                    "DDP117",
+                    f"`{name}` {totals}: as DataParallel did, it gets the whole global batch, its arguments gathered "
+                    "from every process (ddp_whole_batch), each share's gradient sent back",
+                )
             if pairwise is not None:
                 self._gather_for(calls, definition)
                 self.context.report(
@@ -134,7 +145,8 @@ class BatchLossesTransform(Transform):
     def _check_inline_pairwise(self) -> None:
         """A training loop that multiplies a batch's outputs with their own transpose
         (DCL's ``torch.mm(out, out.t().contiguous())``: every other sample a negative)."""
-        for loop in self.facts.training_loops:
+        # (a loss function's products are its definition's: the calls give it the whole batch)
+        for loop in [*self.facts.training_loops, *self.facts.step_functions]:
             if self.context.in_a_scattered_loop(loop):
                 continue
             for node in walk(loop.body):
@@ -406,14 +418,14 @@ class BatchLossesTransform(Transform):
                             "processes as DataParallel computed them from the whole batch (its checkpoints keep their keys)",
                         )
                         continue
-                    self.context.report_unsound(
+                    # (bound more than once, or handed to a helper: no one place for a wrap of its own)
+                    self.context.report(
                         node,
                         "DDP119",
-                        f"the optimizer trains `{trained}`, which the training loop calls outside the wrap: "
-                        "DataParallel computed its gradients from the whole batch, under DDP nothing averages them "
-                        f"across processes and each rank would train its own `{trained}`; wrap it too by hand",
+                        f"the optimizer trains `{trained}`, which the training loop calls outside the wrap: its weights "
+                        "start as rank 0's and their gradients are averaged across processes before each optimizer step "
+                        "(the wrapped model's step hook), as DataParallel computed them from the whole batch",
                     )
-                    return
 
     def _a_loss(self, trained: str) -> bool:
         return bool(LOSS_CLASS.search(trained) or any(LOSS_CLASS.search(self.context.code(b.value)) for b in self._bindings(trained)))
@@ -555,7 +567,7 @@ class BatchLossesTransform(Transform):
         calls (not an evaluation the loop runs: it takes no step)."""
         instances = self._instances(definitions)
         found: dict[str, tuple[cst.ClassDef | cst.FunctionDef, list[cst.Call]]] = {}
-        for loop in self.facts.training_loops:
+        for loop in self.facts.training_steps:
             for call in calls_in(loop.body):
                 name = dotted(call.func) or ""
                 target = definitions.get(name) or definitions.get(instances.get(name, ""))
@@ -580,6 +592,26 @@ class BatchLossesTransform(Transform):
                         if dotted(target.target):
                             instances[dotted(target.target)] = cls
         return instances
+
+    def _over_batch_totals(self, definition: cst.CSTNode) -> str | None:
+        """How a loss of this file couples the batch through its totals, read by the rules the
+        project's modules are read by: a division by a total over the batch (a soft Dice's
+        ``(2 * (p * t).sum() + 1) / (p.sum() + t.sum() + 1)``, a count of valid elements), or
+        the batch's hardest elements kept (OHEM). Each rank's share would give another loss."""
+        import ast
+
+        try:
+            tree = ast.parse(textwrap.dedent(self.context.code(definition)))
+        except SyntaxError:
+            return None
+        read = tree.body[0] if tree.body else None
+        if read is None:
+            return None
+        if mines_the_batch(read):
+            return "keeps the hardest elements of the batch"
+        if normalised_by_a_count(read):
+            return "divides by a total over the batch (its count or sum)"
+        return None
 
     def _pairwise(self, definition: cst.CSTNode) -> cst.CSTNode | None:
         """A product of the batch with itself, both operands from the batch (not ``self.``)."""

@@ -22,10 +22,13 @@ each process (one per GPU) loads that share::
 
 DDP404  likewise ``num_workers=workers * n_gpu`` -> ``num_workers=workers`` per process.
 
-DDP406  (warning) each item the training loader yields is cut into the steps' batches
-(FastSpeech2's collate_fn returns a list of sub-batches: ``for batchs in loader: for batch in
-batchs:``): the loader's batch is not the step's batch, so it is not divided; each process
-keeps it, and every step's global batch is the world size times the step's batch.
+DDP406  each item the training loader yields is cut into the steps' batches (FastSpeech2's
+collate_fn returns a list of sub-batches: ``for batchs in loader: for batch in batchs:``): the
+loader's batch is not the step's batch, so it is not divided; every process draws the loader's
+batches whole and alike and each step's batch is split between them where the inner loop draws
+it (``for batch in DdpSplit(batchs):``, transforms/sampler.py), DataParallel's global batch.
+(A warning where no such inner loop is in sight: every step's global batch is then the world
+size times the step's batch.)
 
 DDP407  a training batch compared with the loader's batch size (Person_reID skips a short
 last batch: ``if now_batch_size < opt.batchsize: continue``) is compared with each

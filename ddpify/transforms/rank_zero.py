@@ -207,6 +207,14 @@ SHELL_CALLS = {"os.system", "subprocess.getstatusoutput", "subprocess.getoutput"
 SHELL_WRITES = re.compile(r"\s*(cp|mv|rm|mkdir|rsync|tar|zip|ln|touch|scp)\b")
 # A method that writes what it is called on to a file, given the path.
 SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$")
+# Libraries that read and write images, arrays, audio and tables: their functions named to
+# write (`plt.imsave`, `skimage.io.imsave`, `nib.save`, `sitk.WriteImage`, `tifffile.imwrite`)
+# write a file, whichever of them the script calls.
+IO_LIBRARIES = {
+    "matplotlib", "skimage", "scipy", "imageio", "tifffile", "nibabel", "SimpleITK", "soundfile", "librosa", "PIL",
+    "cv2", "numpy", "pandas", "h5py", "torchvision", "torchaudio", "open3d", "trimesh", "plyfile", "mmcv", "pydicom",
+}
+WRITER_NAME = re.compile(r"^(im|mim|vol)?(save|write)(_?\w+)?$|^savefig$|^savemat$|^savetxt$|^Write\w*$|^to_(csv|json|excel|parquet|pickle|hdf)$")
 # Checkpoint helpers that projects import from their utils (torchreid, SupContrast, FlowNet).
 PROJECT_SAVERS = {"save_checkpoint", "save_model", "save_ckpt", "save_network", "save_networks"}
 
@@ -264,6 +272,8 @@ class RankZeroTransform(Transform):
             return None  # ddp_setup() quiets the other ranks' output: no guard needed
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
+        if any(name.split(".")[0] in IO_LIBRARIES and WRITER_NAME.match(name.rpartition(".")[2]) for name in self.context.qualified(call.func)):
+            return call  # (AnimeStyleTransfer's `plt.imsave(path, image)`)
         if any(name.split(".")[0] in TRACKER_MODULES for name in self.context.qualified(call.func)):
             # the tracker module's own API as a statement (`wandb.config.update(args)` after a
             # rank-0-only wandb.init(): raises on the other ranks)
@@ -418,6 +428,8 @@ class RankZeroTransform(Transform):
         if self._inside_guarded(original):
             return False  # (a guard, and its barrier, inside a block rank 0 runs alone: AoANet's hang)
         if self._writes_file(original):
+            if all(self._null_device_mode(item.item) is not None for item in original.items):
+                return not any(self._reaches_model(call) for call in calls_in(original))  # (else the null device: _with_file_on_rank_zero)
             return self._safe_to_guard(original)
         if not isinstance(original, cst.SimpleStatementLine):
             return False
@@ -497,6 +509,8 @@ class RankZeroTransform(Transform):
         if self._hands_the_model(original_node, names) and self._rank_zero_alone(original_node):
             return self._handed_unwrapped(original_node, updated_node)
         if self._opens_for_writing(original_node) and not self._rank_zero_alone(original_node):
+            if isinstance(self.context.parent(original_node), cst.WithItem) and self._null_device_mode(original_node) is not None:
+                return self._with_file_on_rank_zero(original_node, updated_node)
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
                 self.context.report(
                     original_node,
@@ -782,6 +796,32 @@ class RankZeroTransform(Transform):
         stand_in = f"open(os.devnull, {self.context.code(mode.value)})"
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated.value)
         return updated.with_changes(value=on_rank_zero)
+
+    def _null_device_mode(self, call: cst.Call) -> cst.BaseExpression | None:
+        """The mode of ``open(path, mode)`` where the null device stands in for the file: it
+        only writes (no reading back: ``r``, ``+``; no exclusive create: ``x``)."""
+        if not self.context.qualified(call.func) & OPEN:
+            return None
+        positional = [arg for arg in call.args if arg.keyword is None]
+        mode = keyword_arg(call, "mode") or (positional[1] if len(positional) > 1 else None)
+        value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
+        return mode.value if isinstance(value, str) and not set(value) & set("rx+") else None
+
+    def _with_file_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        """``with open(path, "w") as f:`` around code every rank runs (the model, a collective:
+        RecycleD's IQA pass prints its results into the file as it evaluates): the block runs
+        on every rank, rank 0 writes the file, the others the null device (every rank truncating
+        one file emptied it)."""
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.add_import("os", None, None)
+        self.context.report(
+            original, "DDP609",
+            f"{self.context.code(original.func)}(...) opened on rank 0 only (the null device on the others): the block "
+            "also runs code every rank runs",
+        )
+        stand_in = f"open(os.devnull, {self.context.code(self._null_device_mode(original))})"
+        on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated)
+        return on_rank_zero.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
     def _project_writer_values(self, assign: cst.Assign, plain: bool = False) -> list[cst.BaseExpression] | None:
         """``log, writer = utils.set_save_path(save_path)`` (liif): a project function that
@@ -1113,7 +1153,16 @@ class RankZeroTransform(Transform):
         after = cst.parse_statement(f"if {self._rank_zero}:\n    dist.barrier()\n")
         before = before.with_changes(leading_lines=first.leading_lines)
         # `before` stands for the first original (set-up must precede its barrier).
-        return [(first_original, before), (None, first.with_changes(leading_lines=[])), *rest, (None, after)]
+        block = [(first_original, before), (None, first.with_changes(leading_lines=[])), *rest]
+        leaving = block[-1][1]
+        if isinstance(leaving, cst.SimpleStatementLine) and isinstance(leaving.body[0], cst.Return) and leaving.body[0].value is not None:
+            # (`return datasets.CIFAR10(..., download=True)`: the value is made, rank 0's barrier
+            # passed, then it is returned; a barrier after the return would never run)
+            name = self.context.fresh_name("downloaded")
+            made = leaving.with_changes(body=[cst.Assign([cst.AssignTarget(cst.Name(name))], leaving.body[0].value)])
+            back = cst.SimpleStatementLine([cst.Return(cst.Name(name))])
+            return [*block[:-1], (block[-1][0], made), (None, after), (None, back)]
+        return [*block, (None, after)]
 
     def _guard(self, run: list[Pair]) -> Block:
         # A barrier only where every rank reaches it, else it would hang.

@@ -44,8 +44,9 @@ cannot be rewritten, one from a builder that also makes evaluation loaders (thos
 whole), one drawn with ``next(iter(...))``, and data from outside this file's DataLoader
 calls (a helper of another module, a dict of loaders, a parameter). ``ddp_shard`` rebuilds
 the loader once with the same options, each process loading its share of DataParallel's
-global batch, and moves to the next epoch on every pass; anything it cannot rebuild (not a
-DataLoader, an IterableDataset) stops the script with a clear error before training::
+global batch, and moves to the next epoch on every pass; what it cannot rebuild (not a
+DataLoader, an IterableDataset: torchtext's Multi30k, which takes no sampler) every rank draws
+alike, taking its share of each batch::
 
     for x, y in train_loader:   ->   for x, y in ddp_shard(train_loader):
     for inputs, labels in dataloaders[phase]:
@@ -85,6 +86,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
+from ddpify.analysis.tree import without_moves
 from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.diagnostics import ENTRY, Severity
@@ -108,11 +110,14 @@ class SamplerTransform(Transform):
         self._run_time: dict[cst.BaseExpression, tuple[DataSite, str]] = {}
         # the script's own batch function called by a training loop -> that loop (ddp_drawn)
         self._drawn: dict[cst.Call, cst.CSTNode] = {}
+        # what the loop inside a regrouped loader's loop iterates (`batchs`) -> its site: split
+        self._split_steps: dict[cst.Name, DataSite] = {}
 
     def check(self) -> None:
         runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
         scattered, sites = self.context.scattered_loops, data_sites(self.facts)
         whole = {call for site in sites if site.loop in scattered for call in site.loaders}
+        regrouped = {call for site in sites if site.regrouped and self._inner_loop(site) is not None for call in site.loaders}
         # (a name bound to a loader of this file and to one from elsewhere: HRank's ImageNet branch)
         mixed = {
             call: other for site in sites if site.loop not in scattered
@@ -121,6 +126,9 @@ class SamplerTransform(Transform):
         for site in self.facts.training_loaders:
             if site.call in whole:
                 runtime[site.call] = "every rank draws its whole batches, the model's calls split them"
+                continue
+            if site.call in regrouped:
+                runtime[site.call] = "every rank draws its whole batches alike, each step's batch is split"
                 continue
             if site.call in mixed:
                 runtime[site.call] = f"the loop's loader may also be `{mixed[site.call]}`, from elsewhere: sharded where the loop draws, whichever it is"
@@ -217,16 +225,59 @@ class SamplerTransform(Transform):
         reason = self._unsupported(call)
         if reason:
             return f"the DataLoader call cannot be rewritten where it is built ({reason})"
+        streamed = self._iterable_dataset(call)
+        if streamed:
+            return f"its dataset is iterable ({streamed}), which takes no sampler: each rank takes its share of the batches it yields"
         shuffle = _shuffle_by_keyword(call)[1]
         if call in self.facts.iterator_loaders and shuffle is not None and self.context.code(shuffle.value) != "False":
             return "it is drawn from with next(iter(...)): each new iter() is the next epoch, reshuffled"
         return None
 
+    def _iterable_dataset(self, call: cst.Call) -> str | None:
+        """What makes the loader's dataset an IterableDataset, as far as this file tells: a
+        stream of a library that yields samples (torchtext's datasets, torchdata's pipes,
+        webdataset, a streamed Hugging Face dataset), or a class of this file built on one. A
+        DistributedSampler there stops the script (B's Multi30k translation)."""
+        dataset = keyword_arg(call, "dataset") or next((arg for arg in call.args if arg.keyword is None), None)
+        if dataset is None:
+            return None
+        values = [dataset.value]
+        if isinstance(dataset.value, cst.Name):
+            values = [
+                without_moves(node.value) for node in walk(self.context.module)
+                if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == dataset.value.value for t in node.targets)
+            ] or values
+        for value in values:
+            made = value.func if isinstance(value, cst.Call) else value
+            for name in self.context.qualified(made):
+                if name.startswith(STREAMING_LIBRARIES) or name in self._iterable_classes:
+                    return f"`{self.context.code(made)}`"
+                if name == "datasets.load_dataset" and isinstance(value, cst.Call) and any(
+                    arg.keyword is not None and arg.keyword.value == "streaming" and self.context.code(arg.value) == "True" for arg in value.args
+                ):
+                    return "a streamed `load_dataset`"
+        return None
+
+    @property
+    def _iterable_classes(self) -> set[str]:
+        """This file's classes built on IterableDataset."""
+        if not hasattr(self, "_streams"):
+            self._streams = {
+                node.name.value for node in walk(self.context.module)
+                if isinstance(node, cst.ClassDef) and any("IterableDataset" in self.context.code(base.value) for base in node.bases)
+            }
+        return self._streams
+
     def _plan_run_time_shards(self, runtime: dict[cst.Call, str]) -> None:
         """Training data not sharded where it is built is wrapped where the loop draws it."""
         for site in data_sites(self.facts):
-            if site.regrouped:
+            if site.regrouped and self._inner_loop(site) is None:
                 self._report_regrouped(site)
+            elif site.regrouped:
+                # (each loaded item cut into the steps' batches, FastSpeech2's collate: every
+                # rank draws the loader's batches whole and alike, and splits each step's batch)
+                self.context.regrouped_loaders.update(site.loaders)
+                self._split_steps[self._inner_loop(site).iter] = site
             if site.loaders and all(call in self.context.sharded_loaders for call in site.loaders):
                 continue
             if not site.loaders and self._fed_where_built(site):
@@ -379,6 +430,26 @@ class SamplerTransform(Transform):
                     "file draws from it where it could be: every rank would train on all the data; shard it by hand",
                 )
 
+    def _inner_loop(self, site: DataSite) -> cst.For | None:
+        """The loop inside a regrouped site's loop that iterates each loaded item (`for batch in
+        batchs:`), where the steps' batches are drawn."""
+        names = bound_names(site.loop.target) if isinstance(site.loop, cst.For) else set()
+        return next((
+            node for node in walk(site.loop.body)
+            if isinstance(node, cst.For) and isinstance(node.iter, cst.Name) and node.iter.value in names
+        ), None)
+
+    def _split_step_batches(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+        site = self._split_steps[original]
+        self.context.use_helper("DdpSplit")
+        self.context.report(
+            original, "DDP406",
+            f"each item of `{self.context.code(site.expr)}` is cut into the training steps' batches: every process draws "
+            "the loader's batches whole and alike (ddp_shard(..., whole_batches=True)), and each step's batch "
+            f"`{self.context.code(original)}` yields is split between the processes (DdpSplit), as DataParallel split it",
+        )
+        return cst.Call(func=cst.Name("DdpSplit"), args=[cst.Arg(updated)])
+
     def _report_regrouped(self, site: DataSite) -> None:
         """The loader's batch is cut into the steps' batches after it is loaded: dividing it
         by the world size would not divide the step's batch (and with more ranks than sub-batches
@@ -405,8 +476,10 @@ class SamplerTransform(Transform):
         self.context.add_import(*SAMPLER_IMPORT)
         per_process = self.context.options.per_process_batch
         batch = "each process loads its own batch" if per_process else "each process loads its share of each batch"
-        whole = site.loop in self.context.scattered_loops
-        if whole:
+        whole = site.loop in self.context.scattered_loops or site.regrouped and self._inner_loop(site) is not None
+        if whole and site.regrouped:
+            pass  # (reported where each step's batch is split: DDP406)
+        elif whole:
             self.context.report(original, "DDP314", f"`{code}`: {self._why_whole(site.loop)}: every process draws the "
                 "whole batch (ddp_shard(..., whole_batches=True), alike on every rank), and the wrapped model's calls in "
                 "the loop take their share of their inputs and gather every process's outputs (ddp_scattered), as "
@@ -429,6 +502,8 @@ class SamplerTransform(Transform):
         return cst.IfExp(test=test.deep_clone(), body=train, orelse=other.deep_clone() if other is updated else other)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node in self._split_steps:
+            return self._split_step_batches(original_node, updated_node)
         return self._shard_at_run_time(original_node, updated_node) if original_node in self._run_time else updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.BaseExpression:
@@ -444,7 +519,10 @@ class SamplerTransform(Transform):
             name = dotted(loss.func)
             made = coupled[name]
             what = f"`{name}` ({made}, a module of this project)" if made else f"`{name}` (a module of this project)"
-            return f"the loop's loss {what} divides by a count of the batch's content, which DataParallel counted over the whole batch"
+            return (
+                f"the loop's loss {what} divides by a count of the batch's content or keeps its hardest elements, "
+                "which DataParallel counted and ranked over the whole batch"
+            )
         return (
             "the loop cuts each batch of its own batch_sampler by the sampler's counts before the model (episodes, "
             "groups), so a share of the batch's indices would break that structure"
@@ -749,6 +827,11 @@ def _without_placeholder(call: cst.Call) -> cst.Call:
                 args[index - 1] = args[index - 1].with_changes(comma=arg.comma)
             return call.with_changes(args=args[:index] + args[index + 1 :])
     return call
+
+
+# Libraries whose datasets are streams (IterableDataset): torchtext's since 0.12, torchdata's
+# pipes, webdataset.
+STREAMING_LIBRARIES = ("torchtext.datasets.", "torchdata.", "webdataset.")
 
 
 def _calls_backward(loop: cst.CSTNode) -> bool:

@@ -58,8 +58,10 @@ class SelectedMeansTransform(Transform):
     def check(self) -> None:
         if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
             return
-        for loop in self.facts.training_loops:
+        for loop in self.facts.training_steps:
             origins = loop_origins(loop)
+            if loop in self.facts.loss_functions:
+                origins = {**self._given(loop), **origins}
             for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if not isinstance(node, cst.Call) or node in self._selected or self.context.on_the_whole_batch(node):
                     continue
@@ -67,8 +69,29 @@ class SelectedMeansTransform(Transform):
                 if selection is not None and same_path_on_every_rank(node, self.context.parent):
                     self._selected[node] = selection
 
+    def _given(self, function: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
+        """A loss function's parameters -> what its calls pass for them, read through the names
+        the calling step binds (GwcNet's ``model_loss(disp_ests, disp_gt, mask)`` with ``mask =
+        (disp_gt < maxdisp) & (disp_gt > 0)``): what it selects with a parameter, its callers
+        chose."""
+        given: dict[str, list[cst.BaseExpression]] = {}
+        analyzer = self.facts.analyzer
+        for call, context in analyzer.calls.call_sites(function):
+            step = context.loops[-1] if context.loops else context.function
+            bound = loop_origins(step) if step is not None and step in self.facts.training_steps else {}
+            for param in function.params.params:
+                value = analyzer.calls.argument_for(function, param, call)
+                if value is not None:
+                    given.setdefault(param.name.value, []).extend(bound.get(value.value, [value]) if isinstance(value, cst.Name) else [value])
+        return given
+
     def _selection(self, call: cst.Call, origins: dict[str, list[cst.BaseExpression]]) -> str | None:
         """The code of what the mean-reduced loss ``call`` averages over, if a mask selects it."""
+        index = self.context.neighbours.selecting.get(dotted(call.func) or "") if self.context.neighbours else None
+        if index is not None:  # (a project loss function averaging over what a parameter selects)
+            positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+            selected = positional[index] if index < len(positional) else None
+            return self.context.code(selected) if selected is not None and self._a_mask(selected, origins) else None
         kind = self._mean_loss(call)
         options = [arg for arg in self._constructor_args(call) + list(call.args) if arg.keyword is not None]
         if kind is None or not call.args or any(

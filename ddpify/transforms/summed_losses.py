@@ -43,6 +43,7 @@ import libcst as cst
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
 from ddpify.analysis.tree import MOVES, loop_origins, reaching_backward, without_moves
 from ddpify.transforms.base import Transform
+from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
 # Where `x * world size` needs no parentheses around it.
 LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement)
@@ -90,7 +91,7 @@ class SummedLossesTransform(Transform):
         share's sum by its mean count instead (``ddp_mean``): DDP's average of the gradients is
         then the global sum over the global count."""
         found = set()
-        for loop in self.facts.training_loops:
+        for loop in self.facts.training_steps:
             origins = loop_origins(loop)
             # only what backward() takes (a metric divided so in the loop is left alone), where
             # every rank computes it (ddp_mean is a collective)
@@ -140,7 +141,7 @@ class SummedLossesTransform(Transform):
         context = self.facts.contexts[call]
         if self._a_metric(call):
             return False
-        in_training = bool(context.loops) and context.loops[-1] in self.facts.training_loops
+        in_training = bool(context.loops) and context.loops[-1] in self.facts.training_loops or context.function in self.facts.training_steps
         name = (dotted(call.func) or "").rpartition(".")[2]
         if not name.endswith("Loss"):
             return in_training or (context.function is not None and context.function.name.value == "forward")
@@ -177,33 +178,88 @@ class SummedLossesTransform(Transform):
         return [use for use in self._uses(constructor) if not self._a_metric(use) and not self._evaluates(self.facts.contexts[use])]
 
     def _hand_summed(self) -> list[cst.BaseExpression]:
-        """``loss = ((model(x) - y) ** 2).sum()`` or ``F.mse_loss(out, y) * x.size(0)`` then
-        ``loss.backward()`` in a training loop: a sum over the batch without a keyword."""
-        found = []
-        for loop in self.facts.training_loops:
-            assigned = {
-                dotted(target.target): node.value
-                for node in walk(loop.body)
-                if isinstance(node, cst.Assign)
-                for target in node.targets
-                if dotted(target.target)
-            }
+        """The terms of what a training step's backward() takes (or a loss function returns)
+        that sum over the batch without a keyword: ``((model(x) - y) ** 2).sum()``, VAE's
+        ``-0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())``, ``F.mse_loss(out, y) *
+        x.size(0)``, followed through the names the step binds; each is scaled where it sums."""
+        found: list[cst.BaseExpression] = []
+        for step in self.facts.training_steps:
             # every name a statement binds -> its value (`out, loss_c, loss_s = network(x)`)
-            self._origins = {
-                name.value: node.value
-                for node in walk(loop.body)
-                if isinstance(node, cst.Assign)
-                for target in node.targets
-                for name in walk(target.target)
-                if isinstance(name, cst.Name)
-            }
-            for call in calls_in(loop.body):
-                func = call.func
-                if isinstance(func, cst.Attribute) and func.attr.value == "backward":
-                    value = assigned.get(dotted(func.value), func.value)
-                    if self._summed_by_hand(value) and value not in found:
-                        found.append(value)
+            self._origins = {name: values[-1] for name, values in loop_origins(step).items()}
+            # (a loss function's parameters are what the step hands it: the model's outputs)
+            self._given = {p.name.value for p in step.params.params} if step in self.facts.loss_functions else set()
+            for start in self._starts(step):
+                for term in self._summed_terms(start, set()):
+                    if term not in found:
+                        found.append(term)
         return found
+
+    @staticmethod
+    def _starts(step: cst.CSTNode) -> list[cst.BaseExpression]:
+        taken = [call.func.value for call in calls_in(step.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+        if not taken and isinstance(step, cst.FunctionDef):
+            taken = [node.value for node in walk(step.body) if isinstance(node, cst.Return) and node.value is not None]
+        return taken
+
+    def _summed_terms(self, value: cst.BaseExpression, seen: set[str]) -> list[cst.BaseExpression]:
+        """The terms of ``value`` that sum over the batch: through signs, sums, coefficients
+        and the dividend (never a divisor: a count), and the names bound in the step."""
+        if isinstance(value, cst.UnaryOperation):
+            return self._summed_terms(value.expression, seen)
+        if isinstance(value, cst.BinaryOperation):
+            if isinstance(value.operator, cst.Multiply) and (_this_batch(value.left, self._batch_names) or _this_batch(value.right, self._batch_names)):
+                return [value]  # a mean times the batch's length
+            if isinstance(value.operator, (cst.Add, cst.Subtract, cst.Multiply)):
+                return self._summed_terms(value.left, seen) + self._summed_terms(value.right, seen)
+            if isinstance(value.operator, cst.Divide) and not _this_batch(value.right, self._batch_names):
+                return self._summed_terms(value.left, seen)
+            return []
+        if isinstance(value, cst.Name) and value.value in self._origins and value.value not in seen:
+            return self._summed_terms(self._origins[value.value], seen | {value.value})
+        if isinstance(value, cst.Call) and self._a_total_sum(value) and not self._a_metric(value):
+            return [value]
+        return []
+
+    def _a_total_sum(self, value: cst.Call) -> bool:
+        """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over what the model
+        computed."""
+        if "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1:
+            summed = value.args[0].value
+        elif isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
+            summed = value.func.value
+        else:
+            return False
+        return self._from_the_model(summed) and not self._a_mean(summed, set())
+
+    def _a_mean(self, value: cst.BaseExpression, seen: set[str]) -> bool:
+        """Is ``value`` (through the names the step binds) a mean already: ``.mean()``, a loss
+        averaged by default (PC-DARTS' ``loss_a = criterion(logits, target)``, then
+        ``loss_a.sum().backward()``: the sum of one number is that number)?"""
+        if isinstance(value, cst.Name) and value.value in self._origins and value.value not in seen:
+            return self._a_mean(self._origins[value.value], seen | {value.value})
+        if not isinstance(value, cst.Call):
+            return False
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
+            return True
+        if any(arg.keyword is not None and arg.keyword.value in ("reduction", "size_average", "reduce") for arg in value.args):
+            return False
+        if self.context.qualified(value.func) & MEAN_LOSSES:
+            return True
+        made = [without_moves(node.value) for node in self._loss_bindings.get(dotted(value.func) or "", [])]
+        return len(made) == 1 and isinstance(made[0], cst.Call) and bool(self.context.qualified(made[0].func) & MEAN_LOSS_MODULES) and not any(
+            arg.keyword is not None and arg.keyword.value in ("reduction", "size_average", "reduce") for arg in made[0].args
+        )
+
+    @property
+    def _loss_bindings(self) -> dict[str, list[cst.Assign]]:
+        """Each name -> the statements that bind it (read once)."""
+        if not hasattr(self, "_bindings"):
+            self._bindings: dict[str, list[cst.Assign]] = {}
+            for node in walk(self.context.module):
+                if isinstance(node, cst.Assign):
+                    for target in node.targets:
+                        self._bindings.setdefault(dotted(target.target) or "", []).append(node)
+        return self._bindings
 
     def _project_sums(self) -> list[cst.Call]:
         """Calls of a project function that returns a sum over everything (StyleGAN's
@@ -213,7 +269,7 @@ class SummedLossesTransform(Transform):
         if not summing:
             return []
         found: list[cst.Call] = []
-        for loop in self.facts.training_loops:
+        for loop in self.facts.training_steps:
             for expr in reaching_backward(loop, loop_origins(loop)):
                 found += [call for call in calls_in(expr) if dotted(call.func) in summing and call not in found]
                 if isinstance(expr, cst.Call) and dotted(expr.func) in summing and expr not in found:
@@ -228,26 +284,9 @@ class SummedLossesTransform(Transform):
             return True
         origins = getattr(self, "_origins", {})
         names = {n.value for n in walk(expr) if isinstance(n, cst.Name)}
+        if names & getattr(self, "_given", set()):
+            return True
         return depth < 4 and any(name in origins and self._from_the_model(origins[name], depth + 1) for name in names)
-
-    def _summed_by_hand(self, value: cst.BaseExpression) -> bool:
-        """A sum of everything (``.sum()`` / ``torch.sum(x)``, no dimension) over an expression
-        that calls the wrapped model, or a mean multiplied by the batch's length."""
-        if isinstance(value, cst.UnaryOperation):
-            return self._summed_by_hand(value.expression)
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
-            return _this_batch(value.left, self._batch_names) or _this_batch(value.right, self._batch_names)
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
-            return self._summed_by_hand(value.left) or self._summed_by_hand(value.right)
-        if not isinstance(value, cst.Call):
-            return False
-        if "torch.sum" in self.context.qualified(value.func) and len(value.args) == 1:
-            summed = value.args[0].value
-        elif isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args:
-            summed = value.func.value
-        else:
-            return False
-        return self._from_the_model(summed)
 
     @property
     def _batch_names(self) -> frozenset[str]:

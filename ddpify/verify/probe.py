@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import functools
 import hashlib
 import itertools
 import json
@@ -237,7 +238,10 @@ class Recorder:
     def count_outside_ddp(self, optimizer) -> tuple[int, int]:
         """(parameters this optimizer trains, how many of them no DDP module synchronises)."""
         trained = [p for p in _parameters_of(optimizer) if p.requires_grad]
-        return len(trained), sum(id(p) not in self.ddp_param_ids for p in trained)
+        # (the converted script's optimizer hook averages the gradients of module parameters
+        # DDP does not hold, DdpModel.late_parameters: synchronised as DDP's are)
+        hooked = _averaging_hook_registered()
+        return len(trained), sum(id(p) not in self.ddp_param_ids and not (hooked and isinstance(p, torch.nn.Parameter)) for p in trained)
 
     def finish(self, status: int, error: str | None) -> None:
         self.data["status"] = status
@@ -272,6 +276,15 @@ class Recorder:
     def final_parameters(self) -> list:
         tensors = [p for group in self.optimizer_parameters() for p in group]
         return tensors or [p for m in self.ddp_models for p in m.parameters()]
+
+
+def _averaging_hook_registered() -> bool:
+    """Does a global optimizer step hook of the converted script average the gradients of the
+    weights no DDP holds (its DdpModel.late_parameters)?"""
+    from torch.optim import optimizer as optim
+
+    hooks = getattr(optim, "_global_optimizer_pre_hooks", {})
+    return any(getattr(hook, "__qualname__", "") == "DdpModel.late_parameters" for hook in hooks.values())
 
 
 def _parameters_of(optimizer) -> list:
@@ -457,6 +470,7 @@ def patch_samplers(recorder: Recorder, no_shuffle: bool) -> None:
         if no_shuffle:
             self.shuffle = False
 
+    @functools.wraps(original_loader_init)  # (its signature is DataLoader's: ddp_shard rebuilds from it)
     def loader_init(self, *args, **kwargs):
         if no_shuffle and kwargs.get("shuffle"):
             kwargs["shuffle"] = False
@@ -763,3 +777,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
