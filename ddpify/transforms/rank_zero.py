@@ -1284,7 +1284,29 @@ class RankZeroTransform(Transform):
         for name in _variable_names(call):
             if name in combined and name not in shown:
                 shown[name] = combined[name]
-        return shown
+        whole = self._added_up_over_whole_data(original, shown)
+        return {name: how for name, how in shown.items() if name not in whole}
+
+    def _added_up_over_whole_data(self, original: cst.BaseStatement, names) -> set[str]:
+        """The printed names last added up, before the print, in a loop that trains nothing (an
+        evaluation over data every rank holds whole, MCPDepth's `total_val_loss` and `counter`):
+        every rank holds the whole set's value already, and a mean or sum across ranks would
+        misstate it (a count times the world size)."""
+        function = self._function_of(original)
+        last: dict[str, cst.CSTNode] = {}
+        for node in walk(function) if function is not None else ():
+            if node is original:
+                break
+            if isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name) and node.target.value in names:
+                last[node.target.value] = node
+        whole = set()
+        for name, node in last.items():
+            loop = self.context.parent(node)
+            while loop is not None and not isinstance(loop, (cst.For, cst.While, cst.FunctionDef, cst.Module)):
+                loop = self.context.parent(loop)
+            if isinstance(loop, (cst.For, cst.While)) and loop not in self.facts.training_loops:
+                whole.add(name)
+        return whole
 
     def _shard_sums(self, node: cst.CSTNode) -> dict[str, str]:
         """Names the training loops of ``node``'s function add up, with the helper that combines

@@ -60,7 +60,7 @@ class SelectedMeansTransform(Transform):
             return
         for loop in self.facts.training_steps:
             origins = loop_origins(loop)
-            if loop in self.facts.loss_functions:
+            if isinstance(loop, cst.FunctionDef):  # (a step or loss function: MCPDepth's trainDisp(..., mask, ...))
                 origins = {**self._given(loop), **origins}
             for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if not isinstance(node, cst.Call) or node in self._selected or self.context.on_the_whole_batch(node):
