@@ -295,13 +295,20 @@ def loop_origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
     return origins
 
 
+def backward_takes(step: cst.CSTNode) -> list[cst.BaseExpression]:
+    """What a training step's backward() calls take; in a function without a backward() of
+    its own (a loss function a step calls), what it returns."""
+    taken = [call.func.value for call in calls_in(step.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
+    if not taken and isinstance(step, cst.FunctionDef):
+        taken = [node.value for node in walk(step.body) if isinstance(node, cst.Return) and node.value is not None]
+    return taken
+
+
 def reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpression]]) -> list[cst.BaseExpression]:
     """What the loop's backward() calls take, and the values of the names it reads, and so on.
     In a function without a backward() of its own (a loss function a step calls), what it
     returns takes the place of what backward() takes."""
-    pending = [call.func.value for call in calls_in(loop.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
-    if not pending and isinstance(loop, cst.FunctionDef):
-        pending = [node.value for node in walk(loop.body) if isinstance(node, cst.Return) and node.value is not None]
+    pending = backward_takes(loop)
     seen: set[str] = set()
     reached: list[cst.BaseExpression] = []
     while pending:

@@ -367,17 +367,19 @@ class RankZeroTransform(Transform):
         mode is the first argument of a method ``open`` on a value (3D-ResNets' Logger)."""
         if not isinstance(node, cst.Call):
             return False
-        positional = [arg for arg in node.args if arg.keyword is None]
-        if self.context.qualified(node.func) & OPEN:
-            mode = keyword_arg(node, "mode") or (positional[1] if len(positional) > 1 else None)
-        elif self._method_open(node.func):
-            mode = keyword_arg(node, "mode") or (positional[0] if positional else None)
-        else:
+        if not (self.context.qualified(node.func) & OPEN or self._method_open(node.func)):
             return False
+        mode = self._open_mode(node)
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
         # A mode string, not a path that happens to hold a "w" (`Image.open("weights.png")`)
         is_mode = isinstance(value, str) and 0 < len(value) <= 4 and set(value) <= set("rwxabt+")
         return is_mode and any(flag in value for flag in WRITE_MODES)
+
+    def _open_mode(self, call: cst.Call) -> cst.Arg | None:
+        """The mode argument of ``open(path, mode)`` (gzip's, ...) or of pathlib's ``path.open(mode)``."""
+        positional = [arg for arg in call.args if arg.keyword is None]
+        index = 1 if self.context.qualified(call.func) & OPEN else 0
+        return keyword_arg(call, "mode") or (positional[index] if len(positional) > index else None)
 
     def _method_open(self, func: cst.BaseExpression) -> bool:
         """``<value>.open``: a method, not a module's function (``gzip.open`` is in OPEN)."""
@@ -787,9 +789,7 @@ class RankZeroTransform(Transform):
     def _file_on_rank_zero(self, original: cst.Assign, updated: cst.Assign, message: str) -> cst.Assign:
         """The other ranks open the null device with the same mode: a file like the other."""
         call = original.value
-        positional = [arg for arg in call.args if arg.keyword is None]
-        index = 1 if self.context.qualified(call.func) & OPEN else 0
-        mode = keyword_arg(call, "mode") or (positional[index] if len(positional) > index else None)
+        mode = self._open_mode(call)
         self.context.add_import("torch.distributed", None, "dist")
         self.context.add_import("os", None, None)
         self.context.report(original, "DDP609", message.replace("(a stand-in file that writes nothing on the others)", "(the null device on the others)"))
@@ -802,8 +802,7 @@ class RankZeroTransform(Transform):
         only writes (no reading back: ``r``, ``+``; no exclusive create: ``x``)."""
         if not self.context.qualified(call.func) & OPEN:
             return None
-        positional = [arg for arg in call.args if arg.keyword is None]
-        mode = keyword_arg(call, "mode") or (positional[1] if len(positional) > 1 else None)
+        mode = self._open_mode(call)
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
         return mode.value if isinstance(value, str) and not set(value) & set("rx+") else None
 

@@ -41,7 +41,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import MOVES, loop_origins, reaching_backward, without_moves
+from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, reaching_backward, without_moves
 from ddpify.transforms.base import Transform
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
@@ -188,18 +188,11 @@ class SummedLossesTransform(Transform):
             self._origins = {name: values[-1] for name, values in loop_origins(step).items()}
             # (a loss function's parameters are what the step hands it: the model's outputs)
             self._given = {p.name.value for p in step.params.params} if step in self.facts.loss_functions else set()
-            for start in self._starts(step):
+            for start in backward_takes(step):
                 for term in self._summed_terms(start, set()):
                     if term not in found:
                         found.append(term)
         return found
-
-    @staticmethod
-    def _starts(step: cst.CSTNode) -> list[cst.BaseExpression]:
-        taken = [call.func.value for call in calls_in(step.body) if isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward"]
-        if not taken and isinstance(step, cst.FunctionDef):
-            taken = [node.value for node in walk(step.body) if isinstance(node, cst.Return) and node.value is not None]
-        return taken
 
     def _summed_terms(self, value: cst.BaseExpression, seen: set[str]) -> list[cst.BaseExpression]:
         """The terms of ``value`` that sum over the batch: through signs, sums, coefficients
