@@ -22,7 +22,7 @@ from ddpify.analysis import Analysis, Facts, activate, walk
 from ddpify.analysis.step_functions import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
 from ddpify.rules import RULES
-from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, REFERENCES_ONLY, TRANSFORMS
+from ddpify.transforms import ENTRY_TRANSFORMS, EXISTING_DDP, LIBRARY_SIDE_EFFECTS, OWN_DDP_PATH, REFERENCES_ONLY, TRANSFORMS
 from ddpify.project.neighbours import (
     Neighbours,
     async_keywords_renamed,
@@ -250,7 +250,10 @@ def _transforms_for(context: ConversionContext) -> tuple:
     if facts.existing_ddp and context.role == SCRIPT and facts.wraps:
         # a script with its own DDP path beside DataParallel takes that path, also when it
         # hands its loader to a project function (TransGAN: its DDP branch was switched off)
-        return TRANSFORMS if _own_path_unsharded(context) else EXISTING_DDP
+        if _own_path_unsharded(context):
+            return TRANSFORMS
+        context.own_ddp_path = True
+        return OWN_DDP_PATH
     if context.model_elsewhere or facts.loader_functions or facts.sharded_parameter_calls or facts.loader_parameters:
         # trains a model wrapped elsewhere, builds or passes loaders trained on elsewhere
         return TRANSFORMS

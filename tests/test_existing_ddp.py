@@ -84,3 +84,30 @@ def test_a_training_loader_drawn_through_cycle_keeps_its_distributed_sampler():
     result = convert_source(source, path="train.py")
     assert "else DistributedSampler(train_data)" in result.output, result.diagnostics
     assert "eval_sampler = SequentialSampler(eval_dataset)\n" in result.output
+
+
+def test_writes_outside_the_own_paths_guards_run_on_rank_zero_and_its_dataparallel_path_still_writes(tmp_path):
+    # SSRGAN-PyTorch: its own DDP path guards some saves and not others (`*-last.pth`, the log)
+    source = (FIXTURES / "existing_ddp" / "distributed_flag.py").read_text()
+    source = source.replace(
+        '    print("distributed:", dist.is_initialized())\n',
+        '        torch.save(model.state_dict(), "last.pth")\n        with open("log.txt", "a") as log:\n'
+        '            log.write(f"epoch {epoch}\\n")\n    print("distributed:", dist.is_initialized())\n',
+    )
+    result = convert_source(source, path="train.py")
+    assert "if ddp_rank() == 0:\n            torch.save(model.state_dict()" in result.output, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *result.launch_command.split()[3:]]
+    for _ in range(3):  # a run lost to gloo's exit abort is repeated, from a fresh log
+        (tmp_path / "log.txt").unlink(missing_ok=True)
+        run = run_launched(command, attempts=1, cwd=tmp_path, env=env, timeout=300)
+        if run.returncode == 0:
+            break
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "log.txt").read_text() == "epoch 0\nepoch 1\n", "written by rank 0 alone"
+    (tmp_path / "log.txt").unlink()
+    single = run_launched([sys.executable, "train.py"], attempts=1, cwd=tmp_path, env=env, timeout=300)
+    assert single.returncode == 0, single.stderr
+    assert (tmp_path / "log.txt").read_text() == "epoch 0\nepoch 1\n", "the DataParallel path, with no group, writes"

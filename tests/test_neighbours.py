@@ -1920,3 +1920,137 @@ def test_a_script_that_reaches_a_wrapping_package_out_of_sight_is_refused_naming
     assert "processor/io.py" in result.diagnostics[0].message and "ddpify convert" in result.diagnostics[0].message
     untouched = convert_file(tmp_path / "other.py")
     assert untouched.output == untouched.source and not untouched.diagnostics
+
+
+EARLY_STOPPING = '''import numpy as np
+import torch
+
+
+class EarlyStopping:
+    def __init__(self, patience=2, path="checkpoint.pt"):
+        self.patience, self.path, self.counter, self.best, self.early_stop = patience, path, 0, None, False
+
+    def __call__(self, val_loss, model):
+        if self.best is None or val_loss < self.best - 1e-3:
+            self.best, self.counter = val_loss, 0
+            torch.save(model.state_dict(), self.path)
+        else:
+            self.counter += 1
+            with open("stopping.log", "a") as f:
+                f.write(f"counter {self.counter} of {self.patience}\\n")
+            self.early_stop = self.counter >= self.patience
+'''
+STOPPED_EARLY = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from pytorchtools import EarlyStopping
+
+torch.manual_seed(0)
+train = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=4)
+val_x, val_y = torch.randn(8, 2), torch.randn(8, 1)
+model = nn.DataParallel(nn.Linear(2, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+early_stopping = EarlyStopping(patience=2)
+for epoch in range(30):
+    for x, y in train:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        val_loss = ((model(val_x) - val_y) ** 2).mean().item()
+    early_stopping(val_loss, model)
+    if early_stopping.early_stop:
+        print("Early stopping at", epoch)
+        break
+print("done", epoch)
+'''
+
+
+def test_an_early_stopping_object_of_the_project_steers_every_rank_and_writes_once(tmp_path):
+    # (Dynamic-Graph's pytorchtools.EarlyStopping: on rank 0 only, a stand-in elsewhere whose
+    # `early_stop` was always false; rank 0 left the epoch loop and the others waited: a hang)
+    project(tmp_path, {"pytorchtools.py": EARLY_STOPPING, "train.py": STOPPED_EARLY})
+    original = run_launched([sys.executable, "train.py"], cwd=tmp_path, timeout=120)
+    assert original.returncode == 0, original.stderr[-2000:]
+    expected_log = (tmp_path / "stopping.log").read_text()
+    assert "counter 2 of 2" in expected_log
+    result = convert_file(tmp_path / "train.py")
+    assert "early_stopping = ddp_quiet(EarlyStopping, patience=2)" in result.output, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    for _ in range(3):  # a run lost to gloo's exit abort is repeated, from a fresh log
+        (tmp_path / "stopping.log").unlink(missing_ok=True)
+        launched = run_launched(command, attempts=1, cwd=tmp_path, timeout=180)
+        if launched.returncode == 0:
+            break
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert (tmp_path / "stopping.log").read_text() == expected_log  # written by rank 0 alone
+    assert launched.stdout.count("done") == 1 and "Early stopping" in launched.stdout
+
+
+def test_a_project_batch_loss_used_only_as_a_metric_leaves_the_loader_sharded(tmp_path):
+    # Taylor_pruning: `prec1 = accuracy(output, target)` of a counting project function feeds
+    # a meter, never backward(): the loader is sharded as usual, no whole batch on every rank
+    metric_train = MULTIBOX_TRAIN.replace("criterion = MultiBoxLoss()\n", "criterion = nn.MSELoss()\n    counted = MultiBoxLoss()\n")
+    metric_train = metric_train.replace("            loss = criterion(out, t)\n", "            loss = criterion(out, t)\n            hits = counted(out, t)\n")
+    project(tmp_path, {"multibox.py": MULTIBOX, "train.py": metric_train})
+    result = convert_file(tmp_path / "train.py")
+    assert "whole_batches=True" not in result.output and "ddp_scattered" not in result.output, result.diagnostics
+    assert not any(d.code == "DDP314" for d in result.diagnostics)
+
+
+SAVING_MODEL = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(2, 1)
+
+    def forward(self, x, y):
+        return ((self.net(x) - y) ** 2).mean()
+
+    def save(self, folder, step):
+        path = f"{folder}/model-{step}.pth"
+        torch.save(self.state_dict(), path)
+        return path
+'''
+SAVED_BY_METHOD = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from model import Model
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+model = nn.DataParallel(Model())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x, y) in enumerate(loader):
+    loss = model.train().forward(x, y).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    path = model.module.save(".", step)
+    print("saved", path)
+'''
+
+
+def test_a_model_method_whose_value_never_reaches_backward_is_not_run_through_ddp(tmp_path):
+    # easy-faster-rcnn: `path_to_checkpoint = model.module.save(...)` in the loop writes a
+    # checkpoint; it computes no loss, so it is not sent through DDP's forward (DDP133)
+    project(tmp_path, {"model.py": SAVING_MODEL, "train.py": SAVED_BY_METHOD})
+    result = convert_file(tmp_path / "train.py")
+    assert "ddp_through" not in result.output and not any(d.code == "DDP133" for d in result.diagnostics), result.diagnostics
+
+
+def test_a_device_from_the_project_settings_becomes_this_process_s(tmp_path):
+    # GST-Tacotron: `device = 'cuda:0'` in the hyperparameters module, `model.to(hp.device)`
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "import hyperparams as hp\nfrom config import device\n")
+    script = script.replace('io = IOStream("run.log")\nsave_args(args, "exp")\n', "")
+    script = script.replace("    io.cprint(\"epoch %d\" % epoch)\n    evaluate_into(model, x, \"eval.txt\")\n", "")
+    script = script.replace("model = nn.DataParallel(nn.Linear(2, 1))\n", "model = nn.DataParallel(nn.Linear(2, 1)).to(hp.device)\nmodel.to(device)\nx0 = torch.zeros(1).to(args.device if hasattr(args, 'device') else 'cpu')\n")
+    project(tmp_path, {"hyperparams.py": "device = 'cuda:0'\n", "config.py": "device = 'cuda:0'\n", "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert ".to(ddp_here(hp.device))" in result.output and "model.to(ddp_here(device))" in result.output, result.diagnostics
+    assert sum(d.code == "DDP707" for d in result.diagnostics) == 2

@@ -818,6 +818,7 @@ def test_a_quiet_object_writes_its_files_on_rank_zero_only(monkeypatch, tmp_path
     for rank in (1, 0):
         _as_rank(monkeypatch, rank)
         monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(template.dist, "barrier", lambda: None)
         logger = template.ddp_quiet(_FileLogger, tmp_path / f"log{rank}.txt")
         logger.log("epoch 0\n")  # a real file on every rank (fsync works)
         logger.out_fd.close()
@@ -825,6 +826,43 @@ def test_a_quiet_object_writes_its_files_on_rank_zero_only(monkeypatch, tmp_path
     import builtins
 
     assert builtins.open is open, "the real open() is back"
+
+
+class _EarlyStopping:
+    """pytorchtools' EarlyStopping: every rank tests its flag, and it saves the model when the
+    loss improves (in __call__) and logs in a method, long after it was made."""
+
+    def __init__(self, folder):
+        self.folder, self.best, self.early_stop = folder, None, False
+
+    def __call__(self, loss, state):
+        if self.best is None or loss < self.best:
+            self.best = loss
+            template.torch.save(state, self.folder / "checkpoint.pt")
+        self.note(f"loss {loss}")
+        return self.best
+
+    def note(self, text):
+        with open(self.folder / "stopping.log", "a") as log:
+            log.write(text + "\n")
+
+    def restore(self):
+        return template.torch.load(self.folder / "checkpoint.pt")
+
+
+def test_a_quiet_object_keeps_its_later_writes_private_on_the_other_ranks(monkeypatch, tmp_path):
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(template.dist, "barrier", lambda: None)
+    stopping = template.ddp_quiet(_EarlyStopping, tmp_path)
+    assert stopping(0.5, {"w": 1}) == 0.5 and stopping(0.7, {"w": 2}) == 0.5
+    stopping.note("by hand")
+    assert isinstance(stopping, _EarlyStopping) and stopping.early_stop is False
+    assert list(tmp_path.iterdir()) == [], "rank 1 wrote nothing there"
+    assert stopping.restore() == {"w": 1}, "it reads back what it wrote"
+    import builtins
+
+    assert builtins.open is open and template.torch.save.__name__ != "save_unseen", "the real functions are back"
 
 
 class _TaskManager:
@@ -850,6 +888,7 @@ def test_a_quiet_object_still_sees_the_files_that_are_there(monkeypatch, tmp_pat
     (tmp_path / "history.txt").write_text("opened\n")
     _as_rank(monkeypatch, 1)
     monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(template.dist, "barrier", lambda: None)
     manager = template.ddp_quiet(_TaskManager, tmp_path)
     assert manager.tasks == ["t1"] and manager.history == "opened\n"
     assert (tmp_path / "history.txt").read_text() == "opened\n", "rank 1 wrote nothing"
@@ -1033,6 +1072,7 @@ def test_a_quiet_object_clears_and_makes_folders_only_in_its_private_copies(monk
 
     _as_rank(monkeypatch, 1)
     monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(template.dist, "barrier", lambda: None)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "log.old").write_text("rank 0's")
     template.ddp_quiet(_RunFolder, str(tmp_path / "run"))
@@ -1131,6 +1171,34 @@ def test_a_batch_object_with_tensor_fields_is_split_and_a_batch_with_nothing_to_
     assert share.src.tolist() == [2, 3] and share.trg.tolist() == [12, 13] and share.fields == ["src", "trg"]
     with pytest.raises(RuntimeError, match="holds no tensor or array to split"):
         template.ddp_batch_share(["a sentence", "another"])
+
+
+def test_a_torchtext_batch_of_time_major_pairs_is_cut_along_its_batch_dimension(monkeypatch):
+    # NEU_NMT_v2: torchtext's Batch holds `src = (tokens, lengths)`, tokens time-major
+    # (time x batch), and `batch_size`: every tensor is cut where it is as long as the batch
+    _as_rank(monkeypatch, 1)
+
+    class Batch:
+        def __init__(self):
+            self.batch_size = 4
+            self.src = (torch.arange(24).view(6, 4), torch.tensor([6, 5, 4, 3]))
+            self.trg = torch.arange(32).view(8, 4)
+
+    share = template.ddp_batch_share(Batch())
+    tokens, lengths = share.src
+    assert tokens.tolist() == [[2 + 4 * t, 3 + 4 * t] for t in range(6)] and lengths.tolist() == [4, 3]
+    assert share.trg.shape == (8, 2) and share.batch_size == 2
+
+
+def test_a_batch_object_whose_tensors_disagree_on_their_first_dimension_stops(monkeypatch):
+    _as_rank(monkeypatch, 1)
+
+    class Batch:
+        def __init__(self):
+            self.src, self.trg = torch.zeros(6, 4), torch.zeros(8, 4)
+
+    with pytest.raises(RuntimeError, match="which one is the batch is not known"):
+        template.ddp_batch_share(Batch())
 
 
 def test_a_pickled_wrapped_model_is_a_data_parallel_of_its_module():

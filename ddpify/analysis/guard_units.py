@@ -310,10 +310,12 @@ def _escape(use: cst.CSTNode, parent_of, guarded) -> cst.CSTNode | None:
         return None  # passed on: a callee of this file is followed (stand_in_escapes)
     if isinstance(parent, (cst.Return, cst.Element, cst.DictElement)) and child is use:
         return None  # handed on whole (`return writer`, `{"writer": writer}`): its holder calls its methods
-    if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and parent.test is child:
+    if isinstance(parent, (cst.If, cst.IfExp, cst.While)) and parent.test is child and child is use:
         return None  # `if writer:` (the stand-in is false)
-    if isinstance(parent, cst.Comparison):
+    if isinstance(parent, cst.Comparison) and child is use:
         return None  # `if writer is not None:`
+    # (a value read from it and tested, `if early_stopping.early_stop: break`, steers every
+    # rank: a stand-in's answer would send the others another way)
     return child
 
 

@@ -11,6 +11,8 @@ around a call of one would hang the other ranks.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
@@ -143,10 +145,16 @@ def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
 def under_rank_guard(node: cst.CSTNode | None, parent_of, code_of) -> bool:
     """Is `node` inside an `if` whose test reads a rank (``if rank == 0:``, ``if is_main_process():``)?"""
     while node is not None and not isinstance(node, cst.Module):
-        if isinstance(node, cst.If) and any(word in code_of(node.test) for word in RANK_WORDS):
+        if isinstance(node, cst.If) and any(word in code_of(node.test) for word in RANK_WORDS) and not _distributed_switch(code_of(node.test)):
             return True
         node = parent_of(node)
     return False
+
+
+def _distributed_switch(test: str) -> bool:
+    """``if args.local_rank != -1:`` (the HF-era scripts' own DDP path): every rank of that path
+    takes it; a switch between paths, not a rank-0 guard."""
+    return re.fullmatch(r"[\w.\[\]'\"]+\s*(!=\s*-1|>\s*-1|>=\s*0|==\s*-1)", test.strip()) is not None
 
 
 class Collectives(Room):

@@ -16,7 +16,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis.data_sites import DataSite, derived_from
 from ddpify.analysis.facts import Facts
-from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, walk, without_moves
+from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, loop_origins, reaching_backward, walk, without_moves
 
 
 def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str] = frozenset()) -> tuple[cst.Call, ...]:
@@ -43,7 +43,9 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         call for call in calls_in(loop.body)
         if (dotted(call.func) or "").removesuffix(".forward") in facts.model_names and innermost_loop(call, parent_of) is loop
     ]
-    if calls and coupled and any(dotted(call.func) in coupled and innermost_loop(call, parent_of) is loop for call in calls_in(loop.body)):
+    if calls and coupled and any(
+        dotted(call.func) in coupled and innermost_loop(call, parent_of) is loop and _a_loss(call, loop) for call in calls_in(loop.body)
+    ):
         return tuple(calls)
     if not site.loaders or not all(_own_batch_sampler(call) for call in site.loaders):
         return ()
@@ -55,6 +57,16 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         for call in calls for arg in call.args
     )
     return tuple(calls) if cut else ()
+
+
+def _a_loss(call: cst.Call, loop: cst.For) -> bool:
+    """Does the call's value reach the loop's backward() (a loss, not a metric a meter is
+    given: Taylor_pruning's ``prec1 = accuracy(output, target)``)? A loop whose backward() is
+    out of its sight (in a step function it calls) cannot tell: it may."""
+    reached = reaching_backward(loop, loop_origins(loop))
+    if not reached:
+        return True
+    return any(node is call for expr in reached for node in walk(expr))
 
 
 def _own_batch_sampler(call: cst.Call) -> bool:

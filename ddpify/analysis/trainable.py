@@ -69,8 +69,8 @@ def _may_be_parameters(owner: cst.BaseExpression, facts: Facts) -> bool:
     code = cst.Module([]).code_for_node(owner)
     if isinstance(owner, cst.Attribute) or PARAMETER_SOURCES.search(code):
         return True
-    if isinstance(owner, cst.Call):
-        return False
+    if isinstance(owner, (cst.Call, cst.BinaryOperation, cst.UnaryOperation)):
+        return False  # (computed here: WGAN-GP's `(eps * real + (1 - eps) * fake).requires_grad_(True)`)
     if not isinstance(owner, cst.Name):
         return True
     scopes = facts.analyzer.scopes
@@ -286,7 +286,7 @@ def forwards_around_ddp(facts: Facts, parent_of) -> dict[cst.Call, tuple[str, st
     (``model.module.meta_learner_1(...)``, or ``model.meta(...)``, which DDP does not forward),
     standing for its forward: they bind what a direct call of the model binds elsewhere in
     the loop (StyleSpeech: ``output = model(...)`` in warm-up, ``output =
-    model.module.meta_learner_1(...)`` after it), or the loop calls no wrapped model at all.
+    model.module.meta_learner_1(...)`` after it), or what they return reaches backward().
     Around DDP's forward their backward is never averaged. Call -> (model, method)."""
     found: dict[cst.Call, tuple[str, str]] = {}
     for loop in facts.training_loops:
@@ -305,7 +305,9 @@ def forwards_around_ddp(facts: Facts, parent_of) -> dict[cst.Call, tuple[str, st
                 owner = dotted(inner)
             else:
                 continue
-            if not direct or _bound_from(call, parent_of) & bound or _a_loss_of_its_own(call, loop, direct, parent_of):
+            # (with no direct call, only a method whose value reaches backward(): easy-faster-rcnn's
+            # `path = model.module.save(...)` beside `model.train().forward(...)` writes a checkpoint)
+            if _bound_from(call, parent_of) & bound or _a_loss_of_its_own(call, loop, direct, parent_of):
                 found[call] = (owner, func.attr.value)
     return found
 

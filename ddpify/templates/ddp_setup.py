@@ -395,16 +395,39 @@ def ddp_batch_share(batch):
     if any(torch.is_tensor(leaf) or hasattr(leaf, "ndim") for leaf in ddp_leaves(batch)):
         return ddp_scatter(batch, each_one=True)
     fields = getattr(batch, "__dict__", {})
-    if any(torch.is_tensor(value) for value in fields.values()):
+    if any(torch.is_tensor(leaf) for value in fields.values() for leaf in ddp_leaves(value)):
         import copy
 
+        # (torchtext's fields may be time-major, `(tokens, lengths)` pairs: each tensor is cut
+        # along the dimension as long as the batch, never along time)
+        size = fields.get("batch_size")
+        sizes = {leaf.shape[0] for value in fields.values() for leaf in ddp_leaves(value) if torch.is_tensor(leaf) and leaf.dim()}
+        if not isinstance(size, int) and len(sizes) > 1:
+            raise RuntimeError(
+                f"a training batch ({type(batch).__name__}) holds tensors of first dimensions {sorted(sizes)}: which one is "
+                "the batch is not known, so it cannot be split between the ranks; make the loop draw from a DataLoader"
+            )
         share = copy.copy(batch)
-        share.__dict__.update((name, ddp_scatter(value, each_one=True)) for name, value in fields.items())
+        share.__dict__.update((name, ddp_leaves(value, lambda leaf: ddp_cut(leaf, size))) for name, value in fields.items())
+        if isinstance(size, int):
+            share.batch_size = len(ddp_part(range(size), dist.get_world_size(), dist.get_rank()))
         return share
     raise RuntimeError(
         f"a training batch ({type(batch).__name__}) holds no tensor or array to split between the ranks: every rank "
         "would train on all of it; make the loop draw from a DataLoader, or give each rank its share by hand"
     )
+
+
+def ddp_cut(leaf, size=None):
+    """This rank's share of a tensor of a batch of ``size`` samples, cut along its first
+    dimension of that length (its first when the size is not known); anything else whole."""
+    if not torch.is_tensor(leaf) or not leaf.dim():
+        return leaf
+    dims = [dim for dim in range(leaf.dim()) if leaf.shape[dim] == size] if size is not None else [0]
+    if not dims:
+        raise RuntimeError(f"a tensor of shape {tuple(leaf.shape)} in a batch of {size} samples has no batch dimension to split")
+    parts = ddp_part(range(leaf.shape[dims[0]]), dist.get_world_size(), dist.get_rank())
+    return leaf.narrow(dims[0], parts[0], len(parts))
 
 
 def ddp_drawn(draw, *args, **kwargs):
@@ -951,6 +974,16 @@ def ddp_all(flag):
     return not ddp_any(not flag)
 
 
+def ddp_agreed(flag):
+    """Rank 0's truth of ``flag`` on every rank (every process calls it): a branch that holds a
+    collective, or leaves a loop that trains, is taken by all ranks or by none."""
+    if dist.get_world_size() == 1:
+        return flag
+    decided = torch.tensor(float(bool(flag)), device=ddp_device())
+    dist.broadcast(decided, src=0)
+    return bool(decided.item())
+
+
 def ddp_no_sync(model, accumulating):
     """``model.no_sync()`` while gradients only accumulate, on a DDP model."""
     return model.no_sync() if accumulating and hasattr(model, "no_sync") else contextlib.nullcontext()
@@ -968,17 +1001,56 @@ def ddp_world_size():
 def ddp_quiet(make, *args, **kwargs):
     """``make(*args, **kwargs)``; on ranks other than 0 the files it opens for writing are
     private copies only this rank sees: a real object (its file handle read outside a guard,
-    HPLFlowNet's ``logger.out_fd``; a SummaryWriter's log folder), or a project evaluation that
-    writes its results and reads them back (HRNet's COCO keypoints JSON), whose writes nobody
-    else sees; what this rank reads back of them is what it wrote."""
+    HPLFlowNet's ``logger.out_fd``; a SummaryWriter's log folder; an early-stopping object whose
+    flag every rank tests and which saves the model when it improves), or a project evaluation
+    that writes its results and reads them back (HRNet's COCO keypoints JSON), whose writes
+    nobody else sees; what this rank reads back of them is what it wrote. An object made so
+    keeps its later writes private too: its methods run the same way."""
+    import functools
+
+    # (an object is made on rank 0 first: its checks and folders are made before the others
+    # make theirs, so rank 0's check-then-make never meets a folder another rank made: tensorboardX)
+    first = isinstance(make, type) and ddp_world_size() > 1
+    if ddp_rank() == 0:
+        made = make(*args, **kwargs)
+        if first:
+            dist.barrier()
+        return made
+    if first:
+        dist.barrier()
+    made = ddp_privately(make, *args, **kwargs)
+    kind = type(made)
+    if not isinstance(make, type) or kind.__module__ == "builtins":
+        return made  # (a function's result, or a plain value: nothing of its own writes later)
+
+    def method(self, name):
+        value = kind.__getattribute__(self, name)
+        if name.startswith("__") or not callable(value) or not hasattr(value, "__self__"):
+            return value
+        return functools.partial(ddp_privately, value)
+
+    private = {"__getattribute__": method, "__module__": kind.__module__, "__qualname__": kind.__qualname__}
+    if callable(made):
+        private["__call__"] = lambda self, *more, **options: ddp_privately(kind.__call__, self, *more, **options)
+    try:
+        made.__class__ = type(kind.__name__, (kind,), private)
+    except TypeError:
+        pass  # (a class whose objects cannot change class: only what its constructor writes is private)
+    return made
+
+
+def ddp_privately(call, *args, **kwargs):
+    """``call(*args, **kwargs)`` on a rank other than 0, the files it opens for writing
+    private copies this rank alone sees and reads back; a call inside another one runs as it is."""
     import builtins
     import io
     import tempfile
 
+    state = ddp_privately.__dict__
+    if state.get("active"):
+        return call(*args, **kwargs)
     opened = builtins.open
-    if ddp_rank() == 0:
-        return make(*args, **kwargs)
-    private = ddp_quiet.__dict__.setdefault("private", {})  # real path -> this rank's copy
+    private = state.setdefault("private", {})  # real path -> this rank's copy
 
     def private_folder():
         import atexit
@@ -999,7 +1071,7 @@ def ddp_quiet(make, *args, **kwargs):
         if not named:
             return opened(file, mode, *more, **options)  # (a descriptor: already this rank's)
         if real not in private:
-            folder = ddp_quiet.__dict__.get("folder") or ddp_quiet.__dict__.setdefault("folder", private_folder())
+            folder = state.get("folder") or state.setdefault("folder", private_folder())
             private[real] = os.path.join(folder, f"{len(private)}-{os.path.basename(real)}")
             if there and "w" not in mode and set(mode) & set("a+"):  # appended to or read back: what is there
                 with opened(file, "rb") as source, opened(private[real], "wb") as copy:
@@ -1021,9 +1093,11 @@ def ddp_quiet(make, *args, **kwargs):
     # (io.open: tensorboard's event files are opened through it)
     builtins.open, io.open, torch.save, torch.load = unseen, unseen, save_unseen, load_unseen
     undo = ddp_quiet_folders(private)
+    state["active"] = True
     try:
-        return make(*args, **kwargs)
+        return call(*args, **kwargs)
     finally:
+        state["active"] = False
         builtins.open, io.open, torch.save, torch.load = opened, opened, saved, loaded
         undo()
 

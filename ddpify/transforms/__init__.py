@@ -6,6 +6,7 @@ process_group wraps the entry point in try/finally; imports come last, once ever
 transform has scheduled what it needs.
 """
 
+from ddpify.transforms.agreed_branches import AgreedBranchesTransform
 from ddpify.transforms.batch_losses import BatchLossesTransform
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.decisions import DecisionsTransform
@@ -35,6 +36,7 @@ TRANSFORMS = (
     SetEpochTransform,
     NoSyncTransform,
     DecisionsTransform,
+    AgreedBranchesTransform,
     RankZeroTransform,
     RunNamesTransform,
     ProcessGroupTransform,
@@ -44,6 +46,9 @@ TRANSFORMS = (
 REFERENCES_ONLY = (WrapModelTransform, ImportsTransform)
 # For a script that already has a DDP path beside DataParallel: select that path.
 EXISTING_DDP = (ExistingDdpTransform, SetEpochTransform, ImportsTransform)
+# A script that takes that path: its writes outside its own rank guards run on rank 0 (its own
+# DDP path often guards some saves and not others: SSRGAN-PyTorch's `*-last.pth`)
+OWN_DDP_PATH = (ExistingDdpTransform, SetEpochTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
 # Project mode (ddpify.project): an entry script whose training runs in imported modules,
 # and an imported module that only prints, saves or names DataParallel.
 ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, RunNamesTransform, ProcessGroupTransform, ImportsTransform)

@@ -72,6 +72,9 @@ class ConversionContext:
     helper_block: str | None = None  # text that replaces the helper placeholder statement
     # Project mode: this file trains a model that another project module wraps (it shards
     # its loaders as if it wrapped); and some other project module has a training step.
+    # A script that takes its own DDP path (DDP007): its writes outside its own rank guards are
+    # guarded as an imported module's are (the rank read at run time: a world of one without a group)
+    own_ddp_path: bool = False
     model_elsewhere: bool = False
     trains_elsewhere: bool = False
     # Single-file mode: what the project modules the script imports do (read, never rewritten)
@@ -127,14 +130,21 @@ class ConversionContext:
         return self.role == LIBRARY
 
     @property
+    def rank_read_at_run_time(self) -> bool:
+        """Emitted code reads the rank through ddp_rank() (a process with no group is rank 0) and
+        waits at no barrier: an imported module, or a script on its own DDP path, whose other
+        path (DataParallel, one process) has no process group."""
+        return self.is_library or self.own_ddp_path
+
+    @property
     def rank(self) -> str:
         """This process's rank, as emitted code (see process_group.LIBRARY_CALLS)."""
-        return "ddp_rank()" if self.is_library else "dist.get_rank()"
+        return "ddp_rank()" if self.rank_read_at_run_time else "dist.get_rank()"
 
     @property
     def world_size(self) -> str:
         """The number of processes, as emitted code."""
-        return "ddp_world_size()" if self.is_library else "dist.get_world_size()"
+        return "ddp_world_size()" if self.rank_read_at_run_time else "dist.get_world_size()"
 
     def at_module_level(self, node: cst.CSTNode) -> bool:
         """Not inside a function: in a library module, that runs at import time."""

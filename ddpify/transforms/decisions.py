@@ -36,8 +36,9 @@ is given the mean across ranks, so every rank's object decides alike and all sto
 
     early_stopping(train_loss, model, path)   ->   early_stopping(ddp_mean(train_loss), model, path)
 
-DDP806  a training loop skips an iteration on what this rank computed (``if loss.isnan():
-continue``, CAIN's ``if loss > 10 * first_loss: continue`` after backward()): one rank would
+DDP806  a training loop skips an iteration on what this rank computed or drew (``if loss.isnan():
+continue``, CAIN's ``if loss > 10 * first_loss: continue`` after backward(), NetVlad's ``if query
+is None: continue`` on its batch; the loop's counters are the same everywhere): one rank would
 skip a backward or a step the others take (a hang, or ranks that drift apart). Every rank
 reaches the test, so it is decided alike: a test of the loss on its mean across ranks, the
 global batch's value DataParallel tested (a NaN share makes the mean NaN; a zero loss is zero on
@@ -153,9 +154,8 @@ class DecisionsTransform(Transform):
                 self._fed_metrics[value] = name
 
     def _report_per_rank_skips(self, loop: cst.CSTNode) -> None:
-        loop_names = loop_names_around(loop, self.context.parent) | {
-            name.value for name in walk(loop.target) if isinstance(name, cst.Name)
-        } if isinstance(loop, cst.For) else set()
+        # (the loop's counters, never what it draws: NetVlad's `if query is None: continue` tests the batch)
+        loop_names = loop_names_around(loop, self.context.parent) - _drawn(loop) | _counters(loop) if isinstance(loop, cst.For) else set()
         for node in walk(loop.body):
             if innermost_loop(node, self.context.parent) is not loop:
                 continue  # checked with its own loop's counters
@@ -187,7 +187,7 @@ class DecisionsTransform(Transform):
             loop in self.facts.epoch_hooks and bool(_variables(test_owner.test) & self._computed(loop))
         ) or (
             # (GANet: `valid = target[mask].size()[0]`, then `if valid > 0:` around the whole step)
-            loop in self.facts.training_loops and bool(_variables(test_owner.test) & self._taken_from_data(loop))
+            loop in self.facts.training_loops and bool(_variables(test_owner.test) & (self._taken_from_data(loop) | _drawn(loop)))
         )
         return reads and not same_on_every_rank(test_owner.test, loop_names)
 
@@ -438,6 +438,25 @@ class DecisionsTransform(Transform):
         return updated_node.with_changes(
             args=[arg.with_changes(value=averaged) if arg.value is metric else arg for arg in updated_node.args]
         )
+
+
+def _counters(loop: cst.For) -> set[str]:
+    """The names of a loop's target that count: all of ``for i in range(n)``, the first of
+    ``for i, batch in enumerate(loader)``."""
+    iterated = loop.iter
+    if isinstance(iterated, cst.Call) and (dotted(iterated.func) or "").rpartition(".")[2] in ("range", "trange"):
+        return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)}
+    if isinstance(iterated, cst.Call) and dotted(iterated.func) == "enumerate" and isinstance(loop.target, cst.Tuple) and loop.target.elements:
+        first = loop.target.elements[0].value
+        return {first.value} if isinstance(first, cst.Name) else set()
+    return set()
+
+
+def _drawn(loop: cst.CSTNode) -> set[str]:
+    """The names of a loop's target that are not counters (what it draws)."""
+    if not isinstance(loop, cst.For):
+        return set()
+    return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} - _counters(loop)
 
 
 def _reads_data(test: cst.BaseExpression) -> bool:

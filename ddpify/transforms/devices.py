@@ -45,6 +45,13 @@ warning)::
     # becomes
     # ddpify: removed torch.cuda.set_device(opt.gpu_ids[0]); ddp_setup() sets this process's GPU
 
+DDP707  ``.to(device)`` with a device named by settings this file does not hold (a field of
+an imported module, GST-Tacotron's ``hp.device = 'cuda:0'``; a name imported from one; a field
+of the parsed command line, ``--device cuda:0``): a CUDA device there becomes this process's at
+run time, anything else stays as it is::
+
+    model.to(hp.device)   ->   model.to(ddp_here(hp.device))
+
 DDP701 also covers device strings built from an index: ``f"cuda:{gpu}"``,
 ``"cuda:{}".format(gpu)``, ``"cuda:%d" % gpu`` and ``"cuda:" + str(gpu)`` become ``"cuda"``.
 """
@@ -56,7 +63,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import walk
+from ddpify.analysis import calls_in, dotted, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
@@ -170,6 +177,20 @@ class DevicesTransform(Transform):
             shown = self.context.code(original_node.args[0].value)
             self.context.report(original_node, "DDP701", f'.to({shown}) -> .to("cuda"): this process\'s GPU, set by ddp_setup()')
             return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=cst.SimpleString('"cuda"')), *updated_node.args[1:]])
+        if isinstance(func, cst.Attribute) and func.attr.value == "to" and original_node.args and (
+            original_node.args[0].keyword is None and self._unseen_setting(original_node.args[0].value)
+        ):
+            # (GST-Tacotron's `model.to(hp.device)`, `hp.device = 'cuda:0'` in the project's settings:
+            # GPU 0 on every rank, after the wrap put the model on this process's)
+            shown = self.context.code(original_node.args[0].value)
+            self.context.use_helper("ddp_here")
+            self.context.report(
+                original_node, "DDP707",
+                f".to({shown}): a device from settings this file does not show; a CUDA device there becomes this "
+                "process's (ddp_here)",
+            )
+            moved = cst.Call(func=cst.Name("ddp_here"), args=[cst.Arg(updated_node.args[0].value)])
+            return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=moved), *updated_node.args[1:]])
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
             if args and not _is_module_call(func) and not self._imported_module(func.value):
@@ -201,6 +222,33 @@ class DevicesTransform(Transform):
         if len(args) == 1:
             return isinstance(args[0].value, cst.Integer)
         return len(args) == 2 and _literal(args[0].value) == "cuda"
+
+    def _unseen_setting(self, value: cst.BaseExpression) -> bool:
+        """A device named by settings whose value this file does not hold: a field of an
+        imported module (``hp.device``), a name imported from one (``from config import
+        device``), or a field of the parsed command line (``args.device``, ``--device cuda:0``)."""
+        if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and "device" in value.attr.value.lower():
+            return self._imported_module(value.value) or self._parsed_arguments(value.value)
+        if isinstance(value, cst.Name) and "device" in value.value.lower():
+            scope = self.context.metadata.get_metadata(ScopeProvider, value, None)
+            assignments = list(scope[value.value]) if scope is not None else []
+            return bool(assignments) and all(isinstance(getattr(a, "node", None), cst.ImportFrom) for a in assignments)
+        return False
+
+    def _parsed_arguments(self, name: cst.Name) -> bool:
+        """``args`` bound by ``parser.parse_args()`` (or ``parse_known_args()[0]``)."""
+        scope = self.context.metadata.get_metadata(ScopeProvider, name, None)
+        assignments = list(scope[name.value]) if scope is not None else []
+        for assignment in assignments:
+            node = getattr(assignment, "node", None)
+            statement = self.context.parent(node) if node is not None else None
+            while statement is not None and not isinstance(statement, (cst.Assign, cst.BaseStatement)):
+                statement = self.context.parent(statement)
+            if isinstance(statement, cst.Assign) and any(
+                (dotted(call.func) or "").rpartition(".")[2] in ("parse_args", "parse_known_args") for call in calls_in(statement.value)
+            ):
+                return True
+        return False
 
     def _imported_module(self, receiver: cst.BaseExpression) -> bool:
         """`utils.cuda(inputs)` (robot-surgery-segmentation's helper that moves a tensor to the

@@ -21,6 +21,16 @@ code) or with the ``WORLD_SIZE``/``LOCAL_RANK`` variables that torchrun sets: no
 rewritten; the launch line names the flag. Where the script also has ``--local_rank``, both
 apply (``torchrun ... train.py --launcher pytorch``).
 
+On that path, the script's prints, saves and file writes outside its own rank guards run on rank
+0 (DDP601, with ``ddp_rank()``, which is 0 in a process with no group, so its DataParallel path
+still writes): SSRGAN-PyTorch guarded its best checkpoints and not its ``*-last.pth``, its
+TensorBoard logs or its sample images::
+
+    torch.save(model.state_dict(), "last.pth")
+    # becomes
+    if ddp_rank() == 0:
+        torch.save(model.state_dict(), "last.pth")
+
 DDP008  (warning) DataParallel's batch size was global; the script's DDP path loads it per
 process: pass it divided by the number of processes to train as before.
 

@@ -69,6 +69,7 @@ TEMPLATE_NAMES = (
     "ddp_rebuilt",
     "DdpSplit",
     "ddp_batch_share",
+    "ddp_cut",
     "ddp_drawn",
     "ddp_scatter",
     "ddp_resampled",
@@ -98,10 +99,12 @@ TEMPLATE_NAMES = (
     "ddp_sum",
     "ddp_any",
     "ddp_all",
+    "ddp_agreed",
     "ddp_no_sync",
     "ddp_rank",
     "ddp_world_size",
     "ddp_quiet",
+    "ddp_privately",
     "ddp_quiet_folders",
     "ddp_shared_values",
     "ddp_here",
@@ -198,9 +201,10 @@ def helpers_placeholder(text: str, context) -> cst.BaseStatement:
 
 
 LIBRARY_HEADER = "# Distributed helpers added by ddpify; the entry script sets up the process group."
+OWN_PATH_HEADER = "# Distributed helpers added by ddpify; the script's own DDP path sets up the process group."
 
 
-def library_helper_text(code: str, newline: str = "\n") -> str:
+def library_helper_text(code: str, newline: str = "\n", header: str = LIBRARY_HEADER) -> str:
     """The template helpers ``code`` calls, and those they call: definitions only, under a
     one-line header; empty if it calls none."""
     defined = {
@@ -212,7 +216,7 @@ def library_helper_text(code: str, newline: str = "\n") -> str:
     chosen = [defined[name] for name in TEMPLATE_NAMES if name in wanted]
     if not chosen:
         return ""
-    return newline.join("\n\n\n".join([LIBRARY_HEADER, *chosen]).split("\n")) + newline
+    return newline.join("\n\n\n".join([header, *chosen]).split("\n")) + newline
 
 
 def _library_calls(text: str) -> str:
@@ -242,8 +246,8 @@ class ProcessGroupTransform(Transform):
         self._local_bindings: dict[cst.FunctionDef, dict[str, cst.CSTNode]] = {}
 
     def check(self) -> None:
-        if self.context.is_library:
-            if self._wraps_or_trains_at_import():
+        if self.context.rank_read_at_run_time:
+            if self.context.is_library and self._wraps_or_trains_at_import():
                 self.context.report(
                     self.context.module,
                     "DDP206",
@@ -365,7 +369,7 @@ class ProcessGroupTransform(Transform):
         return updated_node
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
-        if self.context.is_library:
+        if self.context.rank_read_at_run_time:
             return self._library_helpers(block) if isinstance(owner, cst.Module) else block
         anchor = self.facts.setup_anchor
         if self.facts.setup_function is not None:
@@ -383,7 +387,8 @@ class ProcessGroupTransform(Transform):
 
     def _library_helpers(self, block: Block) -> Block:
         code = cst.Module(body=[statement for _, statement in block]).code
-        helper_text = library_helper_text(code, self.context.module.default_newline)
+        header = OWN_PATH_HEADER if self.context.own_ddp_path else LIBRARY_HEADER
+        helper_text = library_helper_text(code, self.context.module.default_newline, header)
         helpers = [helpers_placeholder(helper_text, self.context)] if helper_text else []
         text = code + helper_text
         if "dist." not in text and not helpers:

@@ -1106,7 +1106,7 @@ class RankZeroTransform(Transform):
         return bool(unsafe) and all(arg.star == "" for arg in call.args) and self._same_path_on_every_rank(original)
 
     def _barrier_reached(self, original: cst.CSTNode) -> bool:
-        return self._same_path_on_every_rank(original) and not self.context.is_library
+        return self._same_path_on_every_rank(original) and not self.context.rank_read_at_run_time
 
     def _wait_before_load(self, pair: Pair) -> Block:
         """Every rank reads a checkpoint that rank 0 may still be writing (a best-model save
@@ -1123,7 +1123,7 @@ class RankZeroTransform(Transform):
         self.context.report(original, "DDP615", "every rank waits for rank 0's saves before reading the checkpoint")
         # (the save may be in another module: Informer's EarlyStopping, hedwig's trainer; a
         # library may run in a script left as it was, with no process group)
-        text = f"if {self.context.world_size} > 1:\n    dist.barrier()\n" if self.context.is_library else "dist.barrier()"
+        text = f"if {self.context.world_size} > 1:\n    dist.barrier()\n" if self.context.rank_read_at_run_time else "dist.barrier()"
         barrier = cst.parse_statement(text).with_changes(leading_lines=updated.leading_lines)
         return [(None, barrier), (original, updated.with_changes(leading_lines=[]))]
 
@@ -1166,7 +1166,7 @@ class RankZeroTransform(Transform):
     def _guard(self, run: list[Pair]) -> Block:
         # A barrier only where every rank reaches it, else it would hang.
         # In an imported module the callers are not in sight: no barrier there.
-        barrier = self._same_path_on_every_rank(run[0][0]) and not self.context.is_library
+        barrier = self._same_path_on_every_rank(run[0][0]) and not self.context.rank_read_at_run_time
         writes = [self._report_guarded(original, barrier) for original, _ in run]
         self.context.add_import("torch.distributed", None, "dist")
         statements = [updated for _, updated in run]
@@ -1235,6 +1235,8 @@ class RankZeroTransform(Transform):
         where = None
         if self._function_of(original) in self.facts.training_and_evaluating:
             where = "this loop also evaluates, on data every rank holds whole"
+        elif self.context.own_ddp_path:
+            where = "the script's own DDP path runs it, and its DataParallel path has no process group"
         elif self.context.is_library:
             where = "the callers of this imported module's function are not in sight"
         elif self._guarded_above(original):

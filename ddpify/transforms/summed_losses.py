@@ -32,6 +32,12 @@ ratings) was DataParallel's global sum over the global count; each process divid
 sum by the count's mean across ranks, and DDP's average is that again::
 
     loss = lm_losses.sum() / torch.sum(mask)   ->   loss = lm_losses.sum() / ddp_mean(torch.sum(mask))
+
+The same where the loss summed term by term is divided in a statement of its own (NetVlad's
+triplets: ``loss += criterion(...)`` with ``reduction="sum"``, then ``loss /= nNeg.float()``
+with ``nNeg = torch.sum(negCounts)``): the count is the mean across ranks, no factor on the sums::
+
+    loss /= nNeg.float()   ->   loss /= ddp_mean(nNeg.float())
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ class SummedLossesTransform(Transform):
         self._global_counts = self._sums_over_counts()
         for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
+        self._counted_later = self._sums_divided_later()
+        for node in [node for node in self._scaled if any(self._inside(node, value) for value in self._counted_later.values())]:
+            del self._scaled[node]
 
     # -- a sum over a count of the data: the count is the world's ----------------------------
 
@@ -101,6 +110,29 @@ class SummedLossesTransform(Transform):
                         right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
                             found.add(node)
+        return found
+
+    def _sums_divided_later(self) -> dict[cst.AugAssign, cst.BaseExpression]:
+        """``loss += criterion(...)`` summing over the batch, then ``loss /= nNeg.float()`` with
+        ``nNeg = torch.sum(negCounts)`` (NetVlad's triplets): the same sum over a count of the
+        data, divided in a statement of its own. Each ``/=`` -> the sums it divides (they take
+        no factor: the count's mean makes DDP's average the global sum over the global count)."""
+        found: dict[cst.AugAssign, cst.BaseExpression] = {}
+        for loop in self.facts.training_steps:
+            origins = loop_origins(loop)
+            taken = {node.value for expr in backward_takes(loop) for node in walk(expr) if isinstance(node, cst.Name)}
+            for node in walk(loop.body):
+                if not isinstance(node, cst.AugAssign) or not isinstance(node.operator, cst.DivideAssign) or not isinstance(node.target, cst.Name):
+                    continue
+                if node.target.value not in taken or not same_path_on_every_rank(node, self.context.parent):
+                    continue
+                divisor = _counted_value(node.value, origins)
+                summed = [value for value in origins.get(node.target.value, []) if value is not node.value and any(
+                    self._inside(scaled, value) for scaled in self._scaled
+                )]
+                if divisor is not None and _a_count(divisor, self.context.qualified) and summed:
+                    for value in summed:
+                        found[node] = value
         return found
 
     def _shared_with_evaluation(self, node: cst.CSTNode) -> bool:
@@ -371,6 +403,30 @@ class SummedLossesTransform(Transform):
 
     def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
         return self._scale(original_node, updated_node)
+
+    def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
+        if original_node not in getattr(self, "_counted_later", {}):
+            return updated_node
+        self.context.use_helper("ddp_mean")
+        self.context.report(
+            original_node,
+            "DDP116",
+            f"`{self.context.code(original_node)}` divides a loss summed over the batch by a count of its data: each process "
+            "divides its share's sum by the mean count across ranks (ddp_mean), so DDP's average is the global sum over "
+            "the global count, as DataParallel computed it",
+        )
+        return updated_node.with_changes(value=cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.value)]))
+
+
+def _counted_value(value: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression | None:
+    """What a divisor counts, through its conversions and the name it was bound to
+    (``nNeg.float()`` with ``nNeg = torch.sum(negCounts)``)."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
+        value = value.func.value
+    if isinstance(value, cst.Name):
+        bound = origins.get(value.value, [])
+        return bound[-1] if len(bound) == 1 else None
+    return value
 
 
 def _a_sum(value: cst.BaseExpression, qualified) -> bool:

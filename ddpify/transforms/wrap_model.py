@@ -158,9 +158,13 @@ wrapped instead, as that example's own DDP path does::
 
 Its checkpoints keep DataParallel's keys (``features.module.0.weight``), so old ones resume.
 
-(refuses) where the training calls the submodules themselves (``model.classifier(
-model.features(x))``, which would bypass DDP's forward), or inside an ``nn.Module``
-(``self.features = DP(self.features)``): the rest of the model would train unsynchronised.
+Where the training calls the submodules themselves (``model.classifier(model.features(x))``;
+NetVlad's bare ``nn.Module()`` holding ``encoder`` and ``pool``, each wrapped), or inside an
+``nn.Module`` (``self.features = DP(self.features)``), each wrapped part becomes a DDP of its
+own, and the rest of the weights an optimizer steps are averaged before each step (the wrapped
+model's optimizer hook), so every part trains synchronised::
+
+    model.encoder = nn.DataParallel(model.encoder)   ->   model.encoder = ddp_wrap(model.encoder)
 
 DDP113  a method of the user's model class called on the wrapped model
 (``model.reverse(...)``, ``model.generate(...)``): DDP does not forward it, so it is called
@@ -322,6 +326,7 @@ class WrapModelTransform(Transform):
         self.freezing_models = self._freezing_models()
         self.model_fields = self._model_fields()
         self.whole_model: dict[cst.Call, str] = {}  # submodule wraps made whole-model wraps -> the model
+        self.linked_penalties: dict[cst.Call, str] = {}  # a penalty's own backward() -> the output it takes too
         for site in self.facts.wraps:
             self._check_submodule(site)
         for node in self.facts.contexts:
@@ -337,6 +342,17 @@ class WrapModelTransform(Transform):
         parameters only through the double backward of a forward DDP already counted: DDP stops
         at the next step ("Expected to have finished reduction")."""
         alone = self._penalty_backward_alone(node)
+        output = self._penalty_output(node, alone) if alone is not None else None
+        if output is not None:
+            self.linked_penalties[alone] = output
+            self.context.report(
+                alone,
+                "DDP111",
+                f"a gradient penalty (torch.autograd.grad(..., create_graph=True)) has a backward() of its own: that "
+                f"backward() also takes `0 * {output}.sum()`, the output of the forward the penalty differentiates, so "
+                "DDP reduces the penalty's gradients in it and the next step finds the reduction finished",
+            )
+            return
         if alone is not None:
             self.context.report_unsound(
                 alone,
@@ -355,6 +371,24 @@ class WrapModelTransform(Transform):
             "it with the rest (each process's penalty is the mean over its share of the batch, as the loss is)",
             Severity.WARNING,
         )
+
+    def _penalty_output(self, grad_call: cst.Call, backward: cst.Call) -> str | None:
+        """The output a penalty differentiates (``outputs=d_interp``), where its own backward()
+        can name it too: a name of the same function (rosinality's StyleGAN2 joins the two with
+        ``(r1_loss + 0 * real_pred[0]).backward()``). None where the penalty comes from a helper."""
+        given = keyword_arg(grad_call, "outputs")
+        value = given.value if given is not None else (grad_call.args[0].value if grad_call.args and grad_call.args[0].keyword is None else None)
+        if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
+            value = value.elements[0].value
+        here, there = self.facts.contexts.get(grad_call), self.facts.contexts.get(backward)
+        if value is None or here is None or there is None or here.function is not there.function:
+            return None
+        inner = value
+        while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("sum", "mean") and not inner.args:
+            inner = inner.func.value  # (`outputs=hat_predict.sum()`)
+        while isinstance(inner, cst.Subscript):
+            inner = inner.value  # (`outputs=real_pred[0]`)
+        return inner.value if isinstance(inner, cst.Name) else None
 
     def _penalty_backward_alone(self, grad_call: cst.Call) -> cst.CSTNode | None:
         """The backward() whose loss holds the penalty and no model output outside it."""
@@ -428,11 +462,14 @@ class WrapModelTransform(Transform):
         if "." not in owner and owner != "self" and self._whole_model_trains(owner, target) and self._assigned_alone(site):
             self.whole_model[site.call] = owner
             return
-        self.context.report_unsound(
+        # (the part becomes a DDP of its own; the weights of the rest that an optimizer steps are
+        # averaged before each step by the wrapped model's optimizer hook, DdpModel.late_parameters)
+        self.context.report(
             site.call,
             "DDP112",
-            f"only a submodule is wrapped (`{target}`): the other trainable parts of `{owner}` would be trained "
-            "outside DDP, never synchronised; wrap the whole model that the optimizer trains",
+            f"only a submodule is wrapped (`{target}`) and the training calls it: it becomes a DDP of its own; the "
+            f"other trainable parts of `{owner}` that an optimizer steps start as rank 0's and have their gradients "
+            "averaged before each step (their buffers, such as BatchNorm statistics, stay each rank's own)",
         )
 
     def _whole_model_trains(self, owner: str, target: str) -> bool:
@@ -693,6 +730,12 @@ class WrapModelTransform(Transform):
         return [found for child in node.children for found in self._gpu_count_references(child)]
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node in self.linked_penalties:
+            penalty = updated_node.func.value
+            joined = cst.parse_expression(f"({self.context.code(original_node.func.value)} + 0 * {self.linked_penalties[original_node]}.sum())")
+            return updated_node.with_changes(func=updated_node.func.with_changes(value=joined.with_changes(
+                left=penalty if not isinstance(penalty, cst.BinaryOperation) else penalty.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            ) if isinstance(joined, cst.BinaryOperation) else joined))
         if original_node in self.device_count_calls:
             return self._world_size()
         if original_node in self.through_forward:

@@ -1,0 +1,157 @@
+"""Names that hold the same value on every rank, by scope.
+
+A converted DataParallel script has no rank-dependent code: a name differs between ranks only
+when a binding of it reads data (a loss, an output, a time), or counts under a test that may
+differ between ranks. ``SettledNames`` finds the others: constants and settings
+(``warmup = 4``, ``step, warmup = 1, 4``), counters every rank counts alike (``step += 1`` in
+the training loop), and a function's parameters that every call in the file passes such a
+value for (``run_epoch(loader, train=True)``). Names are looked up as Python does: in the
+function that binds them, else at module level.
+
+It is a greatest fixed point: every name starts settled, and a name leaves the set when one
+of its bindings reads a name that is not, until nothing changes.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.ranks import loop_names_around, same_on_every_rank
+from ddpify.analysis.tree import dotted, names_in, walk
+
+Scope = cst.FunctionDef | cst.Module
+Key = tuple[int, str]  # (id of the scope, name)
+# (value, where it is bound: the statement, or the call that passes it; its scope; a count kept)
+Binding = tuple[cst.BaseExpression | None, cst.CSTNode, Scope, bool]
+UNBOUND_FORMS = (cst.For, cst.CompFor, cst.WithItem, cst.ExceptHandler, cst.NamedExpr, cst.Global, cst.Nonlocal, cst.AsName)
+
+
+class SettledNames:
+    def __init__(self, module: cst.Module, parent_of, calls=None) -> None:
+        self.module, self.parent_of, self.calls = module, parent_of, calls
+        self._bindings: dict[Key, list[Binding]] = {}
+        self._unbound: set[Key] = set()
+        for node in walk(module):
+            self._record(node)
+        self._settled = set(self._bindings) - self._unbound
+        self._settle()
+
+    def uniform(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Is ``expr``, evaluated at ``at``, the same on every rank?"""
+        return same_on_every_rank(expr, self._names_alike(expr, at))
+
+    def reached_alike(self, at: cst.CSTNode) -> bool:
+        """Is every test around ``at`` (in its function) the same on every rank, and no
+        exception handler around it?"""
+        child, parent = at, self.parent_of(at)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            if isinstance(parent, cst.ExceptHandler):
+                return False
+            if isinstance(parent, (cst.If, cst.While)) and child is not parent.test and not self.uniform(parent.test, parent):
+                return False
+            child, parent = parent, self.parent_of(parent)
+        return True
+
+    # -- what binds each name ----------------------------------------------------------------
+
+    def _record(self, node: cst.CSTNode) -> None:
+        if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            scope = self._scope_of(node)
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            for target in targets:
+                for name, value in _pairs(target, node.value):
+                    if isinstance(name, cst.Name) and value is not None:
+                        self._bindings.setdefault((id(scope), name.value), []).append((value, node, scope, isinstance(node, cst.AugAssign)))
+                    elif not isinstance(name, (cst.Attribute, cst.Subscript)):
+                        self._unbind(name, scope)
+        elif isinstance(node, cst.FunctionDef):
+            for param in node.params.params:
+                self._bind_parameter(node, param)
+            for param in (*node.params.kwonly_params, *node.params.posonly_params):
+                self._unbound.add((id(node), param.name.value))
+            for star in (node.params.star_arg, node.params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    self._unbound.add((id(node), star.name.value))
+        elif isinstance(node, UNBOUND_FORMS):
+            target = getattr(node, "target", None) or getattr(node, "asname", None) or getattr(node, "name", None)
+            if isinstance(target, cst.AsName):
+                target = target.name
+            if isinstance(node, (cst.Global, cst.Nonlocal)):
+                for item in node.names:
+                    self._unbind(item.name, self._scope_of(node))
+            elif isinstance(target, cst.CSTNode):
+                self._unbind(target, self._scope_of(node))
+
+    def _bind_parameter(self, function: cst.FunctionDef, param: cst.Param) -> None:
+        """What every call of the function in this file passes for the parameter (its default
+        where a call passes nothing); none found: not settled."""
+        key = (id(function), param.name.value)
+        sites = list(self.calls.call_sites(function)) if self.calls is not None else []
+        if not sites or any(arg.star for call, _ in sites for arg in call.args):
+            self._unbound.add(key)
+            return
+        for call, _ in sites:
+            value = self.calls.argument_for(function, param, call)
+            if value is None and param.default is None and param.name.value in ("self", "cls"):
+                continue
+            given = value if value is not None else param.default
+            if given is None:
+                self._unbound.add(key)
+                return
+            self._bindings.setdefault(key, []).append((given, call, self._scope_of(call), False))
+        self._bindings.setdefault(key, [])
+
+    def _unbind(self, target: cst.CSTNode, scope: Scope) -> None:
+        for name in walk(target):
+            if isinstance(name, cst.Name):
+                self._unbound.add((id(scope), name.value))
+
+    def _scope_of(self, node: cst.CSTNode) -> Scope:
+        parent = self.parent_of(node)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            parent = self.parent_of(parent)
+        return parent if parent is not None else self.module
+
+    # -- the fixed point ---------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for key in list(self._settled):
+                if not all(self._alike(binding) for binding in self._bindings[key]):
+                    self._settled.discard(key)
+                    changed = True
+
+    def _alike(self, binding: Binding) -> bool:
+        value, where, scope, counted = binding
+        if not self.uniform(value, where):
+            return False
+        return not counted or self.reached_alike(where)  # (a count kept under a per-rank test differs)
+
+    def _names_alike(self, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
+        scope = self._scope_of(at)
+        alike = loop_names_around(at, self.parent_of)
+        # (a length: loaders are as long on every rank, a DistributedSampler pads its shares)
+        measured = {id(n) for call in walk(expr) if isinstance(call, cst.Call) and dotted(call.func) == "len" for n in walk(call)}
+        for name in names_in(expr):
+            if id(name) in measured:
+                alike.add(name.value)
+                continue
+            key = (id(scope), name.value)
+            if key not in self._bindings and key not in self._unbound:
+                key = (id(self.module), name.value)
+            if key in self._settled:
+                alike.add(name.value)
+        return alike
+
+
+def _pairs(target: cst.BaseExpression, value: cst.BaseExpression | None) -> list[tuple[cst.BaseExpression, cst.BaseExpression | None]]:
+    """(target, value) pairs of an assignment: ``step, warmup = 1, 4`` pairs them up; an
+    unpacking of anything else binds its names to nothing that can be read here."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        parts = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+        if parts is None or len(parts) != len(target.elements) or any(isinstance(e, cst.StarredElement) for e in (*parts, *target.elements)):
+            return [(element.value, None) for element in target.elements]
+        return [pair for element, part in zip(target.elements, parts) for pair in _pairs(element.value, part.value)]
+    return [(target, value)]
