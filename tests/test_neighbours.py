@@ -2054,3 +2054,21 @@ def test_a_device_from_the_project_settings_becomes_this_process_s(tmp_path):
     result = convert_file(tmp_path / "train.py")
     assert ".to(ddp_here(hp.device))" in result.output and "model.to(ddp_here(device))" in result.output, result.diagnostics
     assert sum(d.code == "DDP707" for d in result.diagnostics) == 2
+
+
+def test_torchs_data_loader_taken_through_a_project_module_is_torchs(tmp_path):
+    # Tacotron-pytorch: `from data import DataLoader`, which data.py imports from torch; the
+    # batch-sized buffers of the loop follow the loader's share (DDP409), as with torch's name
+    script = (
+        "import numpy as np\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import TensorDataset\n"
+        "from data import DataLoader\n\nbatch_size = 4\n"
+        "loader = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=batch_size, drop_last=True)\n"
+        "model = nn.DataParallel(nn.Linear(2, 1))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n        go = np.zeros([batch_size, 1])\n"
+        "        loss = ((model(x) + torch.from_numpy(go).float() - y) ** 2).mean()\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    )
+    project(tmp_path, {"data.py": "from torch.utils.data import Dataset, DataLoader\n", "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "sampler=DistributedSampler(" in result.output and "np.zeros([ddp_local_batch_size(batch_size), 1])" in result.output
+    assert not any(d.code == "DDP312" for d in result.diagnostics)

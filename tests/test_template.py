@@ -623,6 +623,41 @@ def test_an_endless_sampler_that_claims_a_huge_length_is_drawn_lazily(monkeypatc
         assert len(set(drawn[0][step] + drawn[1][step])) == 4 and len(drawn[0][step]) == 2
 
 
+class CountedTasks(torch.utils.data.Sampler):
+    """torchmeta's task sampler: each draw is costly, and a pass is long (it says so)."""
+
+    def __init__(self):
+        self.drawn = 0
+
+    def __len__(self):
+        return 10**6
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            self.drawn += 1
+            yield [int(torch.randint(0, 8, ()).item()) for _ in range(4)]
+
+
+def test_a_sampler_is_drawn_as_the_loop_asks_not_a_whole_pass_ahead(monkeypatch):
+    # MRN-ICASSP22's ProtoNet: `next(iter(loader))` each step drew the sampler's whole pass
+    tasks = CountedTasks()
+    loader = torch.utils.data.DataLoader(INDICES, batch_sampler=tasks)
+    firsts = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        firsts.append(next(iter(template.ddp_shard(loader)))[0].tolist())
+    assert tasks.drawn <= 4, tasks.drawn
+    assert len(firsts[0]) == len(firsts[1]) == 2
+
+
+def test_an_index_sampler_drawn_lazily_pads_its_last_round_as_distributed_sampler_does(monkeypatch):
+    draws = iter([5, 6, 7, 8, 9])  # five indices, three ranks: position 5 takes the first again
+    shares = []
+    for rank in range(3):
+        shares.append(list(template.ddp_every_nth(iter([5, 6, 7, 8, 9]), 3, rank)))
+    assert shares == [[5, 8], [6, 9], [7, 5]] and next(draws) == 5
+
+
 def test_drawing_the_same_order_leaves_the_scripts_random_state_alone(monkeypatch):
     import random
 

@@ -292,6 +292,10 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                     banks.add(alias.asname or alias.name)
                 elif alias.name == "*":
                     banks.update(summary.memory_banks)
+                if alias.name in summary.torch_aliases:
+                    # (Tacotron-pytorch's `from data import DataLoader`, which data.py takes from torch:
+                    # torch's class, under the name the import gives it)
+                    reexports["." * node.level + f"{node.module}.{alias.name}" if node.module else "." * node.level + alias.name] = summary.torch_aliases[alias.name]
                 if alias.name == "*":
                     reexports.update(summary.torch_aliases)
                     writers.update(summary.writers)

@@ -520,12 +520,13 @@ class DdpShard(torch.utils.data.Sampler):
             return map(list, drawn)
         if self.per_batch:
             return (ddp_part(batch, world, rank) for batch in map(list, drawn))
-        if not isinstance(drawn, list):  # an endless sampler: every world-size-th of its draws
-            import itertools
-
-            return itertools.islice(drawn, rank, None, world)
-        drawn += drawn[: -len(drawn) % world]
-        return iter(drawn[rank::world])
+        try:
+            # (an endless sampler may claim a length it never ends at: StyTR-2's
+            # InfiniteSamplerWrapper says 2**31; piano_transcription's says -1: no padding)
+            padded = 0 <= len(self.sampler) < 2**30
+        except (TypeError, NotImplementedError, ValueError):
+            padded = False
+        return ddp_every_nth(drawn, world, rank, padded)
 
     def __len__(self):
         return len(self.sampler) if self.per_batch else -(-len(self.sampler) // dist.get_world_size())
@@ -543,19 +544,26 @@ def ddp_part(batch, world, rank):
 
 
 def ddp_same_draw(sampler, epoch):
-    """The sampler's draws, made alike on every rank: a whole pass at once, or draw by draw
-    where the sampler has no length (an endless one, stopped by the script)."""
-    same = DdpSameRandom(epoch)
-    try:
-        # (an endless sampler may claim a length it never ends at: StyTR-2's
-        # InfiniteSamplerWrapper says 2**31; a whole pass of it would never be drawn)
-        endless = len(sampler) >= 2**30
-    except (TypeError, NotImplementedError, ValueError):  # (piano_transcription's says -1)
-        endless = True
-    if endless:
-        return ddp_draw_by_draw(sampler, same)
-    with same:
-        return list(sampler)
+    """The sampler's draws, made alike on every rank, one at a time as the loop asks for them
+    (a whole pass drawn ahead would be the loop's first wait: torchmeta's task sampler, drawn
+    anew each step by `next(iter(loader))`; an index list over 80M samples)."""
+    return ddp_draw_by_draw(sampler, DdpSameRandom(epoch))
+
+
+def ddp_every_nth(drawn, world, rank, padded=True):
+    """Every world-size-th of the draws, from this rank's on; padded as DistributedSampler pads
+    (the first draws again), so every rank takes as many steps, where the pass ends."""
+    first, count = [], 0
+    for index in drawn:
+        if len(first) < world:
+            first.append(index)
+        if count % world == rank:
+            yield index
+        count += 1
+    end = count + (-count % world if padded else 0)
+    for position in range(count, end):
+        if position % world == rank and position - count < len(first):
+            yield first[position - count]
 
 
 def ddp_draw_by_draw(sampler, same):

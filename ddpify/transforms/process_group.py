@@ -77,6 +77,7 @@ TEMPLATE_NAMES = (
     "DdpShard",
     "ddp_part",
     "ddp_same_draw",
+    "ddp_every_nth",
     "ddp_draw_by_draw",
     "DdpSameRandom",
     "ddp_seeds_from_the_stream",

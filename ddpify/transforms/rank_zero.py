@@ -41,10 +41,16 @@ DDP604  tqdm progress bars are disabled on the other ranks (the loop still runs 
 DDP605  ``os.makedirs(path)`` and pathlib's ``path.mkdir()`` get ``exist_ok=True``: every rank
 may create the folder, no race (``FileExistsError`` on the rank that comes second).
 
-DDP606  a tensorboard ``SummaryWriter`` (or a wandb run) is constructed on rank 0 only; the
-other ranks get ``DdpNoOp()``, an emitted stand-in whose methods do nothing::
+DDP606  a tensorboard ``SummaryWriter`` is constructed on rank 0 only; the other ranks get
+``DdpNoOp()``, an emitted stand-in whose methods do nothing::
 
     writer = SummaryWriter("runs")  ->  writer = SummaryWriter("runs") if dist.get_rank() == 0 else DdpNoOp()
+
+``wandb.init(...)`` starts a run on every rank, disabled on all but rank 0, so what the script
+reads from wandb (``args = wandb.config``, ``wandb.run.summary[...]``: DepMamba) is there on
+every rank and only rank 0 logs::
+
+    wandb.init(project="p")   ->   wandb.init(project="p", mode=None if dist.get_rank() == 0 else "disabled")
 
 (Single-file mode) a project function that writes files and returns values (liif's
 ``log, writer = utils.set_save_path(path)``, which clears and remakes the run folder) runs on
@@ -270,6 +276,8 @@ class RankZeroTransform(Transform):
         call = statement.value
         if self._shows_output(call):
             return None  # ddp_setup() quiets the other ranks' output: no guard needed
+        if self._wandb_started(call):
+            return None  # (every rank starts a run, disabled on the others: leave_Call)
         if self.context.qualified(call.func) & SIDE_EFFECTS:
             return call
         if any(name.split(".")[0] in IO_LIBRARIES and WRITER_NAME.match(name.rpartition(".")[2]) for name in self.context.qualified(call.func)):
@@ -504,6 +512,8 @@ class RankZeroTransform(Transform):
             self.context.use_helper("ddp_quiet")
             return updated_node.with_changes(func=cst.Name("ddp_quiet"), args=[cst.Arg(updated_node.func), *updated_node.args])
         names = self.context.qualified(original_node.func)
+        if self._wandb_started(original_node) and not self._rank_zero_only_call(original_node):
+            return self._wandb_disabled_elsewhere(original_node, updated_node)
         if "torch.save" in names:
             return self._save_unwrapped(original_node, updated_node)
         if "torch.onnx.export" in names:
@@ -955,7 +965,35 @@ class RankZeroTransform(Transform):
     def _tracker_made(self, call: cst.Call) -> bool:
         """A tracker, or an object of a project class that keeps files open for writing
         (dgcnn's IOStream, pytorch-pose's Logger: single-file mode reads their modules)."""
+        if self._wandb_started(call):
+            return False
         return bool(self.context.qualified(call.func) & TRACKER_FACTORIES) or dotted(call.func) in self.context.neighbours.writer_classes
+
+    def _rank_zero_only_call(self, call: cst.Call) -> bool:
+        statement = self.context.parent(call)
+        while statement is not None and not isinstance(statement, cst.BaseStatement):
+            statement = self.context.parent(statement)
+        return statement is not None and (self._inside_guarded(statement) or self._units.guarded(statement))
+
+    def _wandb_disabled_elsewhere(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.report(
+            original, "DDP606",
+            "wandb.init() starts a run on every rank, disabled on all but rank 0 (mode=\"disabled\"): wandb.config "
+            "and wandb.run are there on every rank, and only rank 0 logs",
+        )
+        given = next((arg for arg in updated.args if arg.keyword is not None and arg.keyword.value == "mode"), None)
+        chosen = self.context.code(given.value) if given is not None else "None"
+        mode = cst.parse_expression(f'{chosen} if {self._rank_zero} else "disabled"')
+        if given is not None:
+            return updated.with_changes(args=[arg.with_changes(value=mode) if arg is given else arg for arg in updated.args])
+        return append_arg(updated, keyword("mode", mode))
+
+    def _wandb_started(self, call: cst.Call) -> bool:
+        """``wandb.init(...)`` where every rank goes: a run on every rank, disabled on all but
+        rank 0, so what the script reads from wandb (``args = wandb.config``,
+        ``wandb.run.summary[...]``) is there on every rank, and only rank 0 logs (DepMamba)."""
+        return "wandb.init" in self.context.qualified(call.func) and not self._under_rank_guard(call)
 
     def _tracker_value(self, call: cst.Call) -> bool:
         """``return SummaryWriter(...)`` or ``{"writer": SummaryWriter(...)}``: a writer made
