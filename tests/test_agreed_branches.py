@@ -84,3 +84,37 @@ def test_a_skip_on_what_the_loop_draws_is_decided_alike():
         "        if i > 100:\n            break\n" + STEP
     )
     assert "if ddp_any(x is None):" in output and "if i > 100:" in output
+
+
+def test_a_patience_count_kept_under_a_per_rank_test_decides_its_stop_on_rank_zero():
+    output, _ = converted(
+        "best, bad = 1e9, 0\nfor epoch in range(9):\n    for x, y in loader:\n" + STEP
+        + "    model.eval()\n    val_loss = model(torch.randn(4, 2)).std().item()\n"
+        "    if val_loss < best:\n        best = val_loss\n        bad = 0\n    else:\n        bad += 1\n"
+        "    if bad >= 3:\n        break\n"
+    )
+    assert "if ddp_agreed(bad >= 3):" in output or "ddp_mean(bad)" in output
+
+
+def test_a_test_inside_a_block_rank_zero_runs_alone_is_not_a_collective():
+    # (a `with open(...)` block around a stop test runs on rank 0 alone: a broadcast there would
+    # meet the other ranks' barrier)
+    output, _ = converted(
+        "class Stop:\n    def __init__(self):\n        self.stop = False\n\n    def update(self, value):\n"
+        "        self.stop = value < 0.1\n\n\nstopper = Stop()\nfor epoch in range(3):\n    for x, y in loader:\n" + STEP
+        + "    stopper.update(loss.item())\n    with open('log.txt', 'a') as f:\n        f.write('epoch')\n"
+        "        if stopper.stop:\n            f.write('stop')\n"
+    )
+    with_block = output[output.index("with open('log.txt'"):]
+    assert "ddp_agreed" not in with_block.split("\n\n")[0]
+
+
+def test_every_summed_term_divided_by_a_count_later_keeps_no_factor():
+    output, _ = converted(
+        "crit = torch.nn.MSELoss(reduction='sum')\naux = torch.nn.L1Loss(reduction='sum')\n"
+        "for epoch in range(2):\n    for x, y in loader:\n        out = model(x)\n        n = torch.sum(y > 0)\n"
+        "        loss = 0\n        for i in range(len(x)):\n            loss += crit(out[i], y[i])\n"
+        "        for i in range(len(x)):\n            loss += aux(out[i], y[i])\n        loss /= n.float()\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    )
+    assert "loss /= ddp_mean(n.float())" in output and "get_world_size()\n" not in output.split("for epoch")[1]

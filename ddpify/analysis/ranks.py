@@ -100,6 +100,28 @@ def loop_names_around(node: cst.CSTNode, parent_of) -> set[str]:
     return names | (_step_counters(node) if node is not None else set())
 
 
+def loop_counters_around(node: cst.CSTNode, parent_of) -> set[str]:
+    """The counters of the `for` loops around `node` (up to its function): every target of
+    ``for i in range(n)``, the first of ``for i, batch in enumerate(loader)``; never what a loop
+    draws from data."""
+    names: set[str] = set()
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.For):
+            names |= loop_counters(node)
+        node = parent_of(node)
+    return names
+
+
+def loop_counters(loop: cst.For) -> set[str]:
+    iterated = loop.iter
+    if isinstance(iterated, cst.Call) and (dotted(iterated.func) or "").rpartition(".")[2] in ("range", "trange"):
+        return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)}
+    if isinstance(iterated, cst.Call) and dotted(iterated.func) == "enumerate" and isinstance(loop.target, cst.Tuple) and loop.target.elements:
+        first = loop.target.elements[0].value
+        return {first.value} if isinstance(first, cst.Name) else set()
+    return set()
+
+
 def _step_counters(scope: cst.CSTNode) -> set[str]:
     """Names only ever set to an integer literal or increased by one."""
     counted: dict[str, bool] = {}

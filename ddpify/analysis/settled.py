@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.ranks import loop_names_around, same_on_every_rank
-from ddpify.analysis.tree import dotted, names_in, walk
+from ddpify.analysis.ranks import loop_counters_around, same_on_every_rank
+from ddpify.analysis.tree import dotted, is_main_guard, names_in, walk
 
 Scope = cst.FunctionDef | cst.Module
 Key = tuple[int, str]  # (id of the scope, name)
-# (value, where it is bound: the statement, or the call that passes it; its scope; a count kept)
+# (value, where it is bound: the statement, or the call that passes it; its scope; passed by a call)
 Binding = tuple[cst.BaseExpression | None, cst.CSTNode, Scope, bool]
 UNBOUND_FORMS = (cst.For, cst.CompFor, cst.WithItem, cst.ExceptHandler, cst.NamedExpr, cst.Global, cst.Nonlocal, cst.AsName)
 
@@ -47,7 +47,7 @@ class SettledNames:
         while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
             if isinstance(parent, cst.ExceptHandler):
                 return False
-            if isinstance(parent, (cst.If, cst.While)) and child is not parent.test and not self.uniform(parent.test, parent):
+            if isinstance(parent, (cst.If, cst.While)) and child is not parent.test and not is_main_guard(parent) and not self.uniform(parent.test, parent):
                 return False
             child, parent = parent, self.parent_of(parent)
         return True
@@ -61,7 +61,7 @@ class SettledNames:
             for target in targets:
                 for name, value in _pairs(target, node.value):
                     if isinstance(name, cst.Name) and value is not None:
-                        self._bindings.setdefault((id(scope), name.value), []).append((value, node, scope, isinstance(node, cst.AugAssign)))
+                        self._bindings.setdefault((id(scope), name.value), []).append((value, node, scope, False))
                     elif not isinstance(name, (cst.Attribute, cst.Subscript)):
                         self._unbind(name, scope)
         elif isinstance(node, cst.FunctionDef):
@@ -77,8 +77,9 @@ class SettledNames:
             if isinstance(target, cst.AsName):
                 target = target.name
             if isinstance(node, (cst.Global, cst.Nonlocal)):
-                for item in node.names:
+                for item in node.names:  # (the module's name, set where the function decides)
                     self._unbind(item.name, self._scope_of(node))
+                    self._unbind(item.name, self.module)
             elif isinstance(target, cst.CSTNode):
                 self._unbind(target, self._scope_of(node))
 
@@ -98,7 +99,7 @@ class SettledNames:
             if given is None:
                 self._unbound.add(key)
                 return
-            self._bindings.setdefault(key, []).append((given, call, self._scope_of(call), False))
+            self._bindings.setdefault(key, []).append((given, call, self._scope_of(call), True))
         self._bindings.setdefault(key, [])
 
     def _unbind(self, target: cst.CSTNode, scope: Scope) -> None:
@@ -124,14 +125,37 @@ class SettledNames:
                     changed = True
 
     def _alike(self, binding: Binding) -> bool:
-        value, where, scope, counted = binding
+        value, where, scope, passed = binding
         if not self.uniform(value, where):
             return False
-        return not counted or self.reached_alike(where)  # (a count kept under a per-rank test differs)
+        # (a count kept, a flag set, under a test that may differ between ranks differs too;
+        # a value a call passes is what it is wherever the call is)
+        return passed or self.reached_alike(where)
+
+    def _settled_loop_targets(self, at: cst.CSTNode) -> set[str]:
+        """Targets of the loops around ``at`` over a literal of constants or a settled name
+        (``for phase in ["train", "val"]:``): alike on every rank, step by step."""
+        names: set[str] = set()
+        node = self.parent_of(at)
+        while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+            if isinstance(node, cst.For) and self._alike_iterable(node.iter, node):
+                names |= {name.value for name in walk(node.target) if isinstance(name, cst.Name)}
+            node = self.parent_of(node)
+        return names
+
+    def _alike_iterable(self, iterated: cst.BaseExpression, loop: cst.For) -> bool:
+        if isinstance(iterated, (cst.List, cst.Tuple)):
+            return all(isinstance(e.value, (cst.SimpleString, cst.Integer, cst.Float)) for e in iterated.elements)
+        if isinstance(iterated, cst.Name):
+            key = (id(self._scope_of(loop)), iterated.value)
+            key = key if key in self._bindings or key in self._unbound else (id(self.module), iterated.value)
+            return key in self._settled
+        return False
 
     def _names_alike(self, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
         scope = self._scope_of(at)
-        alike = loop_names_around(at, self.parent_of)
+        alike = loop_counters_around(at, self.parent_of)  # (never what a loop draws, nor a count it keeps: bindings say)
+        alike |= self._settled_loop_targets(at)
         # (a length: loaders are as long on every rank, a DistributedSampler pads its shares)
         measured = {id(n) for call in walk(expr) if isinstance(call, cst.Call) and dotted(call.func) == "len" for n in walk(call)}
         for name in names_in(expr):

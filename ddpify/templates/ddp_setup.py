@@ -567,14 +567,18 @@ def ddp_every_nth(drawn, world, rank, padded=True):
 
 
 def ddp_draw_by_draw(sampler, same):
+    """The draws in rounds of 1, 2, 4, ... up to 4096 under the shared state: the first batch
+    waits for a few draws only, and a long pass swaps the random states once per round."""
     with same:
         draws = iter(sampler)
+    size = 1
     while True:
         with same:
-            drawn = next(draws, same)
-        if drawn is same:
+            drawn = [item for _, item in zip(range(size), draws)]
+        yield from drawn
+        if len(drawn) < size:
             return
-        yield drawn
+        size = min(2 * size, 4096)
 
 
 class DdpSameRandom:
@@ -1016,16 +1020,8 @@ def ddp_quiet(make, *args, **kwargs):
     keeps its later writes private too: its methods run the same way."""
     import functools
 
-    # (an object is made on rank 0 first: its checks and folders are made before the others
-    # make theirs, so rank 0's check-then-make never meets a folder another rank made: tensorboardX)
-    first = isinstance(make, type) and ddp_world_size() > 1
     if ddp_rank() == 0:
-        made = make(*args, **kwargs)
-        if first:
-            dist.barrier()
-        return made
-    if first:
-        dist.barrier()
+        return make(*args, **kwargs)
     made = ddp_privately(make, *args, **kwargs)
     kind = type(made)
     if not isinstance(make, type) or kind.__module__ == "builtins":

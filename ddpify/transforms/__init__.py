@@ -36,8 +36,8 @@ TRANSFORMS = (
     SetEpochTransform,
     NoSyncTransform,
     DecisionsTransform,
-    AgreedBranchesTransform,
     RankZeroTransform,
+    AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
     RunNamesTransform,
     ProcessGroupTransform,
     ImportsTransform,

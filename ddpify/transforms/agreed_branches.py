@@ -108,7 +108,7 @@ class AgreedBranchesTransform(Transform):
 
     def _reached_alike(self, node: cst.CSTNode, fed: set[str]) -> bool:
         """Does every rank meet this test, once the tests around it are decided alike?"""
-        if under_rank_guard(node, self.context.parent, self.context.code):
+        if under_rank_guard(node, self.context.parent, self.context.code) or self._rank_zero_alone(node):
             return False
         child, parent = node, self.context.parent(node)
         while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
@@ -120,6 +120,18 @@ class AgreedBranchesTransform(Transform):
             child, parent = parent, self.context.parent(parent)
         return True
 
+    def _rank_zero_alone(self, node: cst.CSTNode) -> bool:
+        """Inside a statement that rank 0 runs alone once converted (rank_zero's guards: a
+        `with open(path, "a") as f:` block around the test)."""
+        alone = self.context.rank_zero_only
+        return alone is not None and any(isinstance(up, cst.BaseStatement) and alone(up) for up in self._ancestors(node))
+
+    def _rank_zero_writes(self, branch: cst.CSTNode) -> bool:
+        """A statement of the branch that rank 0 runs alone: a write, which other ranks wait for
+        at a barrier after it."""
+        alone = self.context.rank_zero_only
+        return alone is not None and any(isinstance(statement, cst.BaseStatement) and alone(statement) for statement in walk(branch))
+
     def _needs_every_rank(self, node: cst.If | cst.While) -> str | None:
         """What in the branch every rank must do alike: a call that may run the model or a
         collective, or a way out of a loop or function that trains."""
@@ -130,6 +142,8 @@ class AgreedBranchesTransform(Transform):
             for call in calls_in(branch):
                 if self.facts.analyzer.call_is_unsafe(call, params):
                     return f"its branch holds `{self.context.code(call.func)}(...)`, which may run the model or a collective"
+            if self._rank_zero_writes(branch):
+                return "its branch holds a write rank 0 does alone while the others wait for it at a barrier"
             for leaving in walk(branch):
                 if isinstance(leaving, LEAVING) and self._leaves_training(leaving, node, function):
                     word = type(leaving).__name__.lower()
@@ -142,7 +156,8 @@ class AgreedBranchesTransform(Transform):
         loop = innermost_loop(leaving, self.context.parent)
         if loop is None or not any(outer is loop for outer in self._ancestors(branch)):
             return False  # (a loop inside the branch: the branch decides whether it runs at all)
-        return any(self.facts.analyzer.call_is_unsafe(call, set()) for call in calls_in(loop.body))
+        params = {p.name.value for p in function.params.params} if function is not None else set()
+        return any(self.facts.analyzer.call_is_unsafe(call, params) for call in calls_in(loop.body))
 
     def _ancestors(self, node: cst.CSTNode):
         parent = self.context.parent(node)

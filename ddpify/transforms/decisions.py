@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.ranks import loop_counters
 from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, is_training_call, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
@@ -155,7 +156,7 @@ class DecisionsTransform(Transform):
 
     def _report_per_rank_skips(self, loop: cst.CSTNode) -> None:
         # (the loop's counters, never what it draws: NetVlad's `if query is None: continue` tests the batch)
-        loop_names = loop_names_around(loop, self.context.parent) - _drawn(loop) | _counters(loop) if isinstance(loop, cst.For) else set()
+        loop_names = loop_names_around(loop, self.context.parent) - _drawn(loop) | loop_counters(loop) if isinstance(loop, cst.For) else set()
         for node in walk(loop.body):
             if innermost_loop(node, self.context.parent) is not loop:
                 continue  # checked with its own loop's counters
@@ -440,23 +441,11 @@ class DecisionsTransform(Transform):
         )
 
 
-def _counters(loop: cst.For) -> set[str]:
-    """The names of a loop's target that count: all of ``for i in range(n)``, the first of
-    ``for i, batch in enumerate(loader)``."""
-    iterated = loop.iter
-    if isinstance(iterated, cst.Call) and (dotted(iterated.func) or "").rpartition(".")[2] in ("range", "trange"):
-        return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)}
-    if isinstance(iterated, cst.Call) and dotted(iterated.func) == "enumerate" and isinstance(loop.target, cst.Tuple) and loop.target.elements:
-        first = loop.target.elements[0].value
-        return {first.value} if isinstance(first, cst.Name) else set()
-    return set()
-
-
 def _drawn(loop: cst.CSTNode) -> set[str]:
     """The names of a loop's target that are not counters (what it draws)."""
     if not isinstance(loop, cst.For):
         return set()
-    return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} - _counters(loop)
+    return {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} - loop_counters(loop)
 
 
 def _reads_data(test: cst.BaseExpression) -> bool:

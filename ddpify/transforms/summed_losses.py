@@ -89,7 +89,7 @@ class SummedLossesTransform(Transform):
         for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
         self._counted_later = self._sums_divided_later()
-        for node in [node for node in self._scaled if any(self._inside(node, value) for value in self._counted_later.values())]:
+        for node in [node for node in self._scaled if any(self._inside(node, value) for values in self._counted_later.values() for value in values)]:
             del self._scaled[node]
 
     # -- a sum over a count of the data: the count is the world's ----------------------------
@@ -112,12 +112,12 @@ class SummedLossesTransform(Transform):
                             found.add(node)
         return found
 
-    def _sums_divided_later(self) -> dict[cst.AugAssign, cst.BaseExpression]:
+    def _sums_divided_later(self) -> dict[cst.AugAssign, list[cst.BaseExpression]]:
         """``loss += criterion(...)`` summing over the batch, then ``loss /= nNeg.float()`` with
         ``nNeg = torch.sum(negCounts)`` (NetVlad's triplets): the same sum over a count of the
         data, divided in a statement of its own. Each ``/=`` -> the sums it divides (they take
         no factor: the count's mean makes DDP's average the global sum over the global count)."""
-        found: dict[cst.AugAssign, cst.BaseExpression] = {}
+        found: dict[cst.AugAssign, list[cst.BaseExpression]] = {}
         for loop in self.facts.training_steps:
             origins = loop_origins(loop)
             taken = {node.value for expr in backward_takes(loop) for node in walk(expr) if isinstance(node, cst.Name)}
@@ -131,8 +131,7 @@ class SummedLossesTransform(Transform):
                     self._inside(scaled, value) for scaled in self._scaled
                 )]
                 if divisor is not None and _a_count(divisor, self.context.qualified) and summed:
-                    for value in summed:
-                        found[node] = value
+                    found[node] = summed  # (every `+=` that feeds it: none keeps a factor)
         return found
 
     def _shared_with_evaluation(self, node: cst.CSTNode) -> bool:

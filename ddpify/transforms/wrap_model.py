@@ -386,9 +386,10 @@ class WrapModelTransform(Transform):
         inner = value
         while isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and inner.func.attr.value in ("sum", "mean") and not inner.args:
             inner = inner.func.value  # (`outputs=hat_predict.sum()`)
-        while isinstance(inner, cst.Subscript):
-            inner = inner.value  # (`outputs=real_pred[0]`)
-        return inner.value if isinstance(inner, cst.Name) else None
+        root = inner
+        while isinstance(root, cst.Subscript):
+            root = root.value  # (`outputs=real_pred[0]`: the element itself, a tuple has no .sum())
+        return self.context.code(inner) if isinstance(root, cst.Name) else None
 
     def _penalty_backward_alone(self, grad_call: cst.Call) -> cst.CSTNode | None:
         """The backward() whose loss holds the penalty and no model output outside it."""
