@@ -732,11 +732,11 @@ class WrapModelTransform(Transform):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.linked_penalties:
-            penalty = updated_node.func.value
-            joined = cst.parse_expression(f"({self.context.code(original_node.func.value)} + 0 * {self.linked_penalties[original_node]}.sum())")
-            return updated_node.with_changes(func=updated_node.func.with_changes(value=joined.with_changes(
-                left=penalty if not isinstance(penalty, cst.BinaryOperation) else penalty.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            ) if isinstance(joined, cst.BinaryOperation) else joined))
+            # `(grad_penalty + 0 * hat_predict.sum()).backward()`
+            penalty = _atom(updated_node.func.value)
+            linked = cst.parse_expression(f"0 * {self.linked_penalties[original_node]}.sum()")
+            joined = cst.BinaryOperation(left=penalty, operator=cst.Add(), right=linked, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            return updated_node.with_changes(func=updated_node.func.with_changes(value=joined))
         if original_node in self.device_count_calls:
             return self._world_size()
         if original_node in self.through_forward:
