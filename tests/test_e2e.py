@@ -266,3 +266,25 @@ def test_whole_model_pickle_loads_without_a_process_group(runs):
 @only("head_beside_model")
 def test_a_head_wrapped_on_its_own_keeps_its_checkpoint_keys(runs):
     assert lines_with(runs["ddp"].stdout, "head keys") == lines_with(runs["original"].stdout, "head keys") == ["head keys: ['weight']"]
+
+
+@only("probed_run_folder")
+def test_a_probed_run_folder_is_made_once_per_run(runs):
+    # The world-of-one run took exp_0 and try_0 in the work folder; the 2-rank run the next
+    # one of each (and one more for each repeated run): one per run, not one per rank.
+    made = 1 + runs["ddp"].attempts
+    assert sorted(p.name for p in (runs["dir"] / "runs").iterdir()) == [f"exp_{i}" for i in range(made)]
+    assert sorted(p.name for p in (runs["dir"] / "logs").iterdir()) == [f"try_{i}" for i in range(made)]
+    last = runs["dir"] / "runs" / f"exp_{made - 1}"
+    assert sorted(p.name for p in last.iterdir()) == ["config.txt", "model.pt"]
+    assert lines_with(runs["ddp"].stdout, "run folder") == [f"run folder runs/exp_{made - 1} log folder {made - 1}"]
+
+
+@only("running_loss_decides")
+def test_a_decision_on_the_running_loss_is_the_original_s(runs):
+    # (the second rank's share grows noisier: decided on rank 0's share, the run saved at
+    # other steps and printed other running losses)
+    saves = lines_with(runs["original"].stdout, "saved at step")
+    assert len(saves) >= 2
+    assert lines_with(runs["ddp"].stdout, "saved at step") == saves
+    assert lines_with(runs["ddp"].stdout, "best running loss") == lines_with(runs["original"].stdout, "best running loss")

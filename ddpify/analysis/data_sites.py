@@ -62,13 +62,13 @@ def data_sites(facts: Facts) -> list[DataSite]:
         if not _draws_data(loop, facts):
             continue  # an epoch loop: its passes draw their data in the loops inside or the calls
         context = facts.contexts[loop]
-        found = _data_expressions(loop.iter, analyzer) if isinstance(loop, cst.For) else []
+        found = data_expressions(loop.iter, analyzer) if isinstance(loop, cst.For) else []
         for call in _draws_in(loop, facts):
             found += _iterator_sources(call, analyzer)
         regrouped = False
         if len(found) == 1 and isinstance(found[0], cst.Name):
             outer = _enclosing_loop_binding(loop, found[0].value, analyzer.scopes.parent)
-            outer_found = _data_expressions(outer.iter, analyzer) if outer is not None else []
+            outer_found = data_expressions(outer.iter, analyzer) if outer is not None else []
             if outer_found:  # `for batchs in loader: for batch in batchs:` (not `for loader in (a, b):`)
                 loop, regrouped, found = outer, True, outer_found
                 context = facts.contexts[outer]
@@ -220,7 +220,7 @@ def _own_calls(node: cst.CSTNode) -> list[cst.Call]:
     return found
 
 
-def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
+def data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
     """What a loop iterates, seen through enumerate/zip/tqdm: names, attributes, subscripts
     (``self.data_loader["train"]``) and DataLoader calls written in place."""
     if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
@@ -232,10 +232,10 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
         return [expr]
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
     if "builtins.zip" in names:
-        return [found for value in positional for found in _data_expressions(value, analyzer)]
+        return [found for value in positional for found in data_expressions(value, analyzer)]
     wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] == "tqdm" for n in names)  # trange(n): a count
     if wraps and positional:
-        return _data_expressions(positional[0], analyzer)
+        return data_expressions(positional[0], analyzer)
     # a generator function of this file yielding the batches (UER-py's batch_loader(...)), or
     # any other call whose result the loop draws batches from (PoseFormer's
     # train_generator.next_epoch()): split at run time (ddp_shard); a count is not data
@@ -247,7 +247,7 @@ def _data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpres
         # `for x, y in recycle(train_loader):`): the loader inside is what is drawn
         handed = _loaders_handed(expr, analyzer)
         if handed:
-            return [found for arg in handed for found in _data_expressions(arg, analyzer)]
+            return [found for arg in handed for found in data_expressions(arg, analyzer)]
     return [expr]
 
 
@@ -360,10 +360,10 @@ def _a_loader(arg: cst.BaseExpression, call: cst.Call, analyzer) -> bool:
 
 def _iterated_by_call(call: cst.Call, analyzer) -> list[cst.BaseExpression]:
     if iterator_of(call) is not None:
-        return _data_expressions(iterator_of(call), analyzer)
+        return data_expressions(iterator_of(call), analyzer)
     if analyzer.scopes.qualified(call.func) & ITERABLE_WRAPPERS:
         # `iter_t = cycle(target_loader)` drawn with next(iter_t) (domain adaptation's second loader)
-        return _data_expressions(call, analyzer)
+        return data_expressions(call, analyzer)
     function = analyzer.scopes.local_function(call.func)
     if function is None or not any(isinstance(node, (cst.Yield)) for node in walk(function.body)):
         return []

@@ -176,3 +176,29 @@ def _after_a_call_of(statement: cst.CSTNode, function: str, parent_of) -> bool:
                 return True
         child, node = node, parent_of(node)
     return False
+
+
+def callers_run_after_setup(facts, parent_of, reaches):
+    """``callers_run_after`` for ``runs_after_setup``: a function of the file whose every call
+    is a statement that ``reaches(statement)`` (every rank goes there, say) and that runs
+    after the set-up, its own function's callers followed in turn."""
+    answers: dict[cst.FunctionDef, bool] = {}
+
+    def check(function: cst.FunctionDef) -> bool:
+        if function in answers:
+            return answers[function]
+        answers[function] = False  # (a function that calls itself)
+        statements = [_statement_of(call, parent_of) for call, _ in facts.analyzer.calls.call_sites(function)]
+        answers[function] = bool(statements) and all(
+            statement is not None and reaches(statement) and runs_after_setup(statement, facts, parent_of, check)
+            for statement in statements
+        )
+        return answers[function]
+
+    return check
+
+
+def _statement_of(node: cst.CSTNode, parent_of) -> cst.BaseStatement | None:
+    while node is not None and not isinstance(node, cst.BaseStatement):
+        node = parent_of(node)
+    return node

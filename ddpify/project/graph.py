@@ -19,6 +19,7 @@ from ddpify.project.neighbours import parse_source
 # A library module is worth converting when its functions print, save or write files, or
 # pick a GPU by index (every rank would use that one).
 TOP_LEVEL_LOOP = re.compile(r"^(?:for|while|if|with|try)\b", re.MULTILINE)  # maybe a flat script (see _loops_at_top_level)
+TOP_LEVEL_RUN = re.compile(r"^[A-Za-z_]\w*\.(?:\w*[Tt]rain\w*|fit|run|main|start)\s*\(", re.MULTILINE)  # see _runs_an_object
 BACKWARD = re.compile(r"\.backward\s*\(")
 TRAINING_STEP = re.compile(r"([\w.]*)\.(backward|step)\s*\(")  # not `scheduler.step()`
 INSTANCE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*=\s*([A-Za-z_][\w.]*)\s*\(", re.MULTILINE)  # `x = Cls(...)`
@@ -96,7 +97,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if info.runs and _self_test_only(tree, {node.name for node in defined}):
         info.runs = False
-    info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or (
+    info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or _runs_an_object(tree.body) or (
         _wraps_at_top_level(tree.body) and any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body)
     )
     segment = _segments(source)
@@ -190,6 +191,23 @@ def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:
         isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
         and node.value.func.id in imported
         for node in statements
+    )
+
+
+def _runs_an_object(body: list[ast.stmt]) -> bool:
+    """An object built at the top level and run there (torch_npss's flat entries: ``trainer =
+    ModelTrainer(model=model, ...)``, then ``trainer.train(batch_size=32, epochs=1650)``): a
+    script without a ``__main__`` block, whatever it parses."""
+    built = {
+        target.id
+        for node in body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+    return any(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+        and isinstance(node.value.func.value, ast.Name) and node.value.func.value.id in built
+        and ("train" in node.value.func.attr.lower() or node.value.func.attr in ("fit", "run", "main", "start"))
+        for node in body
     )
 
 
@@ -308,6 +326,7 @@ class Project:
             if "__main__" in self.sources[path]
             or mentions_data_parallel(self.sources[path])
             or TOP_LEVEL_LOOP.search(self.sources[path])
+            or TOP_LEVEL_RUN.search(self.sources[path])
         ]
 
     def reachable(self, info: ModuleInfo) -> list[ModuleInfo]:

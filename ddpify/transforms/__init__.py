@@ -20,6 +20,7 @@ from ddpify.transforms.run_names import RunNamesTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.selected_means import SelectedMeansTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
+from ddpify.transforms.shared_statistics import SharedStatisticsTransform
 from ddpify.transforms.summed_losses import SummedLossesTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
 from ddpify.transforms.wrap_placement import WrapPlacementTransform
@@ -36,6 +37,7 @@ TRANSFORMS = (
     SetEpochTransform,
     NoSyncTransform,
     DecisionsTransform,
+    SharedStatisticsTransform,  # (before RankZero: a print of what it averaged is left as it is)
     RankZeroTransform,
     AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
     RunNamesTransform,

@@ -87,13 +87,17 @@ class AgreedBranchesTransform(Transform):
         """Objects whose methods the file calls with values (``early_stopping(val_loss, model)``,
         ``tracker.update(acc)``): their attributes may hold what this rank computed."""
         fed = set()
+        modules = _imported_modules(self.context.module)
         for call in calls_in(self.context.module):
             name = dotted(call.func)
             if not name or not call.args:
                 continue
             fed.add(name)
-            if isinstance(call.func, cst.Attribute):
-                fed.add(name.rpartition(".")[0])
+            receiver = name.rpartition(".")[0]
+            # (`torch.cuda.manual_seed_all(seed)` feeds a module, not an object that computes:
+            # RoBERTa's `if torch.cuda.device_count() == 1:` is the same on every rank)
+            if isinstance(call.func, cst.Attribute) and receiver.partition(".")[0] not in modules:
+                fed.add(receiver)
         return fed
 
     def _uniform(self, node: cst.If | cst.While, fed: set[str]) -> bool:
@@ -187,3 +191,13 @@ class AgreedBranchesTransform(Transform):
             "every rank takes rank 0's decision (ddp_agreed), so none waits in a collective the others skip",
         )
         return updated.with_changes(test=cst.Call(func=cst.Name("ddp_agreed"), args=[cst.Arg(updated.test)]))
+
+
+def _imported_modules(module: cst.Module) -> set[str]:
+    """Names bound by ``import x`` / ``import x.y as z`` statements: modules, not objects."""
+    found = set()
+    for node in walk(module):
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                found.add(alias.asname.name.value if alias.asname is not None else (dotted(alias.name) or "").partition(".")[0])
+    return found

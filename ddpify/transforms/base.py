@@ -83,6 +83,9 @@ class ConversionContext:
     # gathered (ddp_whole_batch) and the definitions they run (already the global batch's value)
     whole_batch_calls: set[cst.Call] = field(default_factory=set)
     whole_batch_definitions: set[cst.CSTNode] = field(default_factory=set)
+    # (function or module, name) of training statistics averaged where they are computed (DDP810):
+    # a print of one shows it as it is
+    averaged_statistics: set = field(default_factory=set)
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
     _scattered: Any = field(default=None, init=False, repr=False)

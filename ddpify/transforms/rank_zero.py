@@ -175,7 +175,8 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.analysis.entry import runs_after_setup
+from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
+from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
@@ -243,6 +244,9 @@ class RankZeroTransform(Transform):
             self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
         )
         self.context.rank_zero_only = self._rank_zero_only
+        self._callers_run_after = callers_run_after_setup(
+            self.facts, self.context.parent, lambda statement: not self._under_rank_guard(statement)
+        )
         self._plan_quiet_calls()
         self._plan_fetches()
 
@@ -689,6 +693,14 @@ class RankZeroTransform(Transform):
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if not self._decided_once(original_node):
             return updated_node
+        return self._test_from_rank_zero(original_node, updated_node)
+
+    def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
+        if not self._existence_probe(original_node):
+            return updated_node
+        return self._test_from_rank_zero(original_node, updated_node)
+
+    def _test_from_rank_zero(self, original_node: cst.If | cst.While, updated_node: cst.If | cst.While) -> cst.CSTNode:
         self.context.use_helper("ddp_from_rank_zero")
         self.context.report(
             original_node.test,
@@ -698,17 +710,27 @@ class RankZeroTransform(Transform):
         )
         return updated_node.with_changes(test=cst.Call(cst.Name("ddp_from_rank_zero"), [cst.Arg(updated_node.test)]))
 
-    def _decided_once(self, check: cst.If) -> bool:
-        """An existence check on every rank's path, not guarded itself, whose branches make,
-        remove or refuse (raise, exit) the path it tests: H's audio trainer raised on the rank
-        that came second, after the first had made the run folder."""
-        tests = calls_in(check.test)
+    def _existence_probe(self, check: cst.If | cst.While) -> bool:
+        """A test of whether paths exist only, on every rank's path after the set-up, not
+        guarded itself. A `while` over one is a probe for a free name (``while
+        os.path.exists(f"{out}_{i}"): i += 1``): a rank that probes after another made the
+        folder would pick the next name."""
+        tests = _outer_calls(check.test)
         if not tests or not all((dotted(c.func) or "").endswith(EXISTENCE_CHECKS) for c in tests):
             return False
         if self._import_time(check) or self._under_rank_guard(check) or self._units.guarded(check):
             return False
-        if not runs_after_setup(check, self.facts, self.context.parent) or not self._same_path_on_every_rank(check):
+        return runs_after_setup(check, self.facts, self.context.parent, self._callers_run_after) and self._same_path_on_every_rank(check)
+
+    def _decided_once(self, check: cst.If) -> bool:
+        """An existence check on every rank's path, not guarded itself, whose branches make,
+        remove or refuse (raise, exit) the path it tests, or leave the loop it probes in (a
+        run folder picked as the first free `out_0, out_1, ...`: a deraining trainer made one
+        folder per rank): H's audio trainer raised on the rank that came second, after the
+        first had made the run folder."""
+        if not self._existence_probe(check):
             return False
+        tests = _outer_calls(check.test)
         tested = {path_code(call) for call in tests} - {None}
         branches = [check.body, *([check.orelse] if check.orelse is not None else [])]
         # (`if not os.path.isdir(d): os.makedirs(d)` alone needs no decision: exist_ok does, DDP605)
@@ -720,7 +742,7 @@ class RankZeroTransform(Transform):
                     return True
                 if name.endswith((*makers, "rmtree", "remove", "unlink")) and path_code(call) in tested:
                     return True
-            if any(isinstance(node, cst.Raise) for node in walk(branch)):
+            if any(isinstance(node, cst.Raise) for node in walk(branch)) or _leaves_loop(branch):
                 return True
         return False
 
@@ -1324,7 +1346,8 @@ class RankZeroTransform(Transform):
             if name in combined and name not in shown:
                 shown[name] = combined[name]
         whole = self._added_up_over_whole_data(original, shown)
-        return {name: how for name, how in shown.items() if name not in whole}
+        averaged = {name for scope, name in self.context.averaged_statistics if scope is self._function_of(original)}
+        return {name: how for name, how in shown.items() if name not in whole | averaged}
 
     def _added_up_over_whole_data(self, original: cst.BaseStatement, names) -> set[str]:
         """The printed names last added up, before the print, in a loop that trains nothing (an
@@ -1426,52 +1449,6 @@ class RankZeroTransform(Transform):
 
 def _listed(names: list[str]) -> str:
     return ", ".join(f"`{name}`" for name in names)
-
-
-def _is_loss(name: str, derived: frozenset[str] = frozenset()) -> bool:
-    return "loss" in name.lower() or name in derived
-
-
-def _loss_derived(scope: cst.CSTNode) -> frozenset[str]:
-    """Names whose values come from a loss: `l = loss.item()`, `running += l` (by data, not
-    only by a name that says "loss")."""
-    derived: set[str] = set()
-    assignments = [
-        (found.target.value, found.value) if isinstance(found, cst.AugAssign) else (found.targets[0].target.value, found.value)
-        for found in walk(scope)
-        if (isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name))
-        or (isinstance(found, cst.Assign) and len(found.targets) == 1 and isinstance(found.targets[0].target, cst.Name))
-    ]
-    # `criterion = nn.MSELoss()`: a loss module, not a loss value; `print_str = f"loss {loss:.4f}"`:
-    # text, which no mean across ranks changes (the loss inside it is rank 0's)
-    assignments = [(name, value) for name, value in assignments if not _constructs(value) and not _text(value)]
-    grown = True
-    while grown:
-        grown = False
-        for name, value in assignments:
-            if name not in derived and any(_is_loss(n.value, frozenset(derived)) for n in names_in(value)):
-                derived.add(name)
-                grown = True
-    return frozenset(derived)
-
-
-def _text(value: cst.BaseExpression) -> bool:
-    """A string made from values: an f-string, ``"...".format(...)``, ``"..." % x``, ``str(x)``,
-    or a sum that starts with one."""
-    while isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
-        value = value.left
-    if isinstance(value, (cst.FormattedString, cst.SimpleString, cst.ConcatenatedString)):
-        return True
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
-        return isinstance(value.left, (cst.SimpleString, cst.FormattedString))
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
-        return isinstance(value.func.value, (cst.SimpleString, cst.FormattedString))
-    return isinstance(value, cst.Call) and dotted(value.func) == "str"
-
-
-def _constructs(value: cst.BaseExpression) -> bool:
-    """``nn.CrossEntropyLoss(...)``, ``MyLoss()``: an object built from a class."""
-    return isinstance(value, cst.Call) and (dotted(value.func) or "_").rpartition(".")[2][:1].isupper()
 
 
 # Calls inside a print that only format the value they are given.
@@ -1576,3 +1553,29 @@ def _logs_a_value(call: cst.Call) -> bool:
     if method in ("add_scalar", "add_scalars"):
         return True
     return method in ("info", "debug", "warning") and "log" in receiver
+
+
+def _leaves_loop(branch: cst.CSTNode) -> bool:
+    """Does the branch `break` out of (or `return` from) the loop around the test? Nested
+    loops and functions inside it have their own."""
+    stack = list(branch.children)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.Break, cst.Return)):
+            return True
+        if not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(node.children)
+    return False
+
+
+def _outer_calls(test: cst.BaseExpression) -> list[cst.Call]:
+    """The calls a test is made of, not those inside their arguments (the `.format(i)` of
+    ``os.path.exists(out + "_{}".format(i))``)."""
+    found, stack = [], [test]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Call):
+            found.append(node)
+        else:
+            stack.extend(node.children)
+    return found

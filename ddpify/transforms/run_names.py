@@ -22,7 +22,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import same_path_on_every_rank, under_rank_guard, walk
-from ddpify.analysis.entry import runs_after_setup
+from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.ranks import RunNames
 from ddpify.transforms.base import Transform
 
@@ -36,7 +36,7 @@ class RunNamesTransform(Transform):
     def check(self) -> None:
         names = RunNames(self.context.module, self.context.qualified)
         self._shared: set[cst.CSTNode] = set()  # values rank 0 makes and sends
-        self._callers_checked: dict[cst.FunctionDef, bool] = {}
+        self._callers_run_after = callers_run_after_setup(self.facts, self.context.parent, self._reached_by_every_rank)
         for node in walk(self.context.module):
             value = _candidate(node, self.context.parent)
             if value is not None and names.is_name(value) and self._every_rank_runs(_statement_of(node, self.context.parent)):
@@ -46,27 +46,20 @@ class RunNamesTransform(Transform):
 
     def _every_rank_runs(self, statement: cst.CSTNode | None) -> bool:
         """After the set-up, on every rank alike (a collective), and not for rank 0 alone."""
-        if statement is None or (self.context.is_library and self.context.at_module_level(statement)):
-            return False
-        if not same_path_on_every_rank(statement, self.context.parent) or self._rank_zero_only(statement):
+        if statement is None or not self._reached_by_every_rank(statement):
             return False
         return runs_after_setup(statement, self.facts, self.context.parent, self._callers_run_after)
+
+    def _reached_by_every_rank(self, statement: cst.CSTNode) -> bool:
+        if self.context.is_library and self.context.at_module_level(statement):
+            return False
+        return same_path_on_every_rank(statement, self.context.parent) and not self._rank_zero_only(statement)
 
     def _rank_zero_only(self, statement: cst.CSTNode) -> bool:
         if under_rank_guard(statement, self.context.parent, self.context.code):
             return True
         guarded = self.context.rank_zero_only
         return guarded is not None and guarded(statement)
-
-    def _callers_run_after(self, function: cst.FunctionDef) -> bool:
-        """A function of the file whose every call every rank runs after the set-up."""
-        if function in self._callers_checked:
-            return self._callers_checked[function]
-        self._callers_checked[function] = False  # (a function that calls itself)
-        calls = [call for call, _ in self.facts.analyzer.calls.call_sites(function)]
-        verdict = bool(calls) and all(self._every_rank_runs(_statement_of(call, self.context.parent)) for call in calls)
-        self._callers_checked[function] = verdict
-        return verdict
 
     # -- the rewrite ---------------------------------------------------------------------------
 

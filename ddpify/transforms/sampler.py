@@ -87,7 +87,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.tree import without_moves
-from ddpify.analysis.data_sites import DataSite, data_sites, part_of_a_model, surely_not_a_loader, training_condition
+from ddpify.analysis.data_sites import DataSite, data_expressions, data_sites, part_of_a_model, surely_not_a_loader, training_condition
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
@@ -277,7 +277,7 @@ class SamplerTransform(Transform):
                 # (each loaded item cut into the steps' batches, FastSpeech2's collate: every
                 # rank draws the loader's batches whole and alike, and splits each step's batch)
                 self.context.regrouped_loaders.update(site.loaders)
-                self._split_steps[self._inner_loop(site).iter] = site
+                self._split_steps[self._inner_draw(site)[1]] = site
             if site.loaders and all(call in self.context.sharded_loaders for call in site.loaders):
                 continue
             if not site.loaders and self._fed_where_built(site):
@@ -432,12 +432,21 @@ class SamplerTransform(Transform):
 
     def _inner_loop(self, site: DataSite) -> cst.For | None:
         """The loop inside a regrouped site's loop that iterates each loaded item (`for batch in
-        batchs:`), where the steps' batches are drawn."""
+        batchs:`, `for j, batch in enumerate(batchs):`), where the steps' batches are drawn."""
+        found = self._inner_draw(site)
+        return found[0] if found is not None else None
+
+    def _inner_draw(self, site: DataSite) -> tuple[cst.For, cst.Name] | None:
+        """That loop, and the name of the loaded item it iterates, seen through enumerate, zip
+        and progress bars (tacotron2's ``for j, db in enumerate(batchs):``)."""
         names = bound_names(site.loop.target) if isinstance(site.loop, cst.For) else set()
-        return next((
-            node for node in walk(site.loop.body)
-            if isinstance(node, cst.For) and isinstance(node.iter, cst.Name) and node.iter.value in names
-        ), None)
+        for node in walk(site.loop.body):
+            if not isinstance(node, cst.For):
+                continue
+            drawn = [e for e in data_expressions(node.iter, self.facts.analyzer) if isinstance(e, cst.Name) and e.value in names]
+            if len(drawn) == 1:
+                return node, drawn[0]
+        return None
 
     def _split_step_batches(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
         site = self._split_steps[original]

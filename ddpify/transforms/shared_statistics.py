@@ -1,0 +1,138 @@
+"""DDP810: a training statistic a decision reads is averaged across ranks where it is computed.
+
+DataParallel's running loss (``loss_sum += loss.item()``) added up the global batch's; each DDP
+rank adds up its own share's. A value computed from it that a test reads decided on rank 0's
+share once converted: a deraining trainer's ``avg_loss = loss_sum / iteration``, then ``if
+min_avg_loss > avg_loss: save_checkpoint(...)``, skipped a checkpoint the original wrote (and
+would write one it did not), while its log, averaged where printed (DDP608), showed the global
+value. Averaged where it is computed, every use sees the global batch's value DataParallel saw:
+the test, what the branch keeps (``min_avg_loss = avg_loss``), the print, what is saved.
+
+DDP810  a value computed from a loss the training loop adds up, or a loss's number
+(``last_loss = loss.item()``), read by a test, is its mean across ranks (``ddp_mean``, one
+all-reduce every rank runs)::
+
+    avg_loss = loss_sum / iteration   ->   avg_loss = ddp_mean(loss_sum / iteration)
+    if min_avg_loss > avg_loss:            if min_avg_loss > avg_loss:
+        save_checkpoint(model)                 save_checkpoint(model)
+
+Only where every rank computes it (conditions on counters and settings, no exception handler,
+no rank guard), in the script itself (an imported module's callers are out of sight), and never
+for a loss that backward() takes (its gradient is DDP's to average).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
+from ddpify.transforms.base import Transform
+
+
+class SharedStatisticsTransform(Transform):
+    CODE_PREFIX = "DDP81"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._averaged: dict[cst.Assign, str] = {}  # assignment -> the name it binds
+        self._numbers: set[cst.Assign] = set()  # of those, a loss's number (`last = loss.item()`)
+
+    def check(self) -> None:
+        if self.context.rank_read_at_run_time or not self.facts.training_loops:
+            return
+        derived = loss_derived(self.context.module)
+        for loop in self.facts.training_loops:
+            scope = self._scope_of(loop)
+            added_up = _added_up(loop, derived)
+            tested, differentiated = _tested_names(scope), _differentiated(scope)
+            for node in walk(scope):
+                number = _loss_number_bound(node, derived)
+                name = _statistic_bound(node, added_up) or number
+                if name is None or name not in tested or name in differentiated or differentiated & added_up:
+                    continue
+                if self._every_rank_computes(node):
+                    self._averaged[node] = name
+                    if number:
+                        self._numbers.add(node)
+        self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
+
+    def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        while not isinstance(node, (cst.FunctionDef, cst.Module)):
+            node = self.context.parent(node)
+        return node
+
+    def _every_rank_computes(self, node: cst.Assign) -> bool:
+        statement = self.context.parent(node)
+        return same_path_on_every_rank(statement, self.context.parent) and not under_rank_guard(
+            statement, self.context.parent, self.context.code
+        )
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        name = self._averaged.get(original_node)
+        if name is None:
+            return updated_node
+        self.context.use_helper("ddp_mean")
+        self.context.report(
+            original_node,
+            "DDP810",
+            f"`{name}` is {'a loss of this rank' if original_node in self._numbers else 'computed from a loss the training adds up'} "
+            "and a test reads it: it is the mean across ranks, the global batch's value DataParallel decided on "
+            "(every use sees it, prints included)",
+        )
+        return updated_node.with_changes(value=cst.Call(cst.Name("ddp_mean"), [cst.Arg(updated_node.value)]))
+
+
+def _added_up(loop: cst.CSTNode, derived: frozenset[str]) -> set[str]:
+    """Names the training loop adds a loss's value to (``loss_sum += loss.item()``)."""
+    return {
+        node.target.value
+        for node in walk(loop)
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign)
+        and isinstance(node.target, cst.Name) and node.target.value in derived
+    }
+
+
+def _statistic_bound(node: cst.CSTNode, added_up: set[str]) -> str | None:
+    """``avg_loss = loss_sum / iteration``: one name bound to a number made from what the
+    training adds up (not the running sum itself, nor text or an object)."""
+    if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
+        return None
+    name = node.targets[0].target.value
+    value = node.value
+    if name in added_up or text_value(value) or constructs(value):
+        return None
+    if not any(found.value in added_up for found in names_in(value)):
+        return None
+    if any(isinstance(found, (cst.Lambda, cst.ListComp, cst.List, cst.Dict, cst.Tuple)) for found in walk(value)):
+        return None
+    return name
+
+
+def _loss_number_bound(node: cst.CSTNode, derived: frozenset[str]) -> str | None:
+    """``last_loss = loss.item()``: one name bound to the number a loss holds."""
+    if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
+        return None
+    value = node.value
+    if not (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute) and value.func.attr.value == "item"):
+        return None
+    owner = value.func.value
+    return node.targets[0].target.value if isinstance(owner, cst.Name) and is_loss(owner.value, derived) else None
+
+
+def _tested_names(scope: cst.CSTNode) -> set[str]:
+    return {
+        found.value
+        for node in walk(scope)
+        if isinstance(node, (cst.If, cst.While, cst.IfExp))
+        for found in names_in(node.test)
+    }
+
+
+def _differentiated(scope: cst.CSTNode) -> set[str]:
+    """Names backward() is called on (``avg.backward()``): a loss whose gradient DDP averages."""
+    return {
+        dotted(node.func.value)
+        for node in walk(scope)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
+    } - {None}
