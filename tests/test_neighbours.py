@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -2072,3 +2073,62 @@ def test_torchs_data_loader_taken_through_a_project_module_is_torchs(tmp_path):
     result = convert_file(tmp_path / "train.py")
     assert "sampler=DistributedSampler(" in result.output and "np.zeros([ddp_local_batch_size(batch_size), 1])" in result.output
     assert not any(d.code == "DDP312" for d in result.diagnostics)
+
+
+JOINT_LOSS = '''import torch
+
+
+def mutual_information_loss(x_out, x_tf_out):
+    p_i_j = compute_joint(x_out, x_tf_out)
+    p_i = p_i_j.sum(dim=1, keepdim=True)
+    p_j = p_i_j.sum(dim=0, keepdim=True)
+    return -(p_i_j * (torch.log(p_i_j) - torch.log(p_i) - torch.log(p_j))).sum()
+
+
+def compute_joint(x_out, x_tf_out):
+    p_i_j = (x_out.unsqueeze(2) * x_tf_out.unsqueeze(1)).sum(dim=0)
+    p_i_j = (p_i_j + p_i_j.t()) / 2.0
+    return p_i_j / p_i_j.sum()
+'''
+
+PAIRED_TRAINING = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from iid import mutual_information_loss
+
+torch.manual_seed(0)
+images = torch.rand(32, 6)
+dataloaders = [DataLoader(TensorDataset(images), batch_size=8),
+               DataLoader(TensorDataset(images + 0.05 * torch.rand(32, 6)), batch_size=8)]
+net = nn.DataParallel(nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=1)))
+optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+for epoch in range(2):
+    iterators = (d for d in dataloaders)
+    for tup in zip(*iterators):
+        loss = mutual_information_loss(net(tup[0][0]), net(tup[1][0]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print("epoch %d loss %.6f" % (epoch, loss.item()))
+torch.save(net.module.state_dict(), "net.pt")
+'''
+
+
+def test_a_project_loss_that_normalises_the_batch_s_joint_in_a_helper_trains_as_the_original(tmp_path):
+    # IIC: `IID_loss` calls `compute_joint`, which divides the batch's joint distribution by its
+    # own total: the loss is the whole batch's, through the helper; `zip(*iterators)` of
+    # unshuffled loaders is drawn whole and alike on every rank, the model's calls split
+    torch = pytest.importorskip("torch")
+    project(tmp_path, {"iid.py": JOINT_LOSS, "train.py": PAIRED_TRAINING, "orig/iid.py": JOINT_LOSS, "orig/train.py": PAIRED_TRAINING})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error and "DDP314" in {d.code for d in result.diagnostics}, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    original = subprocess.run([sys.executable, "train.py"], cwd=tmp_path / "orig", capture_output=True, text=True, timeout=240)
+    assert original.returncode == 0, original.stderr[-2000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    converted = run_launched(command, cwd=tmp_path, timeout=240)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert converted.stdout.splitlines()[-2:] == original.stdout.splitlines()[-2:]
+    ours, theirs = torch.load(tmp_path / "net.pt"), torch.load(tmp_path / "orig" / "net.pt")
+    assert all(torch.allclose(ours[key], theirs[key], atol=1e-6) for key in theirs)

@@ -232,6 +232,8 @@ def data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpress
         return [expr]
     positional = [a.value for a in expr.args if a.keyword is None and not a.star]
     if "builtins.zip" in names:
+        if any(a.star for a in expr.args):
+            return [expr]  # (IIC's `zip(*iterators)`: what it zips is out of sight, split at run time)
         return [found for value in positional for found in data_expressions(value, analyzer)]
     wraps = names & ITERABLE_WRAPPERS or any(n.split(".")[-1] == "tqdm" for n in names)  # trange(n): a count
     if wraps and positional:

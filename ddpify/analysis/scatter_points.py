@@ -44,7 +44,7 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         if (dotted(call.func) or "").removesuffix(".forward") in facts.model_names and innermost_loop(call, parent_of) is loop
     ]
     if calls and coupled and any(
-        dotted(call.func) in coupled and innermost_loop(call, parent_of) is loop and _a_loss(call, loop) for call in calls_in(loop.body)
+        dotted(call.func) in coupled and _in_the_step(call, loop, parent_of) and _a_loss(call, loop) for call in calls_in(loop.body)
     ):
         return tuple(calls)
     if not site.loaders or not all(_own_batch_sampler(call) for call in site.loaders):
@@ -57,6 +57,17 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         for call in calls for arg in call.args
     )
     return tuple(calls) if cut else ()
+
+
+def _in_the_step(call: cst.Call, loop: cst.For, parent_of) -> bool:
+    """In the loop's own step, or in a loop over a count inside it (IIC's ``for i in
+    range(config.num_sub_heads): loss = IID_loss(...)``), not in a loop that draws data."""
+    inner = innermost_loop(call, parent_of)
+    while inner is not loop:
+        if not (isinstance(inner, cst.For) and isinstance(inner.iter, cst.Call) and dotted(inner.iter.func) in ("range", "xrange")):
+            return False
+        inner = innermost_loop(inner, parent_of)
+    return True
 
 
 def _a_loss(call: cst.Call, loop: cst.For) -> bool:

@@ -787,10 +787,12 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             if isinstance(node, ast.FunctionDef) and node.name not in writers and node.name not in trainers
             and _evaluates(node) and (_writes(node) or _calls_one_of(node, writing_helpers))
         ),
-        count_normalized=frozenset(
-            node.name for node in tree.body
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))
-        ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
+        count_normalized=_through_calls(
+            tree,
+            {node.name for node in tree.body
+             if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))},
+            set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
+        ),
         selecting={
             **_imported(path, tree, lambda summary: summary.selecting),
             **{node.name: index for node in tree.body if isinstance(node, ast.FunctionDef) for index in [selecting_parameter(node)] if index is not None},
@@ -824,6 +826,25 @@ def _evaluating_writers(cls: ast.ClassDef, writing_helpers: set[str]) -> dict[st
         if runs and any(_writes(body) or _calls_one_of(body, writing_helpers) for body in bodies):
             found[name] = ()
     return found
+
+
+def _through_calls(tree: ast.Module, found: set[str], imported: set[str]) -> frozenset[str]:
+    """The module's functions and classes in ``found`` or ``imported``, and those that call one
+    of them, in turn (IIC's ``IID_loss`` calls ``compute_joint``, which divides the batch's joint
+    distribution by its own total: the loss is the batch's as much)."""
+    found = set(found) | set(imported)
+    definitions = [node for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
+    grown = True
+    while grown:
+        grown = False
+        for node in definitions:
+            if node.name not in found and any(
+                isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in found
+                for call in ast.walk(node)
+            ):
+                found.add(node.name)
+                grown = True
+    return frozenset(found)
 
 
 def normalised_by_a_count(definition: ast.AST) -> bool:

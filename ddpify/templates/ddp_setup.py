@@ -312,8 +312,9 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
 
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         # not a DataLoader (a list of batches, a generator, a project's own loader class, a
-        # stream): every rank draws its batches alike, and takes its share of each
-        return DdpSplit(loader)
+        # stream): every rank draws its batches alike, and takes its share of each (or, with
+        # whole_batches, all of it: IIC's `zip(*iterators)` before a loss over the whole batch)
+        return DdpSplit(loader, whole=whole_batches)
     fixed = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
     options = {n: getattr(loader, n) for n in inspect.signature(DataLoader).parameters if n not in fixed and hasattr(loader, n)}
     batches, dataset = loader.batch_sampler, loader.dataset
@@ -345,13 +346,14 @@ class DdpSplit:
     taking its share of every tensor's and array's first dimension (or DataParallel's `dim`), as DataParallel's scatter
     split each batch. A list is drawn anew on each pass; an iterator goes on where it was,
     and a pass that ran it to its end lets the next pass draw again (KernelGAT's loader
-    rewinds itself after its StopIteration: one pass per epoch)."""
+    rewinds itself after its StopIteration: one pass per epoch). ``whole``: every rank takes
+    every batch whole (the model's calls split them: a loss that couples the batch)."""
 
-    def __init__(self, source):
+    def __init__(self, source, whole=False):
         # each one made draws from its own seed (P4Transformer makes one per epoch, of a new
         # `log_every(loader)` generator: seeded alike, every epoch would replay the first)
         made = ddp_shard.__dict__["splits"] = ddp_shard.__dict__.get("splits", -1) + 1
-        self.source, self.same = source, DdpSameRandom(made)
+        self.source, self.same, self.whole = source, DdpSameRandom(made), whole
         self.ddp_sharded = True
         self.ongoing = self.step = None
         if hasattr(source, "__next__") or (hasattr(source, "next") and not hasattr(source, "__iter__")):
@@ -362,12 +364,15 @@ class DdpSplit:
             draws = ddp_draw_by_draw(self.source, self.same)
         else:
             draws = self.ongoing = self.ongoing or self.drawing(self.step)
-        return (ddp_batch_share(item) for item in draws)
+        return (self.share(item) for item in draws)
 
     def __next__(self):
         if self.ongoing is None:
             self.ongoing = self.drawing(self.step) if self.step else ddp_draw_by_draw(self.source, self.same)
-        return ddp_batch_share(next(self.ongoing))
+        return self.share(next(self.ongoing))
+
+    def share(self, item):
+        return item if self.whole else ddp_batch_share(item)
 
     next = __next__  # Python 2's spelling, as the script calls it
 

@@ -46,11 +46,13 @@ DDP119  a module the optimizer trains and the training loop calls that is not wr
 dict): DataParallel computed its gradients from the whole batch on one device; under DDP
 nothing would average them across processes, and each rank would train its own copy. A head
 gets a DDP wrap of its own after its binding (or after the model's wrap), its state_dict
-keeping the keys it had::
+keeping the keys it had, and DDP told that some of its parameters may get no gradient (a
+detector whose classification losses the script leaves out: dl-final-project's FasterRCNN)::
 
     BACKBONE = nn.DataParallel(BACKBONE)          BACKBONE = ddp_wrap(BACKBONE)
     HEAD = ArcFace(512, classes)            ->    HEAD = ArcFace(512, classes)
-                                                  HEAD = ddp_wrap(HEAD, keys_unwrapped=True)
+                                                  HEAD = ddp_wrap(HEAD, keys_unwrapped=True,
+                                                                  find_unused_parameters=True)
 
 A loss with weights of its own (Proxy-Anchor's proxies, a centre loss) gets the same wrap, and
 its calls in the training loops the whole global batch (``ddp_whole_batch``, as DDP117): every
@@ -58,7 +60,8 @@ process computes it from what DataParallel gave it, so its gradients are DataPar
 whatever it computes::
 
     criterion = ProxyAnchor(classes, size)        criterion = ProxyAnchor(classes, size)
-                                            ->    criterion = ddp_wrap(criterion, keys_unwrapped=True)
+                                            ->    criterion = ddp_wrap(criterion, keys_unwrapped=True,
+                                                                       find_unused_parameters=True)
     loss = criterion(model(x), y)                 loss = ddp_whole_batch(criterion, model(x), y)
 
 Losses defined in the converted file are read (DDP117, DDP118): a class whose name says it is a loss
@@ -499,7 +502,11 @@ class BatchLossesTransform(Transform):
             if original in self._head_wraps:
                 name = self._head_wraps[original]
                 self.context.use_helper("ddp_wrap")
-                edited.append((None, cst.parse_statement(f"{name} = ddp_wrap({name}, keys_unwrapped=True)")))
+                # (find_unused_parameters: a head's outputs may feed only some of the losses, a
+                # detector's classification layers where only its box losses are summed:
+                # dl-final-project's FasterRCNN stopped at the second step without it)
+                statement = f"{name} = ddp_wrap({name}, keys_unwrapped=True, find_unused_parameters=True)"
+                edited.append((None, cst.parse_statement(statement)))
         return edited
 
     @property

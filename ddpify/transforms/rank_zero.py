@@ -213,7 +213,7 @@ PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary"
 SHELL_CALLS = {"os.system", "subprocess.getstatusoutput", "subprocess.getoutput", "subprocess.call", "subprocess.run", "subprocess.check_call"}
 SHELL_WRITES = re.compile(r"\s*(cp|mv|rm|mkdir|rsync|tar|zip|ln|touch|scp)\b")
 # A method that writes what it is called on to a file, given the path.
-SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$")
+SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$|^savefig$")
 # Libraries that read and write images, arrays, audio and tables: their functions named to
 # write (`plt.imsave`, `skimage.io.imsave`, `nib.save`, `sitk.WriteImage`, `tifffile.imwrite`)
 # write a file, whichever of them the script calls.
@@ -304,8 +304,9 @@ class RankZeroTransform(Transform):
             return call  # `os.system("cp -r ...")`, Chexpert's subprocess.getstatusoutput('cp -R ...')
         if isinstance(call.func, cst.Attribute) and SAVE_METHOD.match(call.func.attr.value) and call.args \
                 and call.func.attr.value not in self._methods_here:
-            # `image.save(path)` (PIL), Darknet's `cur_model.save_weights(path)`: a file written
-            # by a method (the model's own methods are reached through DdpModel)
+            # `image.save(path)` (PIL), Darknet's `cur_model.save_weights(path)`, IIC's
+            # `fig.savefig(path)` of `fig, ax = plt.subplots()`: a file written by a method (the
+            # model's own methods are reached through DdpModel)
             return call
         return None
 

@@ -27,10 +27,12 @@ default of 1, ``device == "cuda"``): under DDP it must run on every rank wheneve
 is larger than one, so the world size now decides too::
 
     if args.multi_gpu:               ->   if dist.get_world_size() > 1 or args.multi_gpu:
-        model = nn.DataParallel(model)        model = ddp_wrap(model)
+        model = nn.DataParallel(model)        model = ddp_wrap(model, keys_unwrapped=not args.multi_gpu)
     model = DP(model) if args.cuda else model
                                      ->   model = DDP(...) if dist.get_world_size() > 1 or args.cuda else model
 
+Where the flag did not wrap, checkpoints keep the bare model's keys, as the original's did
+(``keys_unwrapped``): what reads the flag back from a checkpoint still finds keys that fit.
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
 DDP130  a guard that is not about GPUs or devices chooses a model (``if checkpoint is None:``
@@ -908,7 +910,35 @@ class WrapModelTransform(Transform):
                 "(find_unused_parameters=True; a part the forward leaves out would stop the run at the next step)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
+        unwrapped_keys = self._keys_as_the_flag_had_them(site)
+        if unwrapped_keys is not None:
+            args.append(keyword("keys_unwrapped", unwrapped_keys))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)
+
+    def _keys_as_the_flag_had_them(self, site: WrapSite) -> cst.BaseExpression | None:
+        """A wrap that a flag gated (DDP103) now also runs where the flag said not to wrap: the
+        checkpoints keep the bare model's keys there, as the original's did, so what reads the
+        flag back from a checkpoint to decide how to load it still finds keys that fit
+        (fastMRI's `run_unet.py` wraps only when the saved `args.data_parallel` says so)::
+
+            if args.data_parallel:           if dist.get_world_size() > 1 or args.data_parallel:
+                model = DP(model)     ->          model = ddp_wrap(model, keys_unwrapped=not args.data_parallel)
+
+        Only for a flag (names and attributes compared, no calls: what the test reads again
+        here is what it read there)."""
+        widened = [guard for guard in site.guards if guard.node in self.guard_rewrites]
+        if len(widened) != 1 or calls_in(widened[0].node.test):
+            return None
+        guard = widened[0]
+        test = guard.node.test.with_changes(lpar=[], rpar=[])
+        self.context.report(
+            site.call, "DDP103",
+            f"where `{self.context.code(guard.node.test)}` did not wrap, checkpoints keep the bare model's keys, as the "
+            "original's did (keys_unwrapped)",
+        )
+        if not guard.wraps_when_true:
+            return _atom(test)
+        return cst.UnaryOperation(operator=cst.Not(), expression=_atom(test))
 
     def _report_planned_subclass(self, site: WrapSite) -> None:
         name = dotted(site.call.func) or ""
