@@ -55,9 +55,12 @@ OTHER_CODES = {
     "that wraps, whose project modules test for DataParallel (`isinstance(model, nn.DataParallel)` before saving, "
     "PointRCNN): converted alone, its DDP model would take their other branch. Convert the folder "
     "(`ddpify convert DIR`): the script and those modules are converted together.",
-    "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, the functional "
-    "`data_parallel()`, or DataParallel given no module: convert it by hand. (A subclass that only forwards "
-    "attribute reads to its module is converted: its base becomes DistributedDataParallel.)",
+    "DDP004": "DDP004  (error) a DataParallel subclass with its own scatter/gather logic, DataParallel written "
+    "by hand from its parts (`replicate`, `parallel_apply`), the functional `data_parallel()` where it is not a "
+    "model class's forward on a part of `self` whose every instance is bound to a name of its own, or DataParallel "
+    "given no module: convert it by hand. (A subclass that only forwards attribute reads to its module is converted: "
+    "its base becomes DistributedDataParallel; DCGAN's `data_parallel(self.main, ...)` in forward() is converted, "
+    "DDP136.)",
 }
 
 

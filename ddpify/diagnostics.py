@@ -113,10 +113,13 @@ class ProjectLinks:
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     # learnt: which parameter_loaders calls passed a loader that is sharded here
     sharded_parameter_calls: set[str] = field(default_factory=set)
+    # this module's functions and trainer classes that train on a loader parameter no module of
+    # the project ddpify can follow passes (a trainer picked from a table): sharded where drawn
+    unfed: frozenset[str] = frozenset()
 
     def rewrite_key(self) -> tuple:
         """Everything here that a file's rewrite depends on (not what it learns)."""
-        return (*self.learning_key(), self.trains_elsewhere)
+        return (*self.learning_key(), self.trains_elsewhere, self.unfed)
 
     def learning_key(self) -> tuple:
         """Everything here that what a file learns depends on."""

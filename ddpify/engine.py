@@ -147,9 +147,9 @@ class FileConversion:
             self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls, self._dp_classes())
             self._walked_for, self._resolved_for = walk, None
         parameter_loaders = project.parameter_loaders if links is not None or project.parameter_loaders else None
-        resolution = (loader_functions, parameter_loaders_key, links is None)
+        resolution = (loader_functions, parameter_loaders_key, links is None, project.unfed)
         if resolution != self._resolved_for:
-            self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders)
+            self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders, project.unfed)
             self._resolved_for = resolution
         activate(self._analysis.subtrees)
         return self._facts

@@ -96,7 +96,7 @@ def test_parse_error_exits_two_and_leaves_file(tmp_path):
 
 
 def test_unconvertible_file_is_untouched_and_reported(tmp_path):
-    text = (FIXTURES / "wrap" / "functional_in_forward.py").read_text()
+    text = (FIXTURES / "wrap" / "functional_import.py").read_text()  # (data_parallel() outside a forward)
     path = write(tmp_path, "sub.py", text)
     result = runner.invoke(app, ["convert", str(path)])
     assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output

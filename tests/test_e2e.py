@@ -288,3 +288,10 @@ def test_a_decision_on_the_running_loss_is_the_original_s(runs):
     assert len(saves) >= 2
     assert lines_with(runs["ddp"].stdout, "saved at step") == saves
     assert lines_with(runs["ddp"].stdout, "best running loss") == lines_with(runs["original"].stdout, "best running loss")
+
+
+@only("functional_data_parallel")
+def test_dataparallel_by_function_keeps_the_original_s_bare_checkpoint_keys(runs):
+    keys = lines_with(runs["original"].stdout, "checkpoint keys")
+    assert keys == ["checkpoint keys main.0.bias"]
+    assert lines_with(runs["ddp"].stdout, "checkpoint keys") == lines_with(runs["single"].stdout, "checkpoint keys") == keys

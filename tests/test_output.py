@@ -21,7 +21,7 @@ from ddpify.rules import DOCS_URL, RULES, code_url
 runner = CliRunner()
 SCRIPT = (FIXTURES / "process_group" / "main_function.py").read_text()
 GUARDS = (FIXTURES / "wrap" / "guards.py").read_text()  # seven wraps, six reported alike
-REFUSED = (FIXTURES / "wrap" / "functional_in_forward.py").read_text()  # DDP004: refused
+REFUSED = (FIXTURES / "wrap" / "functional_import.py").read_text()  # DDP004: refused
 BROKEN = "import torch\nmodel = torch.nn.DataParallel(\n"
 
 

@@ -337,7 +337,7 @@ def test_cannot_run_exits_2(arguments, message):
 
 
 def test_refused_conversion_exits_3_as_convert_does():
-    result = cli.invoke(app, ["verify", str(FIXTURES / "wrap" / "functional_in_forward.py")])
+    result = cli.invoke(app, ["verify", str(FIXTURES / "wrap" / "functional_import.py")])
     assert result.exit_code == 3 and "not converted" in result.output and "DDP004" in result.output
 
 

@@ -126,12 +126,14 @@ class Analysis:
         self,
         loader_functions: dict[str, set[int | None]] | None = None,
         parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
+        unfed: frozenset[str] = frozenset(),
     ) -> Facts:
         """The facts, decided on a copy of the walk's (the last one is the analyzer's)."""
         activate(self.subtrees)
         facts = self.walked.copy()
         facts.loader_functions = dict(loader_functions or {})
         facts.parameter_loaders = parameter_loaders
+        facts.unfed = unfed
         self.analyzer.resolve(facts)
         facts.analyzer = self.analyzer
         return facts

@@ -47,6 +47,9 @@ class WrapSite:
     # statements after the wrap that bind the wrapped name to another model (a checkpoint's
     # pickled model reloaded mid-training): wrapped again there
     rebinds: list[cst.SimpleStatementLine] = field(default_factory=list)
+    # a model built here whose class's forward ran DataParallel by function (DCGAN's Generator):
+    # the module is the construction itself, and its checkpoints keep the bare model's keys
+    constructed: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class Facts:
     # at its top, so that another script calling it (edge-connect's train.py: main(mode=1)) gets it
     setup_function: cst.FunctionDef | None = None
     problems: list[Problem] = field(default_factory=list)  # refuse the file
+    # `nn.parallel.data_parallel(self.main, input, ...)` in a model's forward -> its class's name
+    # (analysis/functional_wraps.py): called directly, the class's instances wrapped instead
+    functional_calls: dict = field(default_factory=dict)
     distributed_uses: list[cst.CSTNode] = field(default_factory=list)  # DDP code already there
     contexts: dict[cst.CSTNode, Context] = field(default_factory=dict)
     has_training_step: bool = False
@@ -156,6 +162,9 @@ class Facts:
     # project mode (None: one file on its own): calls of other modules' functions whose
     # training loop iterates a parameter, by call name -> [(positional index, parameter name)]
     parameter_loaders: dict[str, list[tuple[int, str]]] | None = None
+    # project mode: this module's trainers no caller in sight feeds (ProjectLinks.unfed): their
+    # loops shard what they draw, as a single file's would
+    unfed: frozenset[str] = frozenset()
     # project mode: this module's top-level functions whose training loop iterates a
     # parameter no caller here feeds (the callers in other modules shard what they pass)
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)

@@ -270,7 +270,7 @@ class Loaders(Room):
         if self.facts.parameter_loaders is None or not name or not name.startswith("self.") or name.count(".") != 1:
             return []
         cls = context.cls
-        if cls is None or self.scopes.parent(cls) is not self.scopes.module or any(
+        if cls is None or cls.name.value in self.facts.unfed or self.scopes.parent(cls) is not self.scopes.module or any(
             dotted(call.func) and dotted(call.func).rpartition(".")[2] == cls.name.value for call, _ in self.scopes.calls
         ):
             return []
@@ -298,6 +298,8 @@ class Loaders(Room):
         if self.facts.parameter_loaders is None or not isinstance(expr, cst.Name) or function is None:
             return False
         if self.scopes.module_functions.get(function.name.value) is not function or self.calls.call_sites(function):
+            return False
+        if function.name.value in self.facts.unfed:
             return False
         params = [p for p in function.params.params]
         name = self._aliased_parameter(expr) or expr.value

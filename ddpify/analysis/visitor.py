@@ -19,6 +19,7 @@ import libcst as cst
 from ddpify.analysis.calls import CallGraph
 from ddpify.analysis.entry import Entry
 from ddpify.analysis.facts import Facts
+from ddpify.analysis.functional_wraps import FunctionalWraps
 from ddpify.analysis.loaders import Loaders
 from ddpify.analysis.loops import TrainingLoops
 from ddpify.analysis.ranks import Collectives
@@ -35,6 +36,7 @@ class Analyzer(cst.CSTVisitor):
         self.scopes = Scopes(facts, metadata)
         self.calls = CallGraph(self.scopes)
         self.wraps = Wraps(self.scopes)
+        self.functional = FunctionalWraps(self.scopes, self.wraps)
         self.loaders = Loaders(self.scopes, self.calls)
         self.loops = TrainingLoops(self.scopes, self.calls, self.loaders)
         self.entry = Entry(self.scopes)
@@ -115,12 +117,7 @@ class Analyzer(cst.CSTVisitor):
         elif (plan := self.wraps.planned_subclass(node)) is not None:
             self.wraps.record_wrap(node, (plan.index, plan.keyword))
         elif names & DATA_PARALLEL_FUNCTION:
-            shown = (dotted(node.func) or "data_parallel").rpartition(".")[2]
-            self.scopes.problem(
-                node, "DDP004",
-                f"DataParallel by function ({shown}()) has no DDP equivalent: wrap the model in DDP once where it is "
-                "built and call it directly; convert it by hand",
-            )
+            self.functional.record(node)
         elif names & DATA_LOADER:
             self.loaders.record(node)
         elif names & METRIC_SCHEDULERS and isinstance(assignment := self.scopes.parent(node), cst.Assign):
@@ -169,6 +166,7 @@ class Analyzer(cst.CSTVisitor):
 
     # -- after the walk ------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module) -> None:
+        self.functional.finish()
         self.wraps.finish()
         self.facts.setup_anchor = self.entry.setup_anchor(original_node)
         self.facts.setup_function = self.entry.setup_function(original_node)

@@ -127,7 +127,7 @@ class Wraps(Room):
         convert (this file's that only scatter, or a project module's)."""
         return self.facts.dp_classes.get(dotted(call.func) or "")
 
-    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module")) -> None:
+    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False) -> None:
         outer: cst.BaseExpression = call
         move = None
         parent = self.scopes.parent(call)
@@ -135,7 +135,8 @@ class Wraps(Room):
             grand = self.scopes.parent(parent)
             if isinstance(grand, cst.Call) and grand.func is parent:
                 outer, move = grand, grand
-        site = WrapSite(call, outer, move, argument_in_slot(call, slot), self.scopes.assigned_name(outer), module_slot=slot)
+        module = call if constructed else argument_in_slot(call, slot)
+        site = WrapSite(call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed)
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
         for guard in site.guards:

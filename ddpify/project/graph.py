@@ -293,12 +293,25 @@ class Project:
         for module, found in canonical.items():
             if found == module and "." not in module and not self.in_project(module):
                 places = [folder for folder in folders if self.in_project(f"{folder}.{module}")]
-                canonical[module] = f"{places[0]}.{module}" if len(places) == 1 else module
+                canonical[module] = f"{places[0]}.{module}" if len(places) == 1 else self._defining(info, module)
         info.imports = {canonical[module] for module in info.imports}
         info.bindings = {
             bound: (canonical.get(module) or self._located(info, module), attribute)
             for bound, (module, attribute) in info.bindings.items()
         }
+
+    def _defining(self, info: ModuleInfo, module: str) -> str:
+        """A bare ``from solver import Solver`` that only a folder put on PYTHONPATH by the
+        project's shell scripts finds (X-Punctuator's src/solver/solver.py): the one module of the
+        project so named that defines every name imported from it; else the name as it is
+        (``import logging`` is not utils/logging.py: nothing is imported from it by name)."""
+        names = [attribute for bound, (source, attribute) in info.bindings.items() if source == module]
+        found = [other for other in self.paths if other.endswith("." + module)]
+        if not names or None in names or len(found) != 1:
+            return module
+        source = self.sources[self.paths[found[0]]]
+        defined = all(re.search(rf"^(def|class)\s+{re.escape(name)}\b|^{re.escape(name)}\s*=", source, re.MULTILINE) for name in names)
+        return found[0] if defined else module
 
     def _located(self, info: ModuleInfo, module: str) -> str:
         if not module or self.in_project(module):
@@ -384,6 +397,11 @@ class Project:
                 found.add(name)
         for instance, made in INSTANCE.findall(info.source):
             target = self.resolve(info, made, classes=True)
+            if target is None and made not in found:
+                # a class picked from a table at run time (AttentionedDeepPaint's `trainer =
+                # TRIANER_MAP.get(args.model)`, then `trainer = trainer(args, loader, device)`): a
+                # training method of any project class this module imports
+                found.update(f"{instance}.{method}" for method in self._imported_training_methods(info) if f"{instance}.{method}(" in info.source)
             if target is None or target[0] is info or made in found:
                 continue
             if target[1] in target[0].functions:  # a factory (SRFBN's create_solver returns SRSolver(opt))
@@ -394,6 +412,15 @@ class Project:
             methods = _training_method_names(target[0].class_sources.get(target[1], ""))
             found.update(f"{instance}.{method}" for method in methods if f"{instance}.{method}(" in info.source)
         return frozenset(found)
+
+    def _imported_training_methods(self, info: ModuleInfo) -> set[str]:
+        """The training methods of the project classes this module imports."""
+        methods: set[str] = set()
+        for bound in info.imported_names:
+            target = self.resolve(info, bound, classes=True)
+            if target is not None and target[1] in target[0].class_sources:
+                methods |= _training_method_names(target[0].class_sources[target[1]])
+        return methods
 
     def reexports(self, info: ModuleInfo) -> dict[str, str]:
         """Qualified names (as libcst spells them here) of library names that a project
@@ -453,21 +480,35 @@ def _training_method_names(class_source: str) -> set[str]:
         return set()
     defs = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
     methods = {name: ast.unparse(m) for name, m in defs.items()}
-    if any(_iterates_a_parameter(m) for m in defs.values()):
-        return set()
     training = {name for name, text in methods.items() if _trains(text)}
     grown = True
     while grown:
         more = {name for name, text in methods.items() if name not in training and any(f"self.{t}(" in text for t in training)}
         training |= more
         grown = bool(more)
+    # (an evaluation that iterates the data it is given, AttentionedDeepPaint's validate(self,
+    # dataset, ...), routes nothing: only a training method's loader parameter does)
+    if any(_iterates_a_parameter(defs[name]) for name in training):
+        return set()
     return training
 
 
 def _iterates_a_parameter(method: ast.FunctionDef) -> bool:
     """``for x, y in loader:`` (or through enumerate/tqdm) over one of the method's parameters."""
     params = {a.arg for a in method.args.args[1:]}
-    return any(
-        isinstance(node, ast.For) and any(isinstance(n, ast.Name) and n.id in params for n in ast.walk(node.iter))
-        for node in ast.walk(method)
-    )
+    return any(isinstance(node, ast.For) and _iterated(node.iter) & params for node in ast.walk(method))
+
+
+def _iterated(iterable: ast.expr) -> set[str]:
+    """The names a loop draws from, through enumerate/zip/tqdm/iter (not enumerate's start,
+    AttentionedDeepPaint's ``enumerate(self.data_loader, last_iteration)``)."""
+    if isinstance(iterable, ast.Name):
+        return {iterable.id}
+    if isinstance(iterable, ast.Call):
+        called = ast.unparse(iterable.func).rpartition(".")[2]
+        if called in ("enumerate", "iter", "tqdm", "trange", "list", "sorted", "reversed") and iterable.args:
+            return _iterated(iterable.args[0])
+        if called == "zip":
+            return {name for arg in iterable.args for name in _iterated(arg)}
+        return {n.id for n in ast.walk(iterable) if isinstance(n, ast.Name)}
+    return {n.id for n in ast.walk(iterable) if isinstance(n, ast.Name)}

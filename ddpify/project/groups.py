@@ -402,12 +402,12 @@ def _route_parameters(
             callers.append(member.path)
     for (module, function), _ in trainers.items():
         if (module, function) not in fed:
+            # (a trainer picked from a table, AttentionedDeepPaint's TRIANER_MAP, BERT4Rec's
+            # TRAINERS[code](...): it shards what it draws, at run time, as a single file does)
             path = project.paths[module]
-            reason = (
-                f"`{function}()` trains on a loader passed to it, and no module of the project that ddpify can "
-                "follow calls it: every rank would train on all the data"
-            )
-            converted[path] = _patch(converted[path], functools.partial(_refusal, code="DDP309", reason=reason))
+            links[path].unfed = links[path].unfed | {function}
+            if path not in callers:
+                callers.append(path)
     return callers
 
 

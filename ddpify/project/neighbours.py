@@ -1269,17 +1269,23 @@ def _used_only_under_a_switch(made: list[str], methods: dict[str, ast.FunctionDe
             if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
             and node.value.id == "self" and isinstance(node.ctx, ast.Load)
         ]
-        if tests and None not in tests and not any("training" in test for test in tests):
-            return attr, tests[0]
+        if not tests or None in tests or any("training" in ast.unparse(test.test) for test, _ in tests):
+            continue
+        # (used on both sides of one `if`, DCGAN's `data_parallel(self.main, ...)` or `self.main(input)`:
+        # whatever the setting, it is used)
+        if any((test, not in_body) in tests for test, in_body in tests):
+            continue
+        return attr, ast.unparse(tests[0][0].test)
     return None
 
 
-def _test_around(node: ast.AST, parents: dict) -> str | None:
-    """The test of the nearest ``if`` whose branch holds ``node``; None when there is none."""
+def _test_around(node: ast.AST, parents: dict) -> tuple[ast.If, bool] | None:
+    """The nearest ``if`` whose branch holds ``node``, and whether that is its body; None
+    when there is none."""
     parent, child = parents.get(node), node
     while parent is not None and not (isinstance(parent, ast.If) and child in parent.body + parent.orelse):
         parent, child = parents.get(parent), parent
-    return ast.unparse(parent.test) if parent is not None else None
+    return (parent, child in parent.body) if parent is not None else None
 
 
 def _dropped_results(forward: ast.FunctionDef) -> str | None:

@@ -91,7 +91,7 @@ def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInf
     function or method of the group that trains, and every project function it calls (and
     they call, a few levels down) does neither. A project name that does not resolve to a
     function (a class, an object) may train: not this."""
-    if entry.trains:
+    if entry.trains or project.training_calls(entry):  # (a trainer picked from a table: `trainer.train(...)`)
         return False
     training = _training_names(members)
     pending, seen = [(entry, entry.source, entry.words)], set()

@@ -760,6 +760,10 @@ class DdpModel(DistributedDataParallel):
                 raise
             return getattr(self.module, name)
 
+    def __repr__(self):
+        """A model DataParallel never wrapped (``keys_unwrapped``) prints as the original printed it."""
+        return repr(self.module) if self.__dict__.get("ddp_keys_unwrapped") is True else super().__repr__()
+
     def __setattr__(self, name, value):
         """An attribute the wrapper does not have, set on it, is the model's (NanoFlow's
         `model.h_cache = ...`, read by the model's own methods), as reading one is."""

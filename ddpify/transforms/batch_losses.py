@@ -104,6 +104,9 @@ class BatchLossesTransform(Transform):
         self._gathered_outputs: set[cst.Call] = set()  # the model's calls whose outputs are gathered
 
     def check(self) -> None:
+        if self.facts.wraps and not self.facts.training_loops:
+            # (the training loop in another module it hands the model and the loss to)
+            self._refuse_memory_bank(self._made_beside_the_wrap(self.context.neighbours.memory_banks))
         if not self.facts.wraps or not self.facts.training_loops:
             return
         definitions = self._definitions()
@@ -259,7 +262,9 @@ class BatchLossesTransform(Transform):
                 "ddp_whole_batch(loss, outputs, targets)",
             )
             return
-        found = self._called_in_training(neighbours.memory_banks)
+        self._refuse_memory_bank(self._called_in_training(neighbours.memory_banks) or self._made_beside_the_wrap(neighbours.memory_banks))
+
+    def _refuse_memory_bank(self, found: tuple[cst.Call, str] | None) -> None:
         if found is not None:
             call, made = found
             self.context.report_unsound(
@@ -364,6 +369,14 @@ class BatchLossesTransform(Transform):
         scopes = self.facts.analyzer.scopes
         values = [scopes.assigned_value(a.node)[0] for a in scopes.assignments_of(expr) if getattr(a, "node", None) is not None]
         return max([self._joined_pieces(value, depth + 1) for value in values if value is not None] or [1])
+
+    def _made_beside_the_wrap(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
+        """A module that wraps the model and makes the memory bank it trains with, the training
+        loop in another module it hands both to (folder mode, Bottom-up-Clustering's
+        ``self.criterion = ExLoss(...)`` beside the wrap, used by reid/trainers.py)."""
+        if not names or not self.facts.wraps:
+            return None
+        return next(((call, dotted(call.func)) for call in calls_in(self.context.module) if dotted(call.func) in names), None)
 
     def _called_in_training(self, names: frozenset[str]) -> tuple[cst.Call, str] | None:
         if not names:

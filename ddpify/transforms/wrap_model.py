@@ -35,6 +35,15 @@ Where the flag did not wrap, checkpoints keep the bare model's keys, as the orig
 (``keys_unwrapped``): what reads the flag back from a checkpoint still finds keys that fit.
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
+DDP136  DataParallel by function in a model class's forward (pytorch/examples' DCGAN:
+``nn.parallel.data_parallel(self.main, input, range(self.ngpu))``): the part is called
+directly, and each model built from the class (bound to a name outside any class) is wrapped
+where it is built, as ``DataParallel(Generator(ngpu))`` would have been; its checkpoints keep
+the bare model's keys, as the original's did::
+
+    output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))   ->   output = self.main(input)
+    netG = Generator(ngpu).to(device)   ->   netG = ddp_wrap(Generator(ngpu).to(device), keys_unwrapped=True)
+
 DDP130  a guard that is not about GPUs or devices chooses a model (``if checkpoint is None:``
 builds and wraps a new one, the ``else`` resumes a pickled one): the guard is left as it
 is, and every other path that goes on with a model wraps it too, so that every rank wraps
@@ -741,6 +750,8 @@ class WrapModelTransform(Transform):
             return updated_node.with_changes(func=updated_node.func.with_changes(value=joined))
         if original_node in self.device_count_calls:
             return self._world_size()
+        if original_node in self.facts.functional_calls:
+            return self._called_directly(original_node, updated_node)
         if original_node in self.through_forward:
             owner, method = self.through_forward[original_node]
             self.context.report(
@@ -769,9 +780,25 @@ class WrapModelTransform(Transform):
         self.converted[site.call] = self._wrap(site, updated_node)
         return self.converted[site.call]
 
+    def _called_directly(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        """``nn.parallel.data_parallel(self.main, input, range(self.ngpu))`` -> ``self.main(input)``
+        (a tuple of inputs, unpacked): the model built from the class is wrapped instead."""
+        positional = [arg for arg in updated.args if arg.keyword is None and not arg.star]
+        module, inputs = positional[0].value, positional[1].value
+        self.context.report(
+            original, "DDP136",
+            f"DataParallel by function in {self.facts.functional_calls[original]}.forward(): the part is called "
+            f"directly (`{self.context.code(original.args[0].value)}(...)`), the model built from the class is wrapped",
+        )
+        if isinstance(inputs, cst.Tuple):
+            args = [cst.Arg(element.value) for element in inputs.elements]
+        else:
+            args = [cst.Arg(inputs)]
+        return cst.Call(func=module, args=args)
+
     def _wrap(self, site: WrapSite, updated: cst.Call) -> cst.BaseExpression:
         dp_call = updated.func.value if site.move is not None else updated
-        module = argument_in_slot(dp_call, site.module_slot)
+        module = dp_call if site.constructed else argument_in_slot(dp_call, site.module_slot)
         if self._maybe_loaded_wrapper(site.module_arg):
             # `net = checkpoint["net"]` may be a pickled DataParallel / DDP: wrap what is inside.
             name = self.context.code(module)
@@ -805,9 +832,17 @@ class WrapModelTransform(Transform):
         if scatter_dim is not None:
             dropped = [name for name in dropped if name not in ("dim", f"argument {index + 4}")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
-        self.context.report(
-            site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
-        )
+        if site.constructed:
+            self.context.report(
+                site.call, "DDP136",
+                f"`{self.context.code(site.call.func)}` ran DataParallel by function in its forward: the model built "
+                "here is wrapped in DistributedDataParallel instead, on this process's device, its checkpoints keeping "
+                "the bare model's keys",
+            )
+        else:
+            self.context.report(
+                site.call, "DDP101", f"DataParallel -> DistributedDataParallel on this process's device{note}"
+            )
         self.context.add_import(*DDP_IMPORT)
         self._report_planned_subclass(site)
         subclass = site.call.func.value if isinstance(site.call.func, cst.Name) and site.call.func.value in self.facts.dp_subclasses else None
@@ -910,7 +945,7 @@ class WrapModelTransform(Transform):
                 "(find_unused_parameters=True; a part the forward leaves out would stop the run at the next step)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
-        unwrapped_keys = self._keys_as_the_flag_had_them(site)
+        unwrapped_keys = cst.Name("True") if site.constructed else self._keys_as_the_flag_had_them(site)
         if unwrapped_keys is not None:
             args.append(keyword("keys_unwrapped", unwrapped_keys))
         return cst.Call(func=cst.Name("ddp_wrap"), args=args)
@@ -1061,6 +1096,8 @@ class WrapModelTransform(Transform):
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.CSTNode:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if original_node in self.facts.functional_calls:
+            return self._called_directly(original_node, updated_node)
         if self._module_of_a_loaded_model(original_node):
             shown = self.context.code(updated_node.value)
             self.context.report(
@@ -1084,6 +1121,8 @@ class WrapModelTransform(Transform):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.CSTNode:
         if original_node in self.device_count_calls:
             return self._world_size()
+        if original_node in self.facts.functional_calls:
+            return self._called_directly(original_node, updated_node)
         return self._reference(original_node, updated_node)
 
 

@@ -1,0 +1,126 @@
+"""DataParallel by function inside a model's forward: the model built from that class is wrapped.
+
+pytorch/examples' DCGAN (and the GAN code written after it) splits each batch in the model's
+own forward::
+
+    class Generator(nn.Module):
+        def forward(self, input):
+            if input.is_cuda and self.ngpu > 1:
+                output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+            else:
+                output = self.main(input)
+            return output
+
+    netG = Generator(ngpu).to(device)
+
+``data_parallel(module, inputs, ...)`` computes ``module(inputs)`` on one device's worth of work
+per GPU. Under DDP the call is the part's own (``self.main(input)``) and the model built from the
+class gets the wrap, as ``netG = DataParallel(Generator(ngpu)).to(device)`` would have: every
+such construction becomes a wrap site (``WrapSite.constructed``: the module is the construction
+itself) and the calls go to ``facts.functional_calls``. That holds only where each call sits in
+the ``forward`` of a class of this file, on a part of ``self``, and every instance of the class is
+bound to a plain name outside any class (a part of a bigger model would be a DDP inside a
+DDP); otherwise the call stays refused (DDP004) with the reason. ``replicate`` and
+``parallel_apply`` written by hand are refused as before.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.scopes import Room
+from ddpify.analysis.tree import dotted, walk
+
+FUNCTIONAL = {"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"}
+
+
+class FunctionalWraps(Room):
+    def __init__(self, scopes, wraps) -> None:
+        super().__init__(scopes)
+        self.wraps = wraps
+        self._calls: list[cst.Call] = []
+
+    def record(self, call: cst.Call) -> None:
+        self._calls.append(call)
+
+    def finish(self) -> None:
+        """Decide, after the walk: wrap sites for the constructions, or DDP004 for each call."""
+        classes: dict[cst.Call, cst.ClassDef] = {}
+        for call in self._calls:
+            owner, reason = self._owner(call)
+            if owner is None:
+                self._refuse(call, reason)
+            else:
+                classes[call] = owner
+        constructions: dict[str, list[cst.Call]] = {}
+        for name in {owner.name.value for owner in classes.values()}:
+            made, reason = self._constructions(name)
+            if reason:
+                for call, owner in list(classes.items()):
+                    if owner.name.value == name:
+                        self._refuse(call, reason)
+                        del classes[call]
+            else:
+                constructions[name] = made
+        for call, owner in classes.items():
+            self.facts.functional_calls[call] = owner.name.value
+        for made in constructions.values():
+            for construction in made:
+                self.wraps.record_wrap(construction, constructed=True)
+
+    def _refuse(self, call: cst.Call, reason: str) -> None:
+        shown = (dotted(call.func) or "data_parallel").rpartition(".")[2]
+        self.scopes.problem(
+            call, "DDP004",
+            f"DataParallel by function ({shown}()) has no DDP equivalent here: {reason}; wrap the model in DDP once "
+            "where it is built and call it directly (by hand)",
+        )
+
+    def _owner(self, call: cst.Call) -> tuple[cst.ClassDef | None, str]:
+        """The class whose ``forward`` makes this call on a part of ``self``."""
+        if not self.scopes.qualified(call.func) & FUNCTIONAL:
+            return None, "it is DataParallel written by hand from its parts (replicate, parallel_apply)"
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        module = positional[0].value if positional else None
+        if module is None or not (dotted(module) or "").startswith("self.") or len(positional) < 2:
+            return None, "it is not called on a part of the model (`self.main`) with its inputs"
+        context = self.facts.contexts.get(call)
+        function = context.function if context is not None else None
+        owner = context.cls if context is not None else None
+        if function is None or owner is None or function.name.value != "forward":
+            return None, "it is not in the forward() of a model class of this file"
+        if any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args):
+            return None, "it passes the part keyword arguments of its own"
+        return owner, ""
+
+    def _constructions(self, name: str) -> tuple[list[cst.Call], str]:
+        """Every call of the class, each bound to a plain name outside any class
+        (``netG = Generator(ngpu).to(device)``)."""
+        made = [call for call, _ in self.scopes.calls if dotted(call.func) == name]
+        if not made:
+            return [], f"no {name}(...) is built in this file"
+        for call, context in self.scopes.calls:
+            if dotted(call.func) != name:
+                continue
+            if context.cls is not None:
+                return [], f"a {name} is built inside another class (a DDP inside a DDP)"
+            statement = self.scopes.parent(_outer(call, self.scopes.parent))
+            if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0].target, cst.Name)):
+                return [], f"a {name}(...) is not bound to a name of its own"
+        subclassed = [
+            node for node in walk(self.scopes.module)
+            if isinstance(node, cst.ClassDef) and any(dotted(base.value) == name for base in node.bases)
+        ]
+        if subclassed:
+            return [], f"{subclassed[0].name.value} subclasses {name}"
+        return made, ""
+
+
+def _outer(call: cst.Call, parent_of) -> cst.BaseExpression:
+    """The construction, or the `.to(...)`/`.cuda()` chained on it."""
+    parent = parent_of(call)
+    if isinstance(parent, cst.Attribute) and parent.attr.value in ("to", "cuda"):
+        grand = parent_of(parent)
+        if isinstance(grand, cst.Call) and grand.func is parent:
+            return grand
+    return call
