@@ -2132,3 +2132,33 @@ def test_a_project_loss_that_normalises_the_batch_s_joint_in_a_helper_trains_as_
     assert converted.stdout.splitlines()[-2:] == original.stdout.splitlines()[-2:]
     ours, theirs = torch.load(tmp_path / "net.pt"), torch.load(tmp_path / "orig" / "net.pt")
     assert all(torch.allclose(ours[key], theirs[key], atol=1e-6) for key in theirs)
+
+
+FUNCTIONAL_BASE = '''import torch.nn as nn
+
+
+class Encoder(nn.Module):
+    def __init__(self, ngpu):
+        super().__init__()
+        self.ngpu = ngpu
+        self.main = nn.Linear(4, 2)
+
+    def forward(self, input):
+        if input.is_cuda and self.ngpu > 1:
+            return nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+        return self.main(input)
+'''
+
+
+def test_a_model_picked_by_a_computed_name_that_splits_in_its_forward_is_refused_naming_folder_mode(tmp_path):
+    # AGE: `m = importlib.import_module('models.' + name)`; the models split each batch with
+    # data_parallel() in their forward: "nothing to convert" would launch N DataParallel jobs
+    script = (
+        "import importlib\nimport sys\nimport torch\n\nm = importlib.import_module('models.' + sys.argv[1])\n"
+        "netE = m.Encoder(2)\nopt = torch.optim.Adam(netE.parameters())\nfor x in torch.randn(4, 8, 4):\n"
+        "    loss = netE(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    print('train')\n"
+    )
+    project(tmp_path, {"models/__init__.py": "", "models/base.py": FUNCTIONAL_BASE, "age.py": script})
+    result = convert_file(tmp_path / "age.py")
+    assert result.error and "DDP214" in result.error and "ddpify convert DIR" in result.error, result.diagnostics
+    assert result.output == result.source

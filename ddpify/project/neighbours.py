@@ -977,7 +977,7 @@ def _wrapping_module_in_reach(path: Path, limit: int = 2000) -> Path | None:
         module for module in sorted(root.rglob("*.py"))[:limit]
         if module != path and module.parent != root and (module.parent / "__init__.py").exists()
     )
-    return next((module for module in packaged if "DataParallel" in module.read_text(errors="replace") and _summary(module).wraps), None)
+    return next((module for module in packaged if re.search(r"DataParallel|data_parallel", module.read_text(errors="replace")) and _summary(module).wraps), None)
 
 
 def _wrapping_methods(cls: ast.ClassDef, wrapping: set[str]) -> list[str]:
