@@ -46,9 +46,9 @@ OTHER_CODES = {
     "DDP309": "DDP309  (error) project mode: a function (or a trainer class, through `self.loader = loader` in its "
     "constructor) trains on a loader passed to it (`train_one_epoch(model, "
     "criterion, optimizer, data_loader, ...)` in engine.py), and what a caller passes cannot be traced to a "
-    "DataLoader, or no module of the project calls it by a name ddpify can follow: every rank would train on all "
-    "the data. (Where it can, the caller's loader is sharded where it is built and gets set_epoch in the loop "
-    "around the call.)",
+    "DataLoader: every rank would train on all the data. (Where it can, the caller's loader is sharded where it is "
+    "built and gets set_epoch in the loop around the call; where no module calls it by a name ddpify can follow, a "
+    "trainer picked from a table, its loop shards what it draws at run time, DDP312.)",
     "DDP214": "DDP214  (error) single-file mode: the script names no DataParallel, but it trains (backward, an "
     "optimizer) and imports a module of its project that wraps a model in DataParallel (`model, params = "
     "generate_model(opt)`, `model.parallelize()`): converted alone it would stay DataParallel. Likewise a script "

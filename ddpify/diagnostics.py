@@ -116,10 +116,13 @@ class ProjectLinks:
     # this module's functions and trainer classes that train on a loader parameter no module of
     # the project ddpify can follow passes (a trainer picked from a table): sharded where drawn
     unfed: frozenset[str] = frozenset()
+    # project functions called here that the project calls in other places too (a loader
+    # builder for training and validation): what they return is sharded where training draws it
+    shared_builders: frozenset[str] = frozenset()
 
     def rewrite_key(self) -> tuple:
         """Everything here that a file's rewrite depends on (not what it learns)."""
-        return (*self.learning_key(), self.trains_elsewhere, self.unfed)
+        return (*self.learning_key(), self.trains_elsewhere)
 
     def learning_key(self) -> tuple:
         """Everything here that what a file learns depends on."""
@@ -129,6 +132,8 @@ class ProjectLinks:
             self.training_calls,
             _frozen(self.loader_functions),
             _frozen(self.parameter_loaders),
+            self.unfed,
+            self.shared_builders,
         )
 
 

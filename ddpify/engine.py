@@ -140,16 +140,16 @@ class FileConversion:
     def facts(self, links: ProjectLinks | None) -> Facts:
         """The facts under these links: walked on first use, resolved when they change."""
         project = links or self._single_file_links()
-        names, reexports, training_calls, loader_functions, parameter_loaders_key = project.learning_key()
+        names, reexports, training_calls, loader_functions, parameter_loaders_key, *_ = project.learning_key()
         training_calls = training_calls | self.step_calls
         walk = (names, reexports, training_calls)
         if walk != self._walked_for:
             self._analysis = Analysis(self.wrapper, project.names, project.reexports, training_calls, self._dp_classes())
             self._walked_for, self._resolved_for = walk, None
         parameter_loaders = project.parameter_loaders if links is not None or project.parameter_loaders else None
-        resolution = (loader_functions, parameter_loaders_key, links is None, project.unfed)
+        resolution = (loader_functions, parameter_loaders_key, links is None, project.unfed, project.shared_builders)
         if resolution != self._resolved_for:
-            self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders, project.unfed)
+            self._facts = self._analysis.resolve(project.loader_functions, parameter_loaders, project.unfed, project.shared_builders)
             self._resolved_for = resolution
         activate(self._analysis.subtrees)
         return self._facts

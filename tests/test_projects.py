@@ -691,18 +691,20 @@ def test_a_script_that_only_evaluates_still_runs_as_one_process(project: Path, t
     assert after.stdout == before.stdout and "evaluated 96 samples" in after.stdout
 
 
-def test_a_loop_over_a_loader_parameter_no_caller_feeds_refuses_the_project(tmp_path: Path) -> None:
+def test_a_loop_over_a_loader_parameter_no_caller_feeds_shards_what_it_draws(tmp_path: Path) -> None:
     project = tmp_path / "engine"
     shutil.copytree(FIXTURES / "projects" / "engine", project)
     train = project / "train.py"
-    # Called through another name: the loader it gets cannot be followed to its DataLoader.
+    # Called through another name: the loader it gets cannot be followed to its DataLoader, so
+    # the loop shards what it draws at run time, as a single file's does (it was refused, DDP309)
     train.write_text(train.read_text().replace(
         "        train_one_epoch(model, criterion, optimizer, data_loader, device, epoch)",
         "        step = train_one_epoch\n        step(model, criterion, optimizer, data_loader, device, epoch)",
     ))
     results = convert_tree(project)
-    assert all(not r.changed for r in results.values())
-    assert "DDP309" in {d.code for d in results["engine.py"].diagnostics}
+    assert not any(r.error for r in results.values()), {k: r.diagnostics for k, r in results.items()}
+    assert "DDP312" in {d.code for d in results["engine.py"].diagnostics}
+    assert "ddp_shard(data_loader)" in results["engine.py"].output
 
 
 def test_a_passed_loader_that_cannot_be_traced_refuses_the_project(tmp_path: Path) -> None:
@@ -994,3 +996,60 @@ def test_a_memory_bank_made_beside_the_wrap_and_trained_in_another_module_refuse
     refused = results["bottom_up.py"]
     assert refused.error and "DDP118" in {d.code for d in refused.diagnostics} and "ExLoss" in str(refused.diagnostics)
     assert all(r.output == r.source for r in results.values())
+
+
+SHARED_BUILDER = '''from torch.utils.data import DataLoader
+
+
+def dataset2dataloader(dataset, batch_size, shuffle=True):
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
+'''
+
+VALIDATION = '''import torch
+from helpers import dataset2dataloader
+
+
+def validate(model, dataset):
+    loader = dataset2dataloader(dataset, 4, shuffle=False)
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += ((model(x) - y).abs() < 0.5).sum().item()
+    return correct / len(dataset)
+'''
+
+SHARED_TRAINING = '''import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+from helpers import dataset2dataloader
+from validation import validate
+
+
+def main():
+    dataset = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    model = nn.DataParallel(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = dataset2dataloader(dataset, 4)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = ((model(x) - y) ** 2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print("accuracy", validate(model, dataset))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_loader_builder_the_validation_module_calls_too_stays_whole(tmp_path: Path) -> None:
+    # loqui: helpers.dataset2dataloader() builds the training loader (model_train.py) and the
+    # validation loader (model_validation.py): sharded in the builder, validation ran on rank 0's
+    # share; the training loop shards what it draws instead
+    write_project(tmp_path, {"helpers.py": SHARED_BUILDER, "validation.py": VALIDATION, "train.py": SHARED_TRAINING})
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), {k: r.diagnostics for k, r in results.items()}
+    assert "DistributedSampler" not in results["helpers.py"].output
+    assert "for x, y in ddp_shard(loader):" in results["train.py"].output

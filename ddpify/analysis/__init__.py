@@ -47,6 +47,7 @@ from ddpify.analysis.loops import NOT_A_PASS, TRAINING_WORDS, reads_data
 from ddpify.analysis.ranks import (
     HARMLESS_METHODS,
     UNIFORM_CALLS,
+    in_data_loading,
     loop_names_around,
     same_on_every_rank,
     same_path_on_every_rank,
@@ -89,7 +90,7 @@ __all__ = [
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
     "argument_in_slot", "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
-    "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk", "without_gradients",
+    "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk", "without_gradients", "in_data_loading",
 ]
 
 
@@ -127,6 +128,7 @@ class Analysis:
         loader_functions: dict[str, set[int | None]] | None = None,
         parameter_loaders: dict[str, list[tuple[int, str]]] | None = None,
         unfed: frozenset[str] = frozenset(),
+        shared_builders: frozenset[str] = frozenset(),
     ) -> Facts:
         """The facts, decided on a copy of the walk's (the last one is the analyzer's)."""
         activate(self.subtrees)
@@ -134,6 +136,7 @@ class Analysis:
         facts.loader_functions = dict(loader_functions or {})
         facts.parameter_loaders = parameter_loaders
         facts.unfed = unfed
+        facts.shared_builders = shared_builders
         self.analyzer.resolve(facts)
         facts.analyzer = self.analyzer
         return facts

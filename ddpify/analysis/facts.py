@@ -165,6 +165,9 @@ class Facts:
     # project mode: this module's trainers no caller in sight feeds (ProjectLinks.unfed): their
     # loops shard what they draw, as a single file's would
     unfed: frozenset[str] = frozenset()
+    # project mode: project functions called here that the project calls elsewhere too
+    # (ProjectLinks.shared_builders): their loaders are sharded where training draws them
+    shared_builders: frozenset[str] = frozenset()
     # project mode: this module's top-level functions whose training loop iterates a
     # parameter no caller here feeds (the callers in other modules shard what they pass)
     loader_parameters: dict[str, list[tuple[int, str]]] = field(default_factory=dict)

@@ -190,7 +190,9 @@ class Loaders(Room):
             return [value] if index is None else []
         function = self.scopes.local_function(value.func)
         if function is None and self._from_project(value.func):
-            if self._builds_others_too(value):
+            # (or one loader, which a module of the project that trains nothing builds with it
+            # too: loqui's validation module)
+            if self._builds_others_too(value) or index is None and dotted(value.func) in self.facts.shared_builders:
                 return []  # (sharded where the training loop draws it: the builder stays whole)
             return [self._foreign_loader(value, index)]
         if function is None or depth > 4:

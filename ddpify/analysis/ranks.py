@@ -26,6 +26,8 @@ UNIFORM_CALLS = {"len", "range", "int", "min", "max", "bool", "float", "str", "a
 # (what the machine has, and the world: alike on every rank; TencentPretrain's test-phase
 # reload under `if torch.cuda.device_count() > 1:` is reached by every rank)
 UNIFORM_CALLS |= {"torch.cuda.device_count", "torch.cuda.is_available", "dist.get_world_size", "torch.distributed.get_world_size"}
+# Methods of a library's models that only write them to files.
+LIBRARY_WRITERS = {"save_pretrained", "save_vocabulary", "to_json_file"}
 # Methods of settings whose answers are the same on every rank when the setting is.
 UNIFORM_METHODS = {"find", "startswith", "endswith", "lower", "upper", "strip", "split", "get", "count", "isdigit", "index"}
 # Methods of values that never run a model or a collective (strings, numbers, containers,
@@ -232,6 +234,8 @@ class Collectives(Room):
             return True
         if qualified & DATA_PARALLEL:  # it becomes a DDP construction: a collective (ClariNet's averaged copy)
             return True
+        if isinstance(func, cst.Attribute) and func.attr.value in LIBRARY_WRITERS:
+            return False  # (Hugging Face's save_pretrained writes a folder and runs nothing: Roformer_Simlarity)
         name = dotted(func)
         if name in self.facts.model_names or (isinstance(func, cst.Name) and func.value in local_params):
             return True
@@ -327,3 +331,21 @@ def _texts(value: cst.BaseExpression) -> list[str]:
         elif isinstance(node, cst.FormattedStringText):
             found.append(node.value)
     return found
+
+
+def in_data_loading(node: cst.CSTNode, parent_of) -> bool:
+    """Inside a method of a Dataset or Sampler class other than its constructor (``__getitem__``
+    and what it calls on ``self``): DataLoader workers may run it, in processes of their own
+    with no process group and no CUDA (loqui's ``LRWDataset.__getitem__`` loads each sample with
+    ``torch.load``): no collective there, and no device of the parent process."""
+    function = node
+    while function is not None and not isinstance(function, cst.FunctionDef):
+        function = parent_of(function)
+    if function is None or function.name.value == "__init__":
+        return False
+    owner = parent_of(parent_of(function))  # (the class body, then the class)
+    if not isinstance(owner, cst.ClassDef):
+        return False
+    # (by its name or a base's: LRWDataset(LRWDatasetInterface), whose base subclasses Dataset)
+    names = [owner.name.value, *((dotted(base.value) or "").rpartition(".")[2] for base in owner.bases)]
+    return any("Dataset" in name or name.endswith("Sampler") for name in names)

@@ -33,8 +33,27 @@ class SettledNames:
         self._unbound: set[Key] = set()
         for node in walk(module):
             self._record(node)
+        # (a module's names: `from hyperparameters import num_epochs`, the same on every rank,
+        # unless the file binds them again)
+        self._imported = {
+            (alias.asname.name if alias.asname is not None else alias.name).value
+            for node in walk(module) if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar)
+            for alias in node.names
+            if isinstance(alias.asname.name if alias.asname is not None else alias.name, cst.Name)
+        }
         self._settled = set(self._bindings) - self._unbound
         self._settle()
+
+    def names_alike(self, expr: cst.BaseExpression, at: cst.CSTNode, besides: set[str] = frozenset()) -> bool:
+        """Does every variable ``expr`` reads (not a function it calls, nor an attribute's
+        name), ``besides`` aside, hold the same value on every rank at ``at``?"""
+        called = {id(n) for call in walk(expr) if isinstance(call, cst.Call) for n in walk(call.func)}
+        parts = {id(n.attr) for n in walk(expr) if isinstance(n, cst.Attribute)}
+        alike = self._names_alike(expr, at) | set(besides)
+        return all(
+            name.value in alike or name.value in ("True", "False", "None")
+            for name in walk(expr) if isinstance(name, cst.Name) and id(name) not in called and id(name) not in parts
+        )
 
     def uniform(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """Is ``expr``, evaluated at ``at``, the same on every rank?"""
@@ -165,7 +184,7 @@ class SettledNames:
             key = (id(scope), name.value)
             if key not in self._bindings and key not in self._unbound:
                 key = (id(self.module), name.value)
-            if key in self._settled:
+            if key in self._settled or name.value in self._imported and key not in self._bindings:
                 alike.add(name.value)
         return alike
 

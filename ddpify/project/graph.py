@@ -413,6 +413,29 @@ class Project:
             found.update(f"{instance}.{method}" for method in methods if f"{instance}.{method}(" in info.source)
         return frozenset(found)
 
+    def shared_builders(self, info: ModuleInfo) -> frozenset[str]:
+        """Names bound here of project functions that a module of the project which trains
+        nothing calls too (loqui's ``helpers.dataset2dataloader``, called for training in
+        model_train.py and for validation in model_validation.py): a loader such a function
+        returns is sharded where the training draws it, the builder staying whole for the others."""
+        found = set()
+        for name in set(CALL_NAME.findall(info.source)):
+            target = self.resolve(info, name)
+            if target is None or target[0] is info:
+                continue
+            function = target[1]
+            if not hasattr(self, "_call_counts"):
+                self._call_counts: dict[str, int] = {}
+            if function not in self._call_counts:
+                pattern = re.compile(rf"(?<![\w])(?<!def ){re.escape(function)}\s*\(")
+                self._call_counts[function] = sum(
+                    1 for path, source in self.sources.items()
+                    if path != target[0].path and not _trains(source) and pattern.search(source)
+                )
+            if self._call_counts[function]:
+                found.add(name)
+        return frozenset(found)
+
     def _imported_training_methods(self, info: ModuleInfo) -> set[str]:
         """The training methods of the project classes this module imports."""
         methods: set[str] = set()

@@ -131,6 +131,7 @@ class ProjectConversion:
             reexports=self.project.reexports(member),
             training_calls=self.project.training_calls(member),
             trains_elsewhere=any(other.trains for other in members if other is not member),
+            shared_builders=self.project.shared_builders(member),
         )
 
     def _members(self, entry: ModuleInfo) -> list[ModuleInfo] | None:

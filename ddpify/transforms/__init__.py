@@ -37,8 +37,8 @@ TRANSFORMS = (
     SetEpochTransform,
     NoSyncTransform,
     DecisionsTransform,
-    SharedStatisticsTransform,  # (before RankZero: a print of what it averaged is left as it is)
     RankZeroTransform,
+    SharedStatisticsTransform,  # (after RankZero's check: never where rank 0 runs alone; RankZero's prints read what it averaged)
     AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
     RunNamesTransform,
     ProcessGroupTransform,

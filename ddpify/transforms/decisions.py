@@ -17,7 +17,8 @@ that it is the same on every rank.
 
 DDP804  a counter of samples seen, built from the batch inside a training loop and used in
 a condition (``used_sample += real_image.shape[0]``, then ``if used_sample > phase:``; squad's
-countdown ``steps_till_eval -= batch_size`` of ``batch_size = cw_idxs.size(0)``),
+countdown ``steps_till_eval -= batch_size`` of ``batch_size = cw_idxs.size(0)``; RWKV-LM's
+``self.tokens += (y >= 0).sum()``, a count of the batch's elements, driving its warm-up),
 counted the global batch under DataParallel; each rank now sees its share, so it counts the
 world's samples::
 
@@ -361,7 +362,7 @@ class DecisionsTransform(Transform):
     def _a_batch_length(self, value: cst.BaseExpression, at: cst.CSTNode) -> bool:
         """``x.shape[0]``, or a name the training loop binds to one (squad's ``batch_size =
         cw_idxs.size(0)``, then ``steps_till_eval -= batch_size``)."""
-        if batch_length(value):
+        if batch_length(value) or _a_batch_count(value):
             return True
         if not isinstance(value, cst.Name):
             return False
@@ -439,6 +440,25 @@ class DecisionsTransform(Transform):
         return updated_node.with_changes(
             args=[arg.with_changes(value=averaged) if arg.value is metric else arg for arg in updated_node.args]
         )
+
+
+def _a_batch_count(value: cst.BaseExpression) -> bool:
+    """A count of the batch's elements: ``(y >= 0).sum()`` (RWKV's tokens seen, which drive its
+    learning-rate warm-up), ``mask.sum()`` of a comparison, ``x.numel()``, through ``.item()``
+    and ``int()``."""
+    while isinstance(value, cst.Call) and (
+        isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" and not value.args
+        or isinstance(value.func, cst.Name) and value.func.value in ("int", "float") and len(value.args) == 1
+    ):
+        value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args):
+        return False
+    if value.func.attr.value in ("numel", "nelement"):
+        return True
+    counted = value.func.value
+    while isinstance(counted, cst.Call) and isinstance(counted.func, cst.Attribute) and counted.func.attr.value in ("float", "long", "int"):
+        counted = counted.func.value
+    return value.func.attr.value == "sum" and isinstance(counted, cst.Comparison)
 
 
 def _drawn(loop: cst.CSTNode) -> set[str]:

@@ -63,7 +63,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import calls_in, dotted, walk
+from ddpify.analysis import calls_in, dotted, in_data_loading, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
@@ -199,7 +199,8 @@ class DevicesTransform(Transform):
                 shown = self.context.code(args[0].value)
                 self.context.report(original_node, "DDP702", f".cuda({shown}) -> .cuda(): this process's GPU")
                 return updated_node.with_changes(args=[arg for arg in updated_node.args if arg.keyword is not None])
-        if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None:
+        if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None \
+                and not in_data_loading(original_node, self.context.parent):  # (a worker process: no CUDA of its own)
             if len(positional_args(original_node)) < 2:
                 self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
                 return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))

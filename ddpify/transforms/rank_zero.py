@@ -174,8 +174,9 @@ import sys
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import calls_in, dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
+from ddpify.analysis.settled import SettledNames
 from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
@@ -244,8 +245,11 @@ class RankZeroTransform(Transform):
             self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
         )
         self.context.rank_zero_only = self._rank_zero_only
+        # (a caller in a block this transform puts on rank 0 alone would leave a broadcast inside
+        # the helper to rank 0: the others wait at the block's barrier)
         self._callers_run_after = callers_run_after_setup(
-            self.facts, self.context.parent, lambda statement: not self._under_rank_guard(statement)
+            self.facts, self.context.parent,
+            lambda statement: not self._under_rank_guard(statement) and not self._rank_zero_only(statement),
         )
         self._plan_quiet_calls()
         self._plan_fetches()
@@ -697,7 +701,7 @@ class RankZeroTransform(Transform):
         return self._test_from_rank_zero(original_node, updated_node)
 
     def leave_While(self, original_node: cst.While, updated_node: cst.While) -> cst.While:
-        if not self._existence_probe(original_node):
+        if not self._existence_probe(original_node) or not self._probes_a_shared_name(original_node):
             return updated_node
         return self._test_from_rank_zero(original_node, updated_node)
 
@@ -719,6 +723,8 @@ class RankZeroTransform(Transform):
         tests = _outer_calls(check.test)
         if not tests or not all((dotted(c.func) or "").endswith(EXISTENCE_CHECKS) for c in tests):
             return False
+        if self.context.rank_read_at_run_time or in_data_loading(check, self.context.parent):
+            return False  # (an imported module's callers are out of sight: one may run it on rank 0 alone)
         if self._import_time(check) or self._under_rank_guard(check) or self._units.guarded(check):
             return False
         return runs_after_setup(check, self.facts, self.context.parent, self._callers_run_after) and self._same_path_on_every_rank(check)
@@ -743,9 +749,26 @@ class RankZeroTransform(Transform):
                     return True
                 if name.endswith((*makers, "rmtree", "remove", "unlink")) and path_code(call) in tested:
                     return True
-            if any(isinstance(node, cst.Raise) for node in walk(branch)) or _leaves_loop(branch):
+            if any(isinstance(node, cst.Raise) for node in walk(branch)):
+                return True
+            if _leaves_loop(branch) and isinstance(innermost_loop(check, self.context.parent), (cst.For, cst.While)) \
+                    and self._probes_a_shared_name(check):
                 return True
         return False
+
+    def _probes_a_shared_name(self, check: cst.If | cst.While) -> bool:
+        """The paths it tests are named alike on every rank (a run folder's `out_0, out_1, ...`),
+        the names bound inside it aside (decided by this very test): not a per-sample file
+        (`f"targets/{idx}.txt"`), which each rank must look up for itself."""
+        if not hasattr(self, "_settled"):
+            self._settled = SettledNames(self.context.module, self.context.parent, self.facts.analyzer.calls)
+        bound_here = {n.value for node in walk(check) if isinstance(node, (cst.Assign, cst.AugAssign))
+                      for t in (node.targets if isinstance(node, cst.Assign) else [node]) for n in walk(t.target) if isinstance(n, cst.Name)}
+        for call in _outer_calls(check.test):
+            path = call.args[0].value if call.args else call.func.value if isinstance(call.func, cst.Attribute) else None
+            if path is None or not self._settled.names_alike(path, check, bound_here):
+                return False
+        return True
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if self._import_time(original_node):
@@ -1180,6 +1203,8 @@ class RankZeroTransform(Transform):
         ] if isinstance(original, cst.SimpleStatementLine) else []
         if not loads or self._under_rank_guard(original) or not self._same_path_on_every_rank(original):
             return [pair]
+        if in_data_loading(original, self.context.parent):
+            return [pair]  # (a DataLoader worker has no process group: a barrier there hangs)
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(original, "DDP615", "every rank waits for rank 0's saves before reading the checkpoint")
         # (the save may be in another module: Informer's EarlyStopping, hedwig's trainer; a

@@ -26,6 +26,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
 from ddpify.transforms.base import Transform
 
@@ -42,11 +43,12 @@ class SharedStatisticsTransform(Transform):
         if self.context.rank_read_at_run_time or not self.facts.training_loops:
             return
         derived = loss_derived(self.context.module)
+        self._callers = callers_run_after_setup(self.facts, self.context.parent, self._reaches)
         for loop in self.facts.training_loops:
             scope = self._scope_of(loop)
             added_up = _added_up(loop, derived)
             tested, differentiated = _tested_names(scope), _differentiated(scope)
-            for node in walk(scope):
+            for node in _own_nodes(scope):
                 number = _loss_number_bound(node, derived)
                 name = _statistic_bound(node, added_up) or number
                 if name is None or name not in tested or name in differentiated or differentiated & added_up:
@@ -63,9 +65,18 @@ class SharedStatisticsTransform(Transform):
         return node
 
     def _every_rank_computes(self, node: cst.Assign) -> bool:
+        """On every rank's path in its function, not for rank 0 alone (a rank guard, or a block
+        rank_zero puts on rank 0: a `with open(...)` one), after the set-up, and, in a
+        function, at every call of it (a helper called from an `except` is not)."""
         statement = self.context.parent(node)
-        return same_path_on_every_rank(statement, self.context.parent) and not under_rank_guard(
-            statement, self.context.parent, self.context.code
+        return self._reaches(statement) and runs_after_setup(statement, self.facts, self.context.parent, self._callers)
+
+    def _reaches(self, statement: cst.CSTNode) -> bool:
+        guarded = self.context.rank_zero_only
+        return (
+            same_path_on_every_rank(statement, self.context.parent)
+            and not under_rank_guard(statement, self.context.parent, self.context.code)
+            and not (guarded is not None and guarded(statement))
         )
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
@@ -136,3 +147,15 @@ def _differentiated(scope: cst.CSTNode) -> set[str]:
         for node in walk(scope)
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
     } - {None}
+
+
+def _own_nodes(scope: cst.CSTNode) -> list[cst.CSTNode]:
+    """The scope's nodes, not those of the functions and classes defined in it (a flat
+    script's helpers are their own scopes, with their own callers)."""
+    found, stack = [], list(scope.children)
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            stack.extend(node.children)
+    return found

@@ -971,8 +971,8 @@ class WrapModelTransform(Transform):
             f"where `{self.context.code(guard.node.test)}` did not wrap, checkpoints keep the bare model's keys, as the "
             "original's did (keys_unwrapped)",
         )
-        if not guard.wraps_when_true:
-            return _atom(test)
+        if not guard.wraps_when_true:  # (a flag of any type: `keys_unwrapped` reads a string as a part's name)
+            return cst.Call(func=cst.Name("bool"), args=[cst.Arg(test)])
         return cst.UnaryOperation(operator=cst.Not(), expression=_atom(test))
 
     def _report_planned_subclass(self, site: WrapSite) -> None:
