@@ -10,7 +10,7 @@ import libcst as cst
 from libcst.metadata import QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call, walk
+from ddpify.analysis.tree import calls_in, dotted, imports, is_training_call, statement_of, walk
 from ddpify.names import DATA_PARALLEL
 
 # Module-level calls that only configure (safe before the process group exists).
@@ -188,7 +188,7 @@ def callers_run_after_setup(facts, parent_of, reaches):
         if function in answers:
             return answers[function]
         answers[function] = False  # (a function that calls itself)
-        statements = [_statement_of(call, parent_of) for call, _ in facts.analyzer.calls.call_sites(function)]
+        statements = [statement_of(call, parent_of) for call, _ in facts.analyzer.calls.call_sites(function)]
         answers[function] = bool(statements) and all(
             statement is not None and reaches(statement) and runs_after_setup(statement, facts, parent_of, check)
             for statement in statements
@@ -196,9 +196,3 @@ def callers_run_after_setup(facts, parent_of, reaches):
         return answers[function]
 
     return check
-
-
-def _statement_of(node: cst.CSTNode, parent_of) -> cst.BaseStatement | None:
-    while node is not None and not isinstance(node, cst.BaseStatement):
-        node = parent_of(node)
-    return node

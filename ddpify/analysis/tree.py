@@ -318,3 +318,21 @@ def reaching_backward(loop: cst.CSTNode, origins: dict[str, list[cst.BaseExpress
             seen.add(name)
             pending += origins.get(name, [])
     return reached
+
+
+def own_nodes(scope: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every node of a function or module in document order, the functions, classes and
+    lambdas defined in it left out (their own scopes)."""
+    found, stack = [], [scope]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(reversed([child for child in node.children if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda))]))
+    return found
+
+
+def statement_of(node: cst.CSTNode | None, parent_of) -> cst.BaseStatement | None:
+    """The statement a node is part of."""
+    while node is not None and not isinstance(node, cst.BaseStatement):
+        node = parent_of(node)
+    return node

@@ -16,7 +16,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
-from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, walk
+from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, own_nodes, walk
 from ddpify.analysis.scopes import Room, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
@@ -291,7 +291,7 @@ class Wraps(Room):
         for guard in site.guards:
             branch = (guard.node.orelse if guard.wraps_when_true else guard.node.body) if isinstance(guard.node, cst.If) else None
             elsewhere.update(walk(branch) if branch is not None else ())
-        nodes = _own_statements(scope)
+        nodes = own_nodes(scope)
         after = nodes[nodes.index(statement) + 1 :] if statement in nodes else []
         return [
             line for index, line in enumerate(after)
@@ -328,21 +328,6 @@ class Wraps(Room):
         root = target.split(".")[0] if not target.startswith("self.") else target
         wraps_again = any(self.scopes.qualified(call.func) & DATA_PARALLEL for call in calls_in(value))
         return target not in read and root not in read and not wraps_again
-
-
-def _own_statements(scope: cst.CSTNode) -> list[cst.CSTNode]:
-    """Every node of a function or module in document order, nested functions and classes
-    left out."""
-    found = []
-
-    def visit(node: cst.CSTNode) -> None:
-        found.append(node)
-        for child in node.children:
-            if not isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-                visit(child)
-
-    visit(scope)
-    return found
 
 
 def _ends_the_path(statement: cst.BaseSmallStatement) -> bool:

@@ -259,6 +259,7 @@ class Project:
         self.sources = sources
         self.paths = {module_name(root, path): path for path in sources if path.suffix == ".py"}
         self._read: dict[str, ModuleInfo] = {}
+        self._call_counts: dict[str, int] = {}  # function -> modules that train nothing and call it (shared_builders)
 
     def in_project(self, module: str) -> bool:
         return module in self.paths or any(other.startswith(module + ".") for other in self.paths)
@@ -424,8 +425,6 @@ class Project:
             if target is None or target[0] is info:
                 continue
             function = target[1]
-            if not hasattr(self, "_call_counts"):
-                self._call_counts: dict[str, int] = {}
             if function not in self._call_counts:
                 pattern = re.compile(rf"(?<![\w])(?<!def ){re.escape(function)}\s*\(")
                 self._call_counts[function] = sum(

@@ -52,7 +52,7 @@ class AgreedBranchesTransform(Transform):
         if not training:
             return
         fed = self._fed_objects()
-        self._settled = SettledNames(self.context.module, self.context.parent, self.facts.analyzer.calls)
+        self._settled = self.context.settled
         for node in walk(self.context.module):  # (outer tests first: an inner one is reached alike once they are)
             if not isinstance(node, (cst.If, cst.While)) or is_main_guard(node) or not self._inside(node, training):
                 continue

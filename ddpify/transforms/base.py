@@ -20,6 +20,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameP
 from ddpify.analysis import Facts, star_imported_torch
 from ddpify.analysis.data_sites import data_sites
 from ddpify.analysis.scatter_points import scattered_at_the_model
+from ddpify.analysis.settled import SettledNames
 from ddpify.analysis.tree import dotted, walk, without_moves
 from ddpify.project.neighbours import Neighbours
 from ddpify.diagnostics import LIBRARY, SCRIPT, ConvertOptions, Diagnostic, Severity
@@ -91,6 +92,7 @@ class ConversionContext:
     _scattered: Any = field(default=None, init=False, repr=False)
     _coupled: Any = field(default=None, init=False, repr=False)
     _taken: Any = field(default=None, init=False, repr=False)
+    _settled: Any = field(default=None, init=False, repr=False)
 
     def fresh_name(self, base: str) -> str:
         """``base``, or ``base_2``, ...: a name nothing in the module uses yet, nor another
@@ -113,6 +115,13 @@ class ConversionContext:
             coupled = frozenset(self.batch_coupled)
             self._scattered = {site.loop: calls for site in sites if (calls := scattered_at_the_model(site, self.facts, coupled))}
         return self._scattered
+
+    @property
+    def settled(self) -> SettledNames:
+        """Which names hold the same value on every rank (analysis/settled.py), read once."""
+        if self._settled is None:
+            self._settled = SettledNames(self.module, self.parent, self.facts.analyzer.calls)
+        return self._settled
 
     @property
     def batch_coupled(self) -> dict[str, str]:

@@ -176,7 +176,6 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.settled import SettledNames
 from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
@@ -760,13 +759,11 @@ class RankZeroTransform(Transform):
         """The paths it tests are named alike on every rank (a run folder's `out_0, out_1, ...`),
         the names bound inside it aside (decided by this very test): not a per-sample file
         (`f"targets/{idx}.txt"`), which each rank must look up for itself."""
-        if not hasattr(self, "_settled"):
-            self._settled = SettledNames(self.context.module, self.context.parent, self.facts.analyzer.calls)
         bound_here = {n.value for node in walk(check) if isinstance(node, (cst.Assign, cst.AugAssign))
                       for t in (node.targets if isinstance(node, cst.Assign) else [node]) for n in walk(t.target) if isinstance(n, cst.Name)}
         for call in _outer_calls(check.test):
             path = call.args[0].value if call.args else call.func.value if isinstance(call.func, cst.Attribute) else None
-            if path is None or not self._settled.names_alike(path, check, bound_here):
+            if path is None or not self.context.settled.names_alike(path, check, bound_here):
                 return False
         return True
 

@@ -24,6 +24,7 @@ import libcst as cst
 from ddpify.analysis import same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.ranks import RunNames
+from ddpify.analysis.tree import statement_of
 from ddpify.transforms.base import Transform
 
 # Parser calls whose keyword values become the parsed arguments (`args.exp_name`).
@@ -39,7 +40,7 @@ class RunNamesTransform(Transform):
         self._callers_run_after = callers_run_after_setup(self.facts, self.context.parent, self._reached_by_every_rank)
         for node in walk(self.context.module):
             value = _candidate(node, self.context.parent)
-            if value is not None and names.is_name(value) and self._every_rank_runs(_statement_of(node, self.context.parent)):
+            if value is not None and names.is_name(value) and self._every_rank_runs(statement_of(node, self.context.parent)):
                 self._shared.add(value)
 
     # -- where the sending can go ------------------------------------------------------------
@@ -104,9 +105,3 @@ def _candidate(node: cst.CSTNode, parent_of) -> cst.BaseExpression | None:
         return None
     keywords = DEFAULT_SETTERS[call.func.attr.value]
     return node.value if keywords is None or node.keyword.value in keywords else None
-
-
-def _statement_of(node: cst.CSTNode, parent_of) -> cst.BaseStatement | None:
-    while node is not None and not isinstance(node, cst.BaseStatement):
-        node = parent_of(node)
-    return node

@@ -27,6 +27,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
+from ddpify.analysis.tree import own_nodes
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
 from ddpify.transforms.base import Transform
 
@@ -48,7 +49,7 @@ class SharedStatisticsTransform(Transform):
             scope = self._scope_of(loop)
             added_up = _added_up(loop, derived)
             tested, differentiated = _tested_names(scope), _differentiated(scope)
-            for node in _own_nodes(scope):
+            for node in own_nodes(scope):
                 number = _loss_number_bound(node, derived)
                 name = _statistic_bound(node, added_up) or number
                 if name is None or name not in tested or name in differentiated or differentiated & added_up:
@@ -147,15 +148,3 @@ def _differentiated(scope: cst.CSTNode) -> set[str]:
         for node in walk(scope)
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
     } - {None}
-
-
-def _own_nodes(scope: cst.CSTNode) -> list[cst.CSTNode]:
-    """The scope's nodes, not those of the functions and classes defined in it (a flat
-    script's helpers are their own scopes, with their own callers)."""
-    found, stack = [], list(scope.children)
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            stack.extend(node.children)
-    return found
