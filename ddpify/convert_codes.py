@@ -19,6 +19,11 @@ OTHER_CODES = {
     "(`.cuda(async=True)` is a syntax error since Python 3.7: it is `.cuda(non_blocking=True)`).",
     "DDP002": "DDP002  (error) the rewrite does not compile on the running Python where the original does (code "
     "spliced where this grammar refuses it): a ddpify defect; the file is left as it is, nothing half-written.",
+    "DDP003": "DDP003  (error) the converted text would still build torch's DataParallel (`nn.DataParallel(...)` in a "
+    "form the analysis did not see as torch's: `nn` taken from a project module, a module outside the project, or a "
+    "star import): under torchrun every rank would run its own DataParallel job. Nothing is written; the message names "
+    "where the name comes from: import it from torch in that file (`import torch.nn as nn`) and convert again, or "
+    "convert the folder so the module is read.",
     "DDP014": "DDP014  (warning) the script's own DDP path (pytorch/examples' --multiprocessing-distributed, a "
     "--distributed flag) trains on DataLoaders built here with no DistributedSampler anywhere (EfficientDet.Pytorch): "
     "under its switch every rank would train on all the data. That path is not taken: its DataParallel path is "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from ddpify.after_rewrite import collective_never_reached, data_parallel_left, rewrite_does_not_compile
 from ddpify.analysis import Analysis, Facts, activate, walk
 from ddpify.analysis.step_functions import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
@@ -199,7 +200,7 @@ class FileConversion:
             refusal = variant_refusal(path, source, facts, self.metadata)
             # (ddim's main.py: `runner = Diffusion(args, config); runner.train()`, whose train() wraps)
             out_of_sight = links is None and wrapped_elsewhere(path, source)
-            return refusal or out_of_sight or FileResult(path, source, source)
+            return refusal or out_of_sight or _unrecognised_wrap(path, source) or FileResult(path, source, source)
         if links is None and (facts.wraps or facts.dp_references):
             # (single-file mode: what the project modules it calls do with DataParallel)
             refusal = (
@@ -231,9 +232,13 @@ class FileConversion:
         if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
             return _refused(path, source, context.diagnostics)
         output = context.finish(converted.code)
-        broken = _rewrite_does_not_compile(source, output) or _collective_never_reached(source, output)
+        broken = rewrite_does_not_compile(source, output) or collective_never_reached(source, output)
         if broken:
             context.report(module, "DDP002", broken, Severity.ERROR)
+            return _refused(path, source, context.diagnostics)
+        left = None if context.own_ddp_path else data_parallel_left(output)
+        if left:  # (a wrap the analysis did not see as torch's: N DataParallel jobs under torchrun)
+            context.report(module, "DDP003", left, Severity.ERROR)
             return _refused(path, source, context.diagnostics)
         launches = role == ENTRY or (role == SCRIPT and facts.wraps)
         return FileResult(
@@ -311,55 +316,11 @@ def variant_refusal(path: str, source: str, facts: Facts, metadata: MetadataView
     return _refused(path, source, errors) if errors else None
 
 
-def _rewrite_does_not_compile(source: str, output: str) -> str | None:
-    """Why the converted text does not compile on this Python where the original does (a
-    rewrite that spliced code where this grammar refuses it): never written."""
-    try:
-        compile(output, "<converted>", "exec", dont_inherit=True)
-        return None
-    except SyntaxError as error:
-        try:
-            compile(source, "<original>", "exec", dont_inherit=True)
-        except SyntaxError:
-            return None  # (the original does not compile here either: a newer Python's file)
-        return (
-            f"the rewrite does not compile on this Python (line {error.lineno} of the result: {error.msg}); "
-            "a ddpify defect, please report it with the file"
-        )
-
-
-def _collective_never_reached(source: str, output: str) -> str | None:
-    """A collective the rewrite put after a ``return``/``raise``/``break``/``continue`` of its
-    block: the ranks that pass it would wait for ranks that never come (a hang). Never written."""
-    found = _unreachable_collectives(output)
-    if found is None or found <= (_unreachable_collectives(source) or 0):
-        return None
-    return "the rewrite puts a collective after a return or raise of its block, where no rank reaches it (a hang); a ddpify defect, please report it with the file"
-
-
-def _unreachable_collectives(text: str) -> int | None:
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    count = 0
-    for node in ast.walk(tree):
-        for field in ("body", "orelse", "finalbody"):
-            block = getattr(node, field, None)
-            if not isinstance(block, list):
-                continue
-            ends = next((i for i, statement in enumerate(block) if isinstance(statement, (ast.Return, ast.Raise, ast.Break, ast.Continue))), None)
-            for statement in block[ends + 1:] if ends is not None else ():
-                count += any(
-                    isinstance(call, ast.Call) and (
-                        isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "dist"
-                        or isinstance(call.func, ast.Name) and call.func.id.startswith("ddp_")
-                    )
-                    for call in ast.walk(statement)
-                )
-    return count
+def _unrecognised_wrap(path: str, source: str) -> FileResult | None:
+    """"Nothing to convert" said of a file that builds DataParallel in a form the analysis did
+    not see as torch's: refused with the reason (DDP003), never passed as done."""
+    left = data_parallel_left(source)
+    return _refused(path, source, [Diagnostic(1, 1, "DDP003", left, Severity.ERROR)]) if left else None
 
 
 def _refused(path: str, source: str, diagnostics: list[Diagnostic]) -> FileResult:

@@ -264,10 +264,10 @@ def test_a_long_elif_chain_converts_in_linear_time():
 
 
 def test_a_rewrite_that_does_not_compile_is_never_written(monkeypatch, tmp_path):
-    from ddpify import engine
+    from ddpify import after_rewrite, engine
 
-    assert engine._rewrite_does_not_compile("x = 1\n", "x = 1\n") is None
-    assert engine._rewrite_does_not_compile("x = (\n", "x = (\n") is None  # (the original's own error: DDP001's)
+    assert after_rewrite.rewrite_does_not_compile("x = 1\n", "x = 1\n") is None
+    assert after_rewrite.rewrite_does_not_compile("x = (\n", "x = (\n") is None  # (the original's own error: DDP001's)
     # a rewrite that broke the grammar (a splice this Python refuses) is refused whole
     monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "print(f'{'\n")
     script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
@@ -279,14 +279,37 @@ def test_a_rewrite_that_does_not_compile_is_never_written(monkeypatch, tmp_path)
 def test_a_rewrite_that_puts_a_collective_where_no_rank_reaches_it_is_never_written(monkeypatch, tmp_path):
     # locuslab/smoothing: a closing barrier after `return datasets.CIFAR10(..., download=True)`
     # never ran, and the ranks waiting for it hung. Whatever rewrite does it, it is not written.
-    from ddpify import engine
+    from ddpify import after_rewrite, engine
 
     returned = "def f():\n    return 1\n    dist.barrier()\n"
-    assert engine._collective_never_reached("def f():\n    return 1\n", returned)
-    assert engine._collective_never_reached(returned, returned) is None  # (the original's own)
-    assert engine._collective_never_reached("x = 1\n", "for i in y:\n    continue\n    ddp_mean(i)\n")
+    assert after_rewrite.collective_never_reached("def f():\n    return 1\n", returned)
+    assert after_rewrite.collective_never_reached(returned, returned) is None  # (the original's own)
+    assert after_rewrite.collective_never_reached("x = 1\n", "for i in y:\n    continue\n    ddp_mean(i)\n")
     monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "\ndef f():\n    raise SystemExit\n    dist.barrier()\n")
     script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
     result = CliRunner().invoke(app, ["convert", str(script)])
     assert "DDP002" in result.output and "no rank reaches" in result.output
+    assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"
+
+
+def test_a_rewrite_that_still_builds_data_parallel_is_never_written(monkeypatch, tmp_path):
+    # theonegis/rsfn (folder mode): `nn` taken from a project module was not seen as torch's, the
+    # loaders were sharded and both `nn.DataParallel(...)` wraps left: N DataParallel jobs under
+    # torchrun, reported "converted". Whatever missed it, such a result is not written (DDP003).
+    from ddpify import after_rewrite, engine
+
+    left = after_rewrite.data_parallel_left
+    assert "imported from model" in left("from model import nn\nnet = nn.DataParallel(g)\n")
+    assert "from model import *" in left("from model import *\nnet = nn.DataParallel(g)\n")
+    assert "line 3" in left("from torch.nn import DataParallel\n\nnet = DataParallel(g)\n")
+    assert left("from model import *\nnet = DataParallel(g)\n")  # (bound by nothing but a star import)
+    assert left("y = nn.parallel.data_parallel(net, x)\n")
+    assert left("class DataParallel:\n    pass\n\nnet = DataParallel(g)\n") is None  # (the file's own class)
+    assert left("from forks import DataParallel\nnet = DataParallel(g)\n") is None  # (a fork: DDP122's)
+    assert left("y = self.data_parallel(x)\nz = isinstance(m, nn.DataParallel)\n") is None
+    assert left("net = nn.DataParallel(g)  # ddpify: ignore[DDP003]\n") is None
+    monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "\nextra = nn.DataParallel(nn.Linear(1, 1))\n")
+    script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
+    result = CliRunner().invoke(app, ["convert", str(script)])
+    assert "DDP003" in result.output and "would still build DataParallel" in result.output
     assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"

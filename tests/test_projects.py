@@ -1053,3 +1053,98 @@ def test_a_loader_builder_the_validation_module_calls_too_stays_whole(tmp_path: 
     assert not any(r.error for r in results.values()), {k: r.diagnostics for k, r in results.items()}
     assert "DistributedSampler" not in results["helpers.py"].output
     assert "for x, y in ddp_shard(loader):" in results["train.py"].output
+
+
+STAR_MODEL = '''import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class CountedLoss(nn.Module):
+    """The squared error of the positive targets, over how many the batch holds."""
+
+    def forward(self, prediction, target):
+        positive = (target > 0).float()
+        return ((prediction - target) ** 2 * positive).sum() / positive.sum().clamp(min=1)
+'''
+
+STAR_EXPERIMENT = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from model import *
+
+
+class Experiment(object):
+    def __init__(self, option):
+        self.model = Net()
+        if option.ngpu > 1:
+            self.model = nn.DataParallel(self.model, list(range(option.ngpu)))
+        self.criterion = CountedLoss()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def train_on_epoch(self, loader):
+        for x, y in loader:
+            loss = self.criterion(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+    def train(self, epochs):
+        data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+        loader = DataLoader(data, batch_size=8, shuffle=False, drop_last=True)
+        for epoch in range(epochs):
+            self.train_on_epoch(loader)
+        torch.save(self.model.state_dict(), "final.pth")
+'''
+
+STAR_RUN = '''import argparse
+
+import torch
+
+from experiment import Experiment
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--ngpu", type=int, default=1)
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    Experiment(parser.parse_args()).train(2)
+'''
+
+
+@pytest.mark.parametrize("imported", ["from model import *", "from model import CountedLoss, Net, nn"])
+def test_torch_names_a_project_module_passes_on_wrap_and_a_whole_batch_loss_trains_the_original_model(
+    tmp_path: Path, imported: str
+) -> None:
+    # theonegis/rsfn: experiment.py takes `nn` from model.py (`from model import *`), whose loss
+    # couples the batch. The whole-batch path (DDP314) was taken for "no loader sharded" (DDP211,
+    # the project refused); with `nn` imported by name, `model.nn.DataParallel` was not seen as
+    # torch's and both wraps were left in place while the loaders were sharded, reported "converted"
+    files = {"model.py": STAR_MODEL, "experiment.py": STAR_EXPERIMENT.replace("from model import *", imported), "run.py": STAR_RUN}
+    write_project(tmp_path / "original", files)
+    write_project(tmp_path / "converted", files)
+    results = convert_tree(tmp_path / "converted")
+    assert not any(r.error for r in results.values()), {k: r.error for k, r in results.items()}
+    codes = {d.code for d in results["experiment.py"].diagnostics}
+    assert {"DDP101", "DDP314"} <= codes and "nn.DataParallel(" not in results["experiment.py"].output
+    for name, result in results.items():
+        (tmp_path / "converted" / name).write_text(result.output)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    before = subprocess.run([sys.executable, "run.py"], cwd=tmp_path / "original", env=env, capture_output=True, text=True, timeout=120)
+    assert before.returncode == 0, before.stderr
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "run.py"]
+    after = run_launched(torchrun, cwd=tmp_path / "converted", env=env, timeout=300)
+    assert after.returncode == 0, after.stderr
+    expected, got = torch.load(tmp_path / "original" / "final.pth"), torch.load(tmp_path / "converted" / "final.pth")
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, **TOLERANCE)

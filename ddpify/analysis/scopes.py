@@ -27,6 +27,20 @@ STAR_IMPORTED_ROOTS = {
 }  # (gopt's `np.savetxt` after `from models import *`: a file write)
 
 
+def through_reexports(name: str, reexports: dict[str, str]) -> str:
+    """A qualified name read through a project module's re-exports, the longest re-exported
+    prefix first: `model.nn.DataParallel` where model.py does `import torch.nn as nn` is
+    torch.nn.DataParallel (rsfn's `from model import Generator, nn`)."""
+    if not reexports or name in reexports:
+        return reexports.get(name, name)
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in reexports:
+            return ".".join([reexports[prefix], *parts[end:]])
+    return name
+
+
 def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
     """``torch.nn.DataParallel`` / ``nn.DataParallel`` where ``torch`` / ``nn`` is bound by
     nothing but a star import: taken to be torch's (the spelled-out path says so)."""
@@ -88,7 +102,8 @@ class Scopes:
         return list(scope[name.value]) if scope is not None else []
 
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        names = {self.facts.reexports.get(q.name, q.name) for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        reexports = self.facts.reexports
+        names = {through_reexports(q.name, reexports) for q in self.get_metadata(QualifiedNameProvider, node, set())}
         if names or not self.facts.star_imports:
             return names
         return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None))

@@ -431,7 +431,9 @@ def _route(project: Project, member: ModuleInfo, foreign, builders: dict, conver
 
 # Codes of a conversion that shards training data: a DistributedSampler added, a loader sharded
 # where the training loop draws it, a drawn batch split.
-SHARDING_CODES = ("DDP301", "DDP312", "DDP313")
+# (DDP314: the whole batch drawn alike on every rank, the wrapped model's calls taking their
+# share of it, as DataParallel's scatter did: rsfn's batch-coupled reconstruction loss)
+SHARDING_CODES = ("DDP301", "DDP312", "DDP313", "DDP314")
 
 
 def _shards(result: FileResult) -> bool:

@@ -18,6 +18,7 @@ from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis import Facts, star_imported_torch
+from ddpify.analysis.scopes import through_reexports
 from ddpify.analysis.data_sites import data_sites
 from ddpify.analysis.scatter_points import scattered_at_the_model
 from ddpify.analysis.settled import SettledNames
@@ -220,7 +221,8 @@ class ConversionContext:
             return None
 
     def qualified(self, node: cst.CSTNode) -> set[str]:
-        names = {self.facts.reexports.get(q.name, q.name) for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        reexports = self.facts.reexports
+        names = {through_reexports(q.name, reexports) for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
         if not names and isinstance(node, cst.Name) and node.value in self.facts.reexports:
             return {self.facts.reexports[node.value]}  # bound by a star import of a project module
         if names or not self.facts.star_imports:
