@@ -7,6 +7,9 @@ rewrite, so a defect of the analysis cannot hide from them.
 
 - DDP002: the rewrite does not compile where the original does, or puts a collective after
   a ``return``/``raise``/``break``/``continue`` of its block (no rank reaches it: a hang).
+- DDP002 too: the rewrite puts a collective (a ``dist`` call, or a function of the file that
+  makes one: ``ddp_agreed``, ``ddp_mean``, ...) inside a block only rank 0 runs (``if
+  ddp_rank() == 0:``): the other ranks never join it (a hang).
 - DDP003: the rewrite still builds torch's DataParallel (a form the analysis did not
   recognise as torch's): under torchrun every rank would run its own DataParallel job, or
   crash at the first forward; the message names why the name was not recognised.
@@ -77,6 +80,108 @@ def _unreachable_collectives(text: str) -> int | None:
                     for call in ast.walk(statement)
                 )
     return count
+
+
+# torch.distributed's calls that every rank of the group must make.
+COLLECTIVES = {
+    "barrier", "broadcast", "all_reduce", "all_gather", "gather", "scatter", "reduce", "broadcast_object_list",
+    "all_gather_object", "gather_object", "scatter_object_list", "all_to_all", "reduce_scatter", "all_gather_into_tensor",
+    "reduce_scatter_tensor", "monitored_barrier",
+}
+RANK_CALLS = {"ddp_rank", "dist.get_rank", "torch.distributed.get_rank"}
+
+
+def collective_for_rank_zero_alone(source: str, output: str) -> str | None:
+    """A collective the rewrite put inside a block only rank 0 runs (two rewrites of one
+    statement: Jacqueline121/RetinaNet_pytorch's `if not os.path.exists(d): os.mkdir(d)` guarded
+    for rank 0 whole, its test agreed by a broadcast): rank 0 waits in it while the others wait
+    at the barrier after the block. Never written."""
+    found = _collectives_for_rank_zero(output)
+    if not found or len(found) <= len(_collectives_for_rank_zero(source)):
+        return None
+    line, name = found[0]
+    return (
+        f"the rewrite puts a collective (`{name}(...)`, line {line} of the result) inside a block only rank 0 runs: the "
+        "other ranks never join it (a hang); a ddpify defect, please report it with the file"
+    )
+
+
+def _collectives_for_rank_zero(text: str) -> list[tuple[int, str]]:
+    """(line, callee) of each collective call inside an `if <rank> == 0:` body, outside the
+    emitted helpers (``ddp_*`` functions and ``Ddp*`` classes, which decide for themselves)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    collective = _collective_functions(tree)
+
+    def made_in(block: list[ast.stmt]) -> list[tuple[int, str]]:
+        return [
+            (call.lineno, name) for statement in block for call in ast.walk(statement) if isinstance(call, ast.Call)
+            for name in [_callee(call)]
+            if name is not None and (name in collective or name.startswith("dist.") and name[5:] in COLLECTIVES)
+        ]
+
+    found, paired = [], []
+    for node in _outside_helpers(tree):
+        if isinstance(node, ast.If) and _rank_test(node.test, ast.Eq):
+            found += made_in(node.body)
+            paired += made_in(node.orelse)
+        elif isinstance(node, ast.If) and _rank_test(node.test, ast.NotEq):
+            paired += made_in(node.body)
+    # (rank 0 first: `if rank != 0: dist.barrier()` ... `if rank == 0: dist.barrier()` meet)
+    for _, name in paired:
+        match = next((item for item in found if item[1] == name), None)
+        if match is not None:
+            found.remove(match)
+    return found
+
+
+def _collective_functions(tree: ast.Module) -> set[str]:
+    """The file's functions that make a collective, themselves or through another of them."""
+    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    called = {f.name: {_callee(c) for c in ast.walk(f) if isinstance(c, ast.Call)} - {None} for f in functions}
+    found = {name for name, calls in called.items() if any(c.startswith("dist.") and c[5:] in COLLECTIVES for c in calls)}
+    grown = True
+    while grown:
+        grown = False
+        for name, calls in called.items():
+            if name not in found and calls & found:
+                found.add(name)
+                grown = True
+    return found
+
+
+def _outside_helpers(tree: ast.Module):
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name.lower().startswith("ddp"):
+            continue
+        yield node
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def _callee(call: ast.Call) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        return f"{func.value.id}.{func.attr}"
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and isinstance(func.value.value, ast.Name):
+        return f"{func.value.value.id}.{func.value.attr}.{func.attr}"
+    return None
+
+
+def _rank_test(test: ast.expr, op: type) -> bool:
+    """`ddp_rank() == 0` (op Eq) or `!= 0` (NotEq), `dist.get_rank()` alike; alone or in an `and`."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and op is ast.Eq:
+        return any(_rank_test(value, op) for value in test.values)
+    return (
+        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], op)
+        and isinstance(test.left, ast.Call) and _callee(test.left) in RANK_CALLS
+        and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == 0
+    )
 
 
 def data_parallel_left(text: str) -> str | None:

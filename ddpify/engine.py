@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from ddpify.after_rewrite import collective_never_reached, data_parallel_left, rewrite_does_not_compile
+from ddpify.after_rewrite import collective_for_rank_zero_alone, collective_never_reached, data_parallel_left, rewrite_does_not_compile
 from ddpify.analysis import Analysis, Facts, activate, walk
 from ddpify.analysis.step_functions import step_function_calls
 from ddpify.diagnostics import ENTRY, LIBRARY, SCRIPT, ConvertOptions, Diagnostic, FileResult, ProjectLinks, Severity, suppressed
@@ -232,7 +232,10 @@ class FileConversion:
         if context.has_errors:  # found while rewriting (a name the new code needs, taken locally)
             return _refused(path, source, context.diagnostics)
         output = context.finish(converted.code)
-        broken = rewrite_does_not_compile(source, output) or collective_never_reached(source, output)
+        broken = (
+            rewrite_does_not_compile(source, output) or collective_never_reached(source, output)
+            or collective_for_rank_zero_alone(source, output)
+        )
         if broken:
             context.report(module, "DDP002", broken, Severity.ERROR)
             return _refused(path, source, context.diagnostics)

@@ -313,3 +313,25 @@ def test_a_rewrite_that_still_builds_data_parallel_is_never_written(monkeypatch,
     result = CliRunner().invoke(app, ["convert", str(script)])
     assert "DDP003" in result.output and "would still build DataParallel" in result.output
     assert script.read_text() == "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n"
+
+
+def test_a_rewrite_that_puts_a_collective_where_rank_zero_goes_alone_is_never_written(monkeypatch, tmp_path):
+    # Jacqueline121/RetinaNet_pytorch: `if not os.path.exists(d): os.mkdir(d)` guarded for rank 0 as a
+    # whole, and its test agreed by a broadcast (ddp_agreed): rank 0 in the broadcast, the others at
+    # the barrier after the block, a hang at the first epoch's end. Whatever rewrite does it, not written.
+    from ddpify import after_rewrite, engine
+
+    check = after_rewrite.collective_for_rank_zero_alone
+    helper = "def ddp_agreed(flag):\n    dist.broadcast(flag, 0)\n    return flag\n\n\n"
+    guarded = helper + "if ddp_rank() == 0:\n    if ddp_agreed(not os.path.exists(d)):\n        os.mkdir(d)\ndist.barrier()\n"
+    assert "ddp_agreed" in check("import os\n", guarded)
+    assert check(guarded, guarded) is None  # (the original's own)
+    assert "dist.all_reduce" in check("x = 1\n", "if dist.get_rank() == 0 and epoch:\n    dist.all_reduce(t)\n")
+    # rank 0 first: the other ranks' barrier before, rank 0's after, meet
+    first = "if ddp_rank() != 0:\n    dist.barrier()\nload()\nif ddp_rank() == 0:\n    dist.barrier()\n"
+    assert check("load()\n", first) is None
+    assert check("x = 1\n", "if ddp_rank() == 0:\n    torch.save(m, p)\ndist.barrier()\n") is None
+    monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "\nif ddp_rank() == 0:\n    dist.barrier()\n")
+    script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
+    result = CliRunner().invoke(app, ["convert", str(script)])
+    assert "DDP002" in result.output and "only rank 0 runs" in result.output

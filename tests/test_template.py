@@ -1380,3 +1380,33 @@ def test_an_attribute_set_on_the_wrapped_model_that_the_wrapper_lacks_is_the_mod
     result = _torchrun(tmp_path, ATTRIBUTES_SET)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("ok") == 1  # (rank 0's output only)
+
+
+class _IdentitySampler(torch.utils.data.Sampler):
+    """ReID's RandomIdentitySampler in a fixed order: P identities of K images each, in a row."""
+
+    def __init__(self, people: int, images: int) -> None:
+        self.people, self.images = people, images
+
+    def __iter__(self):
+        return iter(range(self.people * self.images))
+
+    def __len__(self) -> int:
+        return self.people * self.images
+
+
+def test_a_users_sampler_batched_by_torch_has_each_batch_cut_in_contiguous_parts(monkeypatch):
+    # huangzh13/ReID.template.pytorch: a batch of 4 people x 4 images; each rank taking every other
+    # draw left each rank 2 images of each person, and the triplet loss's hardest positive was gone
+    # at 4 ranks. DataParallel's scatter cut each batch in contiguous parts: each person's images together.
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=8, sampler=_IdentitySampler(4, 4))
+    zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
+    assert zero == [[0, 1, 2, 3], [8, 9, 10, 11]] and one == [[4, 5, 6, 7], [12, 13, 14, 15]]
+
+
+def test_a_batch_of_one_that_cannot_be_divided_says_so_once(monkeypatch):
+    _as_rank(monkeypatch, 0, world=2)
+    template.ddp_local_batch_size.__dict__.pop("told", None)
+    with pytest.warns(UserWarning, match="batch size 1 cannot be divided among 2 processes"):
+        assert template.ddp_local_batch_size(1) == 1
+    assert template.ddp_local_batch_size(1) == 1  # (said once)

@@ -127,7 +127,7 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     body (not in a loop inside it), or a step function of the file given its batch
     (``loss = train(imgL, imgR)``)? An epoch loop calls ``train(loader, ...)`` instead."""
     targets = {name.value for name in walk(loop.target) if isinstance(name, cst.Name)} if isinstance(loop, cst.For) else set()
-    if isinstance(loop, cst.For) and _counted(loop.iter):
+    if isinstance(loop, cst.For) and counted_steps(loop.iter):
         targets = set()  # an epoch counter handed to a training call (`trainer.train(epoch, loader)`) is not data
     # (and what it draws with next(): MCCNet's `content_images = next(content_iter).to(device)`,
     # then `train_step(content_images, style_images, ...)` in a counted loop)
@@ -135,6 +135,8 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
         name for node in walk(loop.body) if isinstance(node, cst.Assign) and any(dotted(c.func) == "next" for c in calls_in(node.value))
         for target in node.targets for name in bound_names(target.target)
     }
+    if isinstance(loop, cst.For) and iterates_training_objects(loop):
+        return False  # (MEG: `for opt_adj, adj_generator in zip(optimizer_adj, adj_generators): opt_adj.step()`)
     derived = derived_from(targets, loop.body)
     calls = _own_calls(loop.body)
     # (an object fed the batch by one method and trained by another: SRFBN's
@@ -159,6 +161,36 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
     return False
 
 
+# Methods called on a model or an optimizer, never on a batch.
+OBJECT_METHODS = {
+    "step", "zero_grad", "parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval",
+    "modules", "children", "requires_grad_", "add_param_group", "module",
+}
+
+
+def iterates_training_objects(loop: cst.For) -> bool:
+    """Every name the loop draws and uses (an enumerate's count aside) is used as a model or an
+    optimizer: called (`adj_generator(x)`), stepped, zeroed, asked for its parameters. A loop
+    over the training's parts (MEG's lists of optimizers and wrapped layers), not over data."""
+    target = loop.target
+    if isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "enumerate" and isinstance(target, cst.Tuple) and target.elements:
+        target = target.elements[-1].value
+    drawn = {name.value for name in walk(target) if isinstance(name, cst.Name)}
+    if not drawn:
+        return False
+    used_as_objects = set()
+    for call in calls_in(loop.body):
+        func = call.func
+        if isinstance(func, cst.Name) and func.value in drawn:
+            used_as_objects.add(func.value)
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.attr.value in OBJECT_METHODS:
+            used_as_objects.add(func.value.value)
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "module":
+            used_as_objects.add(dotted(func.value.value) or "")
+    used = {name.value for name in walk(loop.body) if isinstance(name, cst.Name)} & drawn
+    return bool(used & used_as_objects) and used <= used_as_objects  # (a name drawn and left unused says nothing)
+
+
 def _iterators_made(loop: cst.CSTNode, facts: Facts) -> set[str]:
     """Names bound to ``iter(...)`` in the function around ``loop`` (or at module level)."""
     context = facts.contexts.get(loop)
@@ -169,7 +201,7 @@ def _iterators_made(loop: cst.CSTNode, facts: Facts) -> set[str]:
     }
 
 
-def _counted(iterated: cst.BaseExpression) -> bool:
+def counted_steps(iterated: cst.BaseExpression) -> bool:
     """``range(n)``, ``trange(n)``, or a progress bar over one (``tqdm(range(args.max_iter))``):
     a count of steps, not data."""
     if not isinstance(iterated, cst.Call):
@@ -177,7 +209,7 @@ def _counted(iterated: cst.BaseExpression) -> bool:
     name = (dotted(iterated.func) or "").rpartition(".")[2]
     if name in ("range", "trange"):
         return True
-    return name == "tqdm" and bool(iterated.args) and _counted(iterated.args[0].value)
+    return name == "tqdm" and bool(iterated.args) and counted_steps(iterated.args[0].value)
 
 
 def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:

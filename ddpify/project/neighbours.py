@@ -747,10 +747,10 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     # unfix() turns requires_grad on after the wrap)
     known = _imported(path, tree, lambda summary: dict.fromkeys(summary.freezing_classes, ""))
     freezing = frozenset(_through_classes(tree, freezing, known, ""))
-    pairwise = frozenset(
+    pairwise = _with_instances(tree, frozenset(
         node.name for node in tree.body
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (PAIRWISE.search(ast.unparse(node)) or _a_batch_product(node))
-    ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, "")))
+    ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, ""))))
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
     bases = {id(part) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases for part in ast.walk(base)}
@@ -787,12 +787,12 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             if isinstance(node, ast.FunctionDef) and node.name not in writers and node.name not in trainers
             and _evaluates(node) and (_writes(node) or _calls_one_of(node, writing_helpers))
         ),
-        count_normalized=_through_calls(
+        count_normalized=_with_instances(tree, _through_calls(
             tree,
             {node.name for node in tree.body
              if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))},
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
-        ),
+        )),
         selecting={
             **_imported(path, tree, lambda summary: summary.selecting),
             **{node.name: index for node in tree.body if isinstance(node, ast.FunctionDef) for index in [selecting_parameter(node)] if index is not None},
@@ -826,6 +826,18 @@ def _evaluating_writers(cls: ast.ClassDef, writing_helpers: set[str]) -> dict[st
         if runs and any(_writes(body) or _calls_one_of(body, writing_helpers) for body in bodies):
             found[name] = ()
     return found
+
+
+def _with_instances(tree: ast.Module, found: frozenset[str]) -> frozenset[str]:
+    """``found`` and the module-level instances of its classes, which importers call as the
+    loss (a SenNet kidney-vessel project's utils/loss.py: `loss_func = DiceLoss()`, a Dice over
+    the whole batch, imported and called by the training script)."""
+    made = {
+        target.id for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name) and node.value.func.id in found
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+    return found | made
 
 
 def _through_calls(tree: ast.Module, found: set[str], imported: set[str]) -> frozenset[str]:

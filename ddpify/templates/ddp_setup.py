@@ -327,14 +327,15 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
     make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
     if whole_batches:
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=True, whole=True), **options)
-    elif type(batches) is BatchSampler:
+    elif type(batches) is BatchSampler and type(batches.sampler).__module__ == "torch.utils.data.sampler":
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
         # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
         local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
         rebuilt = make(dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
         rebuilt = make(dataset, None, sampler=DdpShard(loader.sampler, dataset, per_batch=False), **options)
-    else:  # the user's batch sampler: each of its batches split across the ranks, as DataParallel did
+    else:  # the user's batch sampler, or the user's sampler batched here (ReID's identity sampler: P people,
+        # K images each, in a row): each batch split across the ranks in DataParallel's contiguous parts
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
@@ -859,6 +860,14 @@ def ddp_local_batch_size(batch_size):
     """DataParallel's batch size was global: each process loads its share (one item per
     step cannot be divided: each process loads one, MICCAI-LITS2017's 3D volumes)."""
     if batch_size == 1:
+        if dist.get_world_size() > 1 and not ddp_local_batch_size.__dict__.get("told"):
+            import warnings
+
+            ddp_local_batch_size.told = True
+            warnings.warn(
+                f"batch size 1 cannot be divided among {dist.get_world_size()} processes: each loads 1, so the "
+                "global batch is the number of processes (DataParallel's was 1)", stacklevel=2,
+            )
         return 1
     if batch_size % dist.get_world_size():
         raise SystemExit(f"batch size {batch_size} does not divide evenly among {dist.get_world_size()} processes")

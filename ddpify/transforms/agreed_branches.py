@@ -125,10 +125,12 @@ class AgreedBranchesTransform(Transform):
         return True
 
     def _rank_zero_alone(self, node: cst.CSTNode) -> bool:
-        """Inside a statement that rank 0 runs alone once converted (rank_zero's guards: a
-        `with open(path, "a") as f:` block around the test)."""
+        """A statement that rank 0 runs alone once converted, or inside one (rank_zero's guards:
+        a `with open(path, "a") as f:` block around the test; the whole `if not exists(d):
+        mkdir(d)` of Jacqueline121/RetinaNet_pytorch, whose agreed test was a broadcast only
+        rank 0 reached)."""
         alone = self.context.rank_zero_only
-        return alone is not None and any(isinstance(up, cst.BaseStatement) and alone(up) for up in self._ancestors(node))
+        return alone is not None and any(isinstance(up, cst.BaseStatement) and alone(up) for up in (node, *self._ancestors(node)))
 
     def _rank_zero_writes(self, branch: cst.CSTNode) -> bool:
         """A statement of the branch that rank 0 runs alone: a write, which other ranks wait for

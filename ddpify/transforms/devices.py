@@ -13,7 +13,7 @@ DDP701  "cuda:N" device string -> "cuda"::
 Likewise a GPU by its index: ``torch.device(0)`` and ``torch.device("cuda", 0)`` become
 ``torch.device("cuda")``, and ``x.to(1)`` becomes ``x.to("cuda")``.
 
-DDP702  ``.cuda(N)`` -> ``.cuda()``, whatever names the index (``.cuda(gpus_list[0])``,
+DDP702  ``.cuda(N)`` -> ``.cuda()``, whatever names the index (``.cuda(gpus_list[0])``, ``.cuda(device=d)``,
 ``.cuda(args.gpu)``): each process uses its own GPU; keywords stay::
 
     x = x.cuda(0)        ->   x = x.cuda()
@@ -193,12 +193,17 @@ class DevicesTransform(Transform):
             return updated_node.with_changes(args=[updated_node.args[0].with_changes(value=moved), *updated_node.args[1:]])
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda":
             args = positional_args(original_node)
-            if args and not _is_module_call(func) and not self._imported_module(func.value):
-                # `.cuda(0)`, `.cuda(gpus_list[0])`, `.cuda(args.gpu)`: a GPU the single
-                # DataParallel process chose; each DDP process uses its own.
-                shown = self.context.code(args[0].value)
+            named = keyword_arg(original_node, "device")
+            if (args or named is not None) and not _is_module_call(func) and not self._imported_module(func.value):
+                # `.cuda(0)`, `.cuda(gpus_list[0])`, `.cuda(args.gpu)`, `.cuda(device=params.device[0])`
+                # (Rotation-RetinaNet, a GPU from its YAML): a GPU the single DataParallel process
+                # chose; each DDP process uses its own.
+                shown = self.context.code(args[0].value) if args else f"device={self.context.code(named.value)}"
                 self.context.report(original_node, "DDP702", f".cuda({shown}) -> .cuda(): this process's GPU")
-                return updated_node.with_changes(args=[arg for arg in updated_node.args if arg.keyword is not None])
+                kept = [arg for arg in updated_node.args if arg.keyword is not None and arg.keyword.value != "device"]
+                if kept:
+                    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                return updated_node.with_changes(args=kept)
         if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None \
                 and not in_data_loading(original_node, self.context.parent):  # (a worker process: no CUDA of its own)
             if len(positional_args(original_node)) < 2:

@@ -651,7 +651,8 @@ class RankZeroTransform(Transform):
         `megaface_test(model)`, which runs it two calls down), not torch's, a builtin or a logger."""
         if any(name.split(".")[0] in ("builtins", "torch", "logging", "numpy", "copy", *TRACKER_MODULES) for name in names):
             return False
-        return any(arg.keyword is None and dotted(arg.value) in self.facts.model_names for arg in call.args)
+        # (by keyword too: Rotation-RetinaNet's `evaluate(model=model, ...)`, two modules down to the forward)
+        return any(not arg.star and dotted(arg.value) in self.facts.model_names for arg in call.args)
 
     def _rank_zero_alone(self, call: cst.Call) -> bool:
         """Does rank 0 alone run this call once converted (a guard there, or one this transform adds)?"""
@@ -672,7 +673,7 @@ class RankZeroTransform(Transform):
         rank, would wait for the others: it broadcasts buffers)."""
         args = []
         for arg in updated.args:
-            name = dotted(arg.value) if arg.keyword is None else None
+            name = dotted(arg.value) if not arg.star else None
             if name in self.facts.model_names:
                 arg = arg.with_changes(value=cst.Call(cst.Name("ddp_alone"), [cst.Arg(arg.value)]))
             args.append(arg)

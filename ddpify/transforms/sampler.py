@@ -87,7 +87,10 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.tree import without_moves
-from ddpify.analysis.data_sites import DataSite, data_expressions, data_sites, part_of_a_model, surely_not_a_loader, training_condition
+from ddpify.analysis.data_sites import (
+    DataSite, counted_steps, data_expressions, data_sites, iterates_training_objects, part_of_a_model, surely_not_a_loader,
+    training_condition,
+)
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
@@ -557,6 +560,13 @@ class SamplerTransform(Transform):
                 "rank its share by hand"
             )
         what = f"`{self.context.code(loop.iter)}`" if isinstance(loop, cst.For) else "what its body reads"
+        if isinstance(loop, cst.For) and counted_steps(loop.iter):
+            return (
+                f"this training loop counts its steps ({what}) and each step trains on data held whole here (a graph, "
+                "tensors made before the loop), drawn from no DataLoader: every rank would take the same whole step, so "
+                "there is nothing to split between them; run it as one process, or make the data a Dataset in a "
+                "DataLoader to shard it"
+            )
         return (
             f"this training loop iterates {what}, not a DataLoader: its batches cannot be split between the "
             "ranks (every rank would train on all of them); make them a Dataset in a DataLoader, or give each "
@@ -629,8 +639,8 @@ class SamplerTransform(Transform):
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):
                 continue  # an epoch loop that steps a scheduler: its data comes from inside the calls
-            if isinstance(loop, cst.For) and part_of_a_model(loop.iter, loop):
-                continue  # a backward() per part of the model, on a batch drawn around it
+            if isinstance(loop, cst.For) and (part_of_a_model(loop.iter, loop) or iterates_training_objects(loop)):
+                continue  # a backward() per part of the model, or a step per optimizer, on data drawn around it
             if self._serves_another_loop(loop):
                 continue
             if loop in fed or any(other in fed for other in walk(loop.body)) or self._inside(loop, fed):
