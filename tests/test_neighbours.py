@@ -2162,3 +2162,85 @@ def test_a_model_picked_by_a_computed_name_that_splits_in_its_forward_is_refused
     result = convert_file(tmp_path / "age.py")
     assert result.error and "DDP214" in result.error and "ddpify convert DIR" in result.error, result.diagnostics
     assert result.output == result.source
+
+
+DICE = '''import torch.nn as nn
+
+
+class DiceLoss(nn.Module):
+    def forward(self, inputs, targets, smooth=1):
+        inputs, targets = inputs.sigmoid().view(-1), targets.view(-1)
+        intersection = (inputs * targets).sum()
+        return 1 - (2.0 * intersection + smooth) / (inputs.sum() + targets.sum() + smooth)
+
+
+loss_func = DiceLoss()
+'''
+
+DICE_SCRIPT = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import loss_func
+
+model = nn.DataParallel(nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), (torch.randn(16, 1) > 0).float()), batch_size=8)
+for epoch in range(2):
+    for x, y in loader:
+        loss = loss_func(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_module_level_instance_of_a_batch_coupled_loss_takes_the_whole_batch(tmp_path):
+    # a SenNet kidney-vessel project: utils/loss.py's `loss_func = DiceLoss()`, a Dice over the
+    # whole batch, imported and called by the script; the class was followed, its instance was not:
+    # each rank took the Dice of its half-batch (weights 1.3e-3 from the original's)
+    project(tmp_path, {"losses.py": DICE, "train.py": DICE_SCRIPT})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error, result.diagnostics
+    assert "DDP314" in {d.code for d in result.diagnostics}
+    assert "whole_batches=True" in result.output and "ddp_scattered(model, x)" in result.output
+
+
+RRET_EVALUATE = "import os, shutil, torch\nfrom detect import im_detect\ndef evaluate(model=None, out_root=None, device=None):\n    out_dir = os.path.join(out_root, 'detection-results')\n    if os.path.exists(out_dir):\n        shutil.rmtree(out_dir)\n    os.makedirs(out_dir)\n    for i in range(3):\n        dets = im_detect(model, torch.randn(1, 4), device=device)\n        with open(os.path.join(out_dir, f'{i}.txt'), 'w') as f:\n            f.write(str(dets.tolist()))\n    mAP = float(len(os.listdir(out_dir)))\n    print('mAP', mAP)\n    return mAP, 0.5, 0.5\n"
+RRET_DETECT = 'import torch\ndef im_detect(model, x, device=None):\n    with torch.no_grad():\n        return model(x)\n'
+RRET_TRAIN = "import os, torch, torch.nn as nn\nfrom evaluate_mod import evaluate\n\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(4, 4); self.bn = nn.BatchNorm1d(4); self.out = nn.Linear(4, 1)\n    def forward(self, x, y=None):\n        h = self.out(self.bn(self.fc(x)))\n        if self.training:\n            return ((h - y) ** 2).mean().unsqueeze(0)\n        return h\n\ndef train(params):\n    device_list = params['device']\n    ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n    loader = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True, drop_last=True)\n    model = Net()\n    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n    if len(device_list) == 1:\n        model = model\n    else:\n        model = nn.DataParallel(model)\n    best_fitness = 0\n    fitness = 0\n    for epoch in range(2):\n        model.train()\n        for x, y in loader:\n            optimizer.zero_grad()\n            loss = model(x, y).mean()\n            loss.backward()\n            optimizer.step()\n        chkpt = {'model': model.state_dict()}\n        if epoch >= params['evaluation_val_start']:\n            model.eval()\n            val_mAP, p, r = evaluate(model=model, out_root='out', device='cpu')\n            fitness = val_mAP\n            if fitness > best_fitness:\n                best_fitness = fitness\n        if best_fitness == fitness:\n            torch.save(chkpt, 'best.pth')\n    print('done')\n\nif __name__ == '__main__':\n    train({'device': [0, 1], 'evaluation_val_start': 0})\n"
+
+
+def test_a_rank_zero_evaluation_handed_the_model_by_keyword_gets_the_module_alone(tmp_path):
+    # HsLOL/Rotation-RetinaNet-PyTorch: `evaluate(model=model, ...)` writes result files (rank 0's),
+    # and two modules down calls the model; DDP's forward on rank 0 alone broadcast buffers the
+    # other ranks never received (gloo: "collective mismatch"). Handed by keyword as by position.
+    project(tmp_path, {"evaluate_mod.py": RRET_EVALUATE, "detect.py": RRET_DETECT, "train.py": RRET_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error, result.diagnostics
+    assert "evaluate(model=ddp_alone(model), out_root='out', device='cpu')" in result.output
+    assert "DDP614" in {d.code for d in result.diagnostics}
+
+
+AGENT_PROJECT = {
+    "ddpg.py": (
+        "import torch.nn as nn\n\n\nclass DDPG(object):\n    def __init__(self):\n        self.actor = nn.Linear(3, 1)\n\n"
+        "    def data_parallel(self):\n        self.actor = nn.DataParallel(self.actor)\n\n"
+        "    def update_policy(self, batch):\n        loss = self.actor(batch).mean()\n        loss.backward()\n"
+    ),
+    "agent.py": "from ddpg import DDPG\n\n\nclass Agent(DDPG):\n    pass\n",
+    "train_test.py": "import torch\n\n\ndef train(agent, steps):\n    for i in range(steps):\n        agent.update_policy(torch.randn(4, 3))\n",
+    "main.py": (
+        "from train_test import train\n\nif __name__ == '__main__':\n    from agent import Agent\n    agent = Agent()\n"
+        "    agent.data_parallel()\n    train(agent=agent, steps=3)\n"
+    ),
+}
+
+
+def test_a_script_that_calls_an_imported_training_function_of_its_project_is_sent_to_folder_mode(tmp_path):
+    # ChangyWen/wolpertinger_ddpg: main.py names no DataParallel and no backward(); it builds the agent,
+    # whose inherited method wraps its networks, and calls train() of train_test.py: "nothing to
+    # convert" was said, and the script launched N DataParallel jobs
+    project(tmp_path, AGENT_PROJECT)
+    result = convert_file(tmp_path / "main.py")
+    assert result.error and "DDP214" in {d.code for d in result.diagnostics}
+    assert result.output == result.source

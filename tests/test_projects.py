@@ -1148,3 +1148,15 @@ def test_torch_names_a_project_module_passes_on_wrap_and_a_whole_batch_loss_trai
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, **TOLERANCE)
+
+
+def test_a_project_whose_batches_come_from_no_data_loader_is_refused_saying_so(tmp_path: Path) -> None:
+    # ChangyWen/wolpertinger_ddpg (folder mode): batches from a replay buffer the agent fills; DDP211
+    # spoke of a DataLoader it could not find, where none exists
+    from test_neighbours import AGENT_PROJECT
+
+    write_project(tmp_path, AGENT_PROJECT)
+    results = convert_tree(tmp_path)
+    refused = results["main.py"]
+    assert refused.error and "no DataLoader appears" in refused.error and "replay buffer" in refused.error
+    assert all(result.output == result.source for result in results.values())

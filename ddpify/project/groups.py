@@ -330,6 +330,15 @@ class ProjectConversion:
                 "sharded in this script or the modules it imports (built in a class, loaded dynamically, or in a "
                 "module ddpify cannot follow): every rank would train on all the data"
             )
+            if not any("DataLoader" in member.source for member in plan.members):
+                # (wolpertinger_ddpg: batches sampled from a replay buffer the agent fills from its own rollouts)
+                reason = (
+                    "the project's model is wrapped in DistributedDataParallel, but no DataLoader appears in this script "
+                    "or the modules it imports: its batches are made in the process (a replay buffer, environment "
+                    "rollouts, a get_batch() of the project), which ddpify cannot split between the ranks, and every "
+                    "rank would train on all of them; give each rank its share by hand (every rank's data made alike, "
+                    "each sampled batch sliced by rank), or make the data a Dataset in a DataLoader"
+                )
             if options.allow_partial:
                 warning = Diagnostic(1, 1, "DDP211", f"{reason} (converted anyway: --allow-partial)", Severity.WARNING)
                 converted[entry.path] = replace(entry_result, diagnostics=(*entry_result.diagnostics, warning))

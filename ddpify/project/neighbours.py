@@ -166,7 +166,9 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     calls_its_training = any(
         re.search(rf"(?<![\w.]){re.escape(module)}\.\w*(train|fit|run)\w*\(", source) for module in found.wrapping_modules
     )
-    if not trains_here and not calls_trainer and not loops_training_data and not runs_a_trainer and not calls_its_training:
+    if not (trains_here or calls_trainer or loops_training_data or runs_a_trainer or calls_its_training) and not (
+        _calls_imported_training(path, source)
+    ):
         return None
     script = Path(path).parent
     # (the folder an absolute import resolves from: `pkg.models.build` of pkg/models/build.py is
@@ -1555,6 +1557,24 @@ def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResul
         "(checkpoints saved with `module.` keys); convert the folder that holds both (`ddpify convert DIR`)"
     )
     return _folder_refusal(path, source, message)
+
+
+def _calls_imported_training(path: str, source: str) -> bool:
+    """The script calls a function it imports from a module of its project whose name says it
+    trains (wolpertinger_ddpg's main.py: `train(**train_args)` of train_test.py, handed the agent
+    whose inherited method wraps its four networks)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    here = Path(path).resolve().parent
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        and _module_file([here], node.module or "", node.level, here) is not None
+        for alias in node.names if re.search(r"train|fit", alias.name, re.IGNORECASE)
+    }
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported for node in ast.walk(tree))
 
 
 def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
