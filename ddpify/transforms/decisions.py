@@ -410,8 +410,9 @@ class DecisionsTransform(Transform):
         self.context.report(
             original_node,
             "DDP807",
-            f"`{decider}(...)` decides an early stop from `{original_node.value}`, which this rank computed from its "
-            "share of the data: it is given the mean across ranks, so every rank stops together",
+            f"`{decider}(...)` decides an early stop from `{original_node.value}`, which may differ between ranks (a "
+            "share of the data, or a model's draws that differ per rank): it is given the mean across ranks, so every "
+            "rank stops together",
         )
         return cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node)])
 
