@@ -119,7 +119,7 @@ def _collectives_for_rank_zero(text: str) -> list[tuple[int, str]]:
         return [
             (call.lineno, name) for statement in block for call in ast.walk(statement) if isinstance(call, ast.Call)
             for name in [_callee(call)]
-            if name is not None and (name in collective or name.startswith("dist.") and name[5:] in COLLECTIVES)
+            if name is not None and (name in collective or _a_collective(name))
         ]
 
     found, paired = [], []
@@ -138,10 +138,12 @@ def _collectives_for_rank_zero(text: str) -> list[tuple[int, str]]:
 
 
 def _collective_functions(tree: ast.Module) -> set[str]:
-    """The file's functions that make a collective, themselves or through another of them."""
-    functions = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    """The file's top-level functions that make a collective, themselves or through another
+    of them (a bare call names a top-level function; a method of the same name is another:
+    a review's `summary(values)` beside `Checkpointer.summary(self, path)`, which saves)."""
+    functions = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     called = {f.name: {_callee(c) for c in ast.walk(f) if isinstance(c, ast.Call)} - {None} for f in functions}
-    found = {name for name, calls in called.items() if any(c.startswith("dist.") and c[5:] in COLLECTIVES for c in calls)}
+    found = {name for name, calls in called.items() if any(_a_collective(c) for c in calls)} | {"ddp_wrap"}
     grown = True
     while grown:
         grown = False
@@ -150,6 +152,12 @@ def _collective_functions(tree: ast.Module) -> set[str]:
                 found.add(name)
                 grown = True
     return found
+
+
+def _a_collective(callee: str) -> bool:
+    """`dist.barrier`, `torch.distributed.all_reduce`, ..."""
+    module, _, name = callee.rpartition(".")
+    return module in ("dist", "torch.distributed") and name in COLLECTIVES
 
 
 def _outside_helpers(tree: ast.Module):

@@ -305,3 +305,40 @@ def test_a_library_writer_method_of_the_model_is_a_write():
     )
     output = converted(source)
     assert "if dist.get_rank() == 0:\n        model_to_save.save_pretrained('out')" in output
+
+
+
+# -- a code review of the batch 29 fixes ------------------------------------------------------
+
+JACOBIAN_LIST = '"""Batches held in a list; input-gradient regularised (the batch\'s gradient is asked for)."""\nimport torch\nimport torch.nn as nn\n\n\ndef main():\n    torch.manual_seed(0)\n    batches = [torch.randn(8, 3) for _ in range(8)]\n    model = nn.DataParallel(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)\n    for epoch in range(2):\n        for x in batches:\n            x.requires_grad_(True)\n            out = model(x)\n            grad = torch.autograd.grad(out.sum(), x, create_graph=True)[0]\n            loss = out.pow(2).mean() + grad.pow(2).mean()\n            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n        print(f"epoch {epoch} loss {loss.item():.4f}")\n\n\nif __name__ == "__main__":\n    main()\n'
+
+SAME_NAMED_SUMMARY = 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef summary(values):\n    return ", ".join(f"{v:.3f}" for v in values)\n\n\nclass Checkpointer:\n    def __init__(self, model):\n        self.model = model\n\n    def summary(self, path):\n        torch.save(self.model.state_dict(), path)\n\n\ndef main():\n    torch.manual_seed(0)\n    data = TensorDataset(torch.randn(32, 3), torch.randn(32, 1))\n    loader = DataLoader(data, batch_size=8, shuffle=True)\n    model = nn.DataParallel(nn.Linear(3, 1))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)\n    checkpointer = Checkpointer(model)\n    history = []\n    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n        history.append(loss.item())\n        checkpointer.summary("last.pt")\n        with open("log.txt", "a") as f:\n            f.write(summary(history) + "\\n")\n\n\nif __name__ == "__main__":\n    main()\n'
+
+
+def test_a_loop_whose_drawn_batch_is_handed_to_the_model_is_a_data_loop():
+    # `x.requires_grad_(True)` then `model(x)`: x is data (input-gradient regularisation), not a
+    # model or an optimizer the loop steps; taken for one, the file was refused (DDP304)
+    result = convert_source(JACOBIAN_LIST, path="train.py")
+    assert not result.error and "for x in ddp_shard(batches):" in result.output, result.error
+
+
+def test_a_bare_call_is_not_taken_for_a_method_of_the_same_name_that_saves():
+    # `summary(history)` in a rank-0 `with open(...)` block is the module's function (text), not
+    # Checkpointer.summary, whose torch.save gets a barrier: no DDP002 for a correct conversion
+    result = convert_source(SAME_NAMED_SUMMARY, path="train.py")
+    assert not result.error, result.error
+
+
+EVAL_SCRIPT = '"""Evaluate a checkpoint; normalised with the training set\'s statistics."""\nimport torch\n\nfrom agent import Agent\nfrom data import make_train_test_split\n\n\ndef main():\n    _, test_set = make_train_test_split()\n    agent = Agent()\n    agent.net.eval()\n    with torch.no_grad():\n        x, y = test_set[:]\n        print(torch.nn.functional.mse_loss(agent.net(x), y).item())\n\n\nif __name__ == "__main__":\n    main()\n'
+EVAL_AGENT = 'import torch\nimport torch.nn as nn\n\n\nclass Agent:\n    def __init__(self):\n        self.net = nn.Linear(3, 1)\n\n    def parallelize(self):\n        self.net = nn.DataParallel(self.net)\n'
+EVAL_DATA = 'import torch\nfrom torch.utils.data import TensorDataset\n\n\ndef make_train_test_split(n=64):\n    data = TensorDataset(torch.randn(n, 3), torch.randn(n, 1))\n    return torch.utils.data.random_split(data, [n // 2, n - n // 2], generator=torch.Generator().manual_seed(0))\n'
+
+
+def test_an_evaluation_script_calling_a_train_named_helper_is_not_sent_to_folder_mode(tmp_path):
+    # `make_train_test_split()` is no training function, and nothing trainable is handed to it
+    from ddpify.api import convert_file
+
+    for name, text in (("evaluate.py", EVAL_SCRIPT), ("agent.py", EVAL_AGENT), ("data.py", EVAL_DATA)):
+        (tmp_path / name).write_text(text)
+    result = convert_file(tmp_path / "evaluate.py")
+    assert not result.error and result.output == result.source, result.error

@@ -2223,9 +2223,11 @@ def test_a_rank_zero_evaluation_handed_the_model_by_keyword_gets_the_module_alon
 
 AGENT_PROJECT = {
     "ddpg.py": (
-        "import torch.nn as nn\n\n\nclass DDPG(object):\n    def __init__(self):\n        self.actor = nn.Linear(3, 1)\n\n"
+        "import torch\nimport torch.nn as nn\n\n\nclass DDPG(object):\n    def __init__(self):\n        self.actor = nn.Linear(3, 1)\n"
+        "        self.optimizer = torch.optim.SGD(self.actor.parameters(), lr=0.1)\n\n"
         "    def data_parallel(self):\n        self.actor = nn.DataParallel(self.actor)\n\n"
         "    def update_policy(self, batch):\n        loss = self.actor(batch).mean()\n        loss.backward()\n"
+        "        self.optimizer.step()\n"
     ),
     "agent.py": "from ddpg import DDPG\n\n\nclass Agent(DDPG):\n    pass\n",
     "train_test.py": "import torch\n\n\ndef train(agent, steps):\n    for i in range(steps):\n        agent.update_policy(torch.randn(4, 3))\n",
@@ -2244,3 +2246,61 @@ def test_a_script_that_calls_an_imported_training_function_of_its_project_is_sen
     result = convert_file(tmp_path / "main.py")
     assert result.error and "DDP214" in {d.code for d in result.diagnostics}
     assert result.output == result.source
+
+
+NT_XENT = '''import torch
+import torch.nn as nn
+
+
+class SimCLR_Loss(nn.Module):
+    def __init__(self, batch_size, temperature):
+        super().__init__()
+        self.batch_size, self.temperature = batch_size, temperature
+        self.mask = self.mask_correlated_samples(batch_size)
+
+    def mask_correlated_samples(self, batch_size):
+        n = 2 * batch_size
+        mask = torch.ones((n, n), dtype=bool)
+        mask = mask.fill_diagonal_(0)
+        for i in range(batch_size):
+            mask[i, batch_size + i] = 0
+            mask[batch_size + i, i] = 0
+        return mask
+
+    def forward(self, z_i, z_j):
+        n = 2 * self.batch_size
+        z = torch.cat((z_i, z_j), dim=0)
+        sim = nn.functional.cosine_similarity(z.unsqueeze(1), z.unsqueeze(0), dim=2) / self.temperature
+        positives = torch.cat((torch.diag(sim, self.batch_size), torch.diag(sim, -self.batch_size)), dim=0).reshape(n, 1)
+        negatives = sim[self.mask].reshape(n, -1)
+        logits = torch.cat((positives, negatives), dim=1)
+        return nn.functional.cross_entropy(logits, torch.zeros(n, dtype=torch.long))
+'''
+
+NT_XENT_SCRIPT = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import SimCLR_Loss
+
+model = nn.DataParallel(nn.Linear(4, 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = SimCLR_Loss(batch_size=8, temperature=0.5)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 4)), batch_size=8)
+for epoch in range(2):
+    for x_i, x_j in loader:
+        loss = criterion(model(x_i), model(x_j))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_loss_class_made_for_one_batch_size_gets_the_whole_batch(tmp_path):
+    # varun1423/thesis_SIMCLR: NT-Xent built with the batch size lays the batch's samples out against
+    # each other (its mask, `torch.diag(sim, self.batch_size)`); fed each rank's share it crashed at the
+    # first loss, and fed the share's size it would train on fewer negatives
+    project(tmp_path, {"losses.py": NT_XENT, "train.py": NT_XENT_SCRIPT})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error, result.diagnostics
+    assert "DDP117" in {d.code for d in result.diagnostics}
+    assert "loss = ddp_whole_batch(criterion, model(x_i), model(x_j))" in result.output

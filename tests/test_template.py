@@ -336,13 +336,18 @@ def test_only_rank_zero_shows_output_but_errors_show_everywhere(tmp_path):
     assert (tmp_path / "run0.log").exists() and not (tmp_path / "run1.log").exists(), "a log file opens for an error only"
 
 
-def test_wrap_leaves_a_module_with_nothing_to_train_unwrapped(monkeypatch):
+def test_wrap_gives_a_module_with_nothing_to_train_what_data_parallel_gave(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     template.ddp_setup()
     try:
-        frozen = torch.nn.Linear(2, 2).requires_grad_(False)  # a perceptual-loss network
-        assert template.ddp_wrap(frozen) is frozen
+        # a perceptual-loss network, DCSR's loss ModuleList: DDP refuses it; DataParallel's wrapper
+        # (`.module`, `module.` keys), run in this process, where DataParallel wrapped it
+        frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+        held = template.ddp_wrap(frozen)
+        assert held.module is frozen and set(held.state_dict()) == {"module.weight", "module.bias"}
+        assert torch.equal(held(torch.ones(1, 2)), frozen(torch.ones(1, 2)))
+        assert template.ddp_wrap(frozen, keys_unwrapped=True) is frozen  # (DataParallel never wrapped it)
         wrapped = template.ddp_wrap(torch.nn.Linear(2, 2), find_unused_parameters=True)
         assert isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.find_unused_parameters
         # a project helper reads the bare model's attributes (rnn-transducer's save_model:
@@ -1410,3 +1415,32 @@ def test_a_batch_of_one_that_cannot_be_divided_says_so_once(monkeypatch):
     with pytest.warns(UserWarning, match="batch size 1 cannot be divided among 2 processes"):
         assert template.ddp_local_batch_size(1) == 1
     assert template.ddp_local_batch_size(1) == 1  # (said once)
+
+
+def test_a_users_sampler_with_a_batch_of_one_gives_each_rank_its_own_samples(monkeypatch):
+    # (a review: contiguous parts of a batch of one gave every rank the same sample, N times the work)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=1, sampler=_IdentitySampler(4, 4))
+    zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
+    assert len(zero) == len(one) == 8 and not {i for b in zero for i in b} & {i for b in one for i in b}
+
+
+def test_a_users_sampler_batch_that_does_not_divide_stops_with_a_message(monkeypatch):
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=5, sampler=_IdentitySampler(4, 4))
+    _as_rank(monkeypatch, 0)
+    with pytest.raises(SystemExit, match="batch size 5 does not divide evenly"):
+        template.ddp_shard(loader)
+
+
+def test_a_loader_sharded_where_it_was_built_moves_to_the_next_epoch_on_each_pass(monkeypatch):
+    # WoodScape: the parent trainer's module built the loader with a DistributedSampler; the
+    # subclass's loop in another module draws it with no set_epoch: every epoch was the first's order
+    _as_rank(monkeypatch, 0)
+    sampler = torch.utils.data.DistributedSampler(INDICES, num_replicas=2, rank=0, shuffle=True)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4, sampler=sampler)
+    drawn = template.ddp_shard(loader)
+    assert template.ddp_shard(loader) is drawn and len(drawn) == len(loader) and drawn.dataset is INDICES
+    orders = [[i for batch in drawn for i in batch[0].tolist()] for _ in range(3)]
+    assert sampler.epoch == 2 and orders[0] != orders[1] != orders[2]
+    sampler.set_epoch(7)  # (a loop that sets the epoch itself: not moved again)
+    list(drawn)
+    assert sampler.epoch == 7

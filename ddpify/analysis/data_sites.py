@@ -164,7 +164,7 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
 # Methods called on a model or an optimizer, never on a batch.
 OBJECT_METHODS = {
     "step", "zero_grad", "parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval",
-    "modules", "children", "requires_grad_", "add_param_group", "module",
+    "modules", "children", "add_param_group", "module",
 }
 
 
@@ -187,8 +187,10 @@ def iterates_training_objects(loop: cst.For) -> bool:
             used_as_objects.add(func.value.value)
         elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Attribute) and func.value.attr.value == "module":
             used_as_objects.add(dotted(func.value.value) or "")
+    # (a drawn name handed to a call is data: `out = model(x)`, a Jacobian's `autograd.grad(out, x)`)
+    handed = {name.value for call in calls_in(loop.body) for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
     used = {name.value for name in walk(loop.body) if isinstance(name, cst.Name)} & drawn
-    return bool(used & used_as_objects) and used <= used_as_objects  # (a name drawn and left unused says nothing)
+    return bool(used & used_as_objects) and used <= used_as_objects and not used & handed  # (a name drawn and left unused says nothing)
 
 
 def _iterators_made(loop: cst.CSTNode, facts: Facts) -> set[str]:

@@ -43,12 +43,11 @@ def loss_derived(scope: cst.CSTNode) -> frozenset[str]:
 def text_value(value: cst.BaseExpression) -> bool:
     """A string made from values: an f-string, ``"...".format(...)``, ``"..." % x``, ``str(x)``,
     or a sum that starts with one."""
-    while isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
-        value = value.left
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Modulo, cst.Multiply)):
+        # (`("%10s" * 2) % (...)`: Rotation-RetinaNet's log line)
+        return text_value(value.left)
     if isinstance(value, (cst.FormattedString, cst.SimpleString, cst.ConcatenatedString)):
         return True
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
-        return isinstance(value.left, (cst.SimpleString, cst.FormattedString))
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
         return isinstance(value.func.value, (cst.SimpleString, cst.FormattedString))
     return isinstance(value, cst.Call) and dotted(value.func) == "str"

@@ -167,7 +167,7 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
         re.search(rf"(?<![\w.]){re.escape(module)}\.\w*(train|fit|run)\w*\(", source) for module in found.wrapping_modules
     )
     if not (trains_here or calls_trainer or loops_training_data or runs_a_trainer or calls_its_training) and not (
-        _calls_imported_training(path, source)
+        _calls_imported_training(path, source, {name.split(".")[0] for name in found.trainers})
     ):
         return None
     script = Path(path).parent
@@ -368,6 +368,24 @@ PAIRWISE = re.compile(
     r"|addmm_?\(\s*[^,()]+,\s*[^,()]+,\s*(\w+)\s*,\s*\10\.t\(\)\s*\)|addmm_?\(\s*(\w+)\s*,\s*\11\.t\(\)"
     r"|(\w+)\s*\+\s*\12\.t\(\)"  # `dist = dist + dist.t()`: the squared norms of every pair
 )
+
+
+def _shaped_by_the_batch_size(definition: ast.AST) -> bool:
+    """A loss class made for one batch size (thesis_SIMCLR's NT-Xent: `SimCLR_Loss(batch_size,
+    temperature)`, whose forward builds its mask of negatives and `torch.diag(sim, self.batch_size)`
+    from it): it lays out the whole batch's samples against each other, as DataParallel's gathered
+    batch had them."""
+    if not isinstance(definition, ast.ClassDef):
+        return False
+    methods = {node.name: node for node in definition.body if isinstance(node, ast.FunctionDef)}
+    init, used = methods.get("__init__"), [methods.get(name) for name in ("forward", "__call__")]
+    if init is None or not any(arg.arg == "batch_size" for arg in init.args.args + init.args.kwonlyargs):
+        return False
+    reads = [
+        node for method in methods.values() if method is not init for node in ast.walk(method)
+        if isinstance(node, ast.Attribute) and node.attr == "batch_size" and isinstance(node.value, ast.Name) and node.value.id == "self"
+    ]
+    return any(method is not None for method in used) and bool(reads)
 
 
 def _a_batch_product(definition: ast.AST) -> bool:
@@ -595,6 +613,24 @@ def _imported_writers(path: Path, tree: ast.Module) -> set[str]:
     return set(_imported(path, tree, lambda summary: dict.fromkeys(summary.writers | summary.writer_classes, "")))
 
 
+def _trainer_classes(tree: ast.Module, imported: dict) -> dict[str, dict]:
+    """The module's classes with training methods, their own and those they inherit from a base
+    of this module or of a project module (wolpertinger_ddpg's `WolpertingerAgent(DDPG)`, whose
+    update_policy() steps)."""
+    found: dict[str, dict] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        methods: dict = {}
+        for base in node.bases:
+            name = base.id if isinstance(base, ast.Name) else ast.unparse(base)
+            methods.update(found.get(name) or imported.get(name) or {})
+        methods.update(_training_methods(node))
+        if methods:
+            found[node.name] = methods
+    return found
+
+
 def _imported(path: Path, tree: ast.Module, pick) -> dict[str, str]:
     """What ``pick`` takes from the summaries of the project modules this one imports, keyed
     by the names they have here."""
@@ -751,10 +787,11 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     freezing = frozenset(_through_classes(tree, freezing, known, ""))
     pairwise = _with_instances(tree, frozenset(
         node.name for node in tree.body
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (PAIRWISE.search(ast.unparse(node)) or _a_batch_product(node))
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef))
+        and (PAIRWISE.search(ast.unparse(node)) or _a_batch_product(node) or _shaped_by_the_batch_size(node))
     ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, ""))))
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
-    trainer_classes = {node.name: methods for node in tree.body if isinstance(node, ast.ClassDef) for methods in [_training_methods(node)] if methods}
+    trainer_classes = _trainer_classes(tree, _imported(path, tree, lambda summary: summary.trainer_classes))
     bases = {id(part) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases for part in ast.walk(base)}
     names = not wraps and any(  # in code, not in a docstring or comment, nor a subclass's base
         (isinstance(node, ast.Attribute) and node.attr == "DataParallel" or isinstance(node, ast.Name) and node.id == "DataParallel")
@@ -1559,10 +1596,14 @@ def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResul
     return _folder_refusal(path, source, message)
 
 
-def _calls_imported_training(path: str, source: str) -> bool:
-    """The script calls a function it imports from a module of its project whose name says it
-    trains (wolpertinger_ddpg's main.py: `train(**train_args)` of train_test.py, handed the agent
-    whose inherited method wraps its four networks)."""
+def _calls_imported_training(path: str, source: str, trainable: set[str]) -> bool:
+    """The script hands an object with training methods (``trainable``: an agent whose class,
+    or a base of it, has a method that steps) to a function it imports from a module of its
+    project, named for training (wolpertinger_ddpg's main.py: `train(**train_args)` of
+    train_test.py, the dict holding the agent whose inherited method wraps its networks).
+    Both, not a name alone: an evaluation script's `make_train_test_split()` trains nothing."""
+    if not trainable:
+        return False
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -1572,9 +1613,20 @@ def _calls_imported_training(path: str, source: str) -> bool:
         alias.asname or alias.name
         for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
         and _module_file([here], node.module or "", node.level, here) is not None
-        for alias in node.names if re.search(r"train|fit", alias.name, re.IGNORECASE)
+        for alias in node.names if re.fullmatch(r"(train|fit)(_\w*)?|\w*_(train|fit)", alias.name, re.IGNORECASE)
     }
-    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported for node in ast.walk(tree))
+    dicts = {  # `train_args = {"agent": agent, ...}`, handed on as `**train_args`
+        target.id: {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+        for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported:
+            handed = {n.id for value in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(value) if isinstance(n, ast.Name)}
+            handed |= {name for value in handed & set(dicts) for name in dicts[value]}
+            if handed & trainable:
+                return True
+    return False
 
 
 def wrapped_elsewhere(path: str, source: str) -> FileResult | None:

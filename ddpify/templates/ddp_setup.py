@@ -287,7 +287,11 @@ def ddp_shard(loader, global_batch=True, whole_batches=False):
     if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
-        return loader
+        # sharded where it was built (another module's loader: WoodScape's trainers): each pass that
+        # nothing moved to another epoch is the next one
+        if getattr(loader, "ddp_epochs", None) is None:
+            loader.ddp_epochs = DdpEpochs(loader)
+        return loader.ddp_epochs
     # rebuilt once per object, kept on it: the shard lives as long as what it shards (an iterator
     # made each epoch, and its workers, are let go with it); a list or a generator, which
     # take no attributes, is split anew on each call
@@ -327,7 +331,7 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
     make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
     if whole_batches:
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=True, whole=True), **options)
-    elif type(batches) is BatchSampler and type(batches.sampler).__module__ == "torch.utils.data.sampler":
+    elif type(batches) is BatchSampler and (type(batches.sampler).__module__ == "torch.utils.data.sampler" or batches.batch_size == 1):
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
         # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
         local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
@@ -336,9 +340,33 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
         rebuilt = make(dataset, None, sampler=DdpShard(loader.sampler, dataset, per_batch=False), **options)
     else:  # the user's batch sampler, or the user's sampler batched here (ReID's identity sampler: P people,
         # K images each, in a row): each batch split across the ranks in DataParallel's contiguous parts
+        if global_batch and type(batches) is BatchSampler:
+            ddp_local_batch_size(batches.batch_size)  # (a batch that does not divide stops, as above)
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=global_batch), **options)
     rebuilt.ddp_sharded = True
     return rebuilt
+
+
+class DdpEpochs:
+    """A loader whose DistributedSampler was set where it was built, drawn by a loop that sets no
+    epoch: a pass that begins at the epoch the last pass began at (nothing set it since) moves the
+    sampler to the next epoch, so each pass reshuffles, as its DataParallel pass did."""
+
+    def __init__(self, loader):
+        self.loader, self.begun = loader, None
+
+    def __iter__(self):
+        sampler = self.loader.sampler
+        if self.begun is not None and sampler.epoch == self.begun:
+            sampler.set_epoch(sampler.epoch + 1)
+        self.begun = sampler.epoch
+        return iter(self.loader)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):  # the loader's own attributes (`loader.dataset`)
+        return getattr(self.loader, name)
 
 
 class DdpSplit:
@@ -676,6 +704,10 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
         module = DdpModel(module, device_ids=ids, **options)
         module.ddp_keys_unwrapped = keys_unwrapped
+    elif dist.is_initialized() and not keys_unwrapped:
+        # nothing to train (DDP refuses it: DCSR's loss ModuleList): what DataParallel gave, its
+        # `.module` and `module.` keys, run in this process
+        module = ddp_held(module)
     return module
 
 
@@ -815,10 +847,16 @@ def ddp_alone(model):
         return model
     if getattr(model, "ddp_keys_unwrapped", False):
         return model.module  # (a part DataParallel never wrapped: its own keys)
-    alone = torch.nn.DataParallel.__new__(torch.nn.DataParallel)  # ddpify: ignore[DDP100]
-    torch.nn.Module.__init__(alone)
-    alone.module, alone.device_ids, alone.dim = model.module, [], 0
-    return alone
+    return ddp_held(model.module)
+
+
+def ddp_held(module):
+    """A DataParallel of the module with no devices: it runs the module in this process, with
+    DataParallel's `.module` and checkpoint keys."""
+    held = torch.nn.DataParallel.__new__(torch.nn.DataParallel)  # ddpify: ignore[DDP100]
+    torch.nn.Module.__init__(held)
+    held.module, held.device_ids, held.dim = module, [], 0
+    return held
 
 
 def ddp_broadcast_weights(model):

@@ -90,6 +90,8 @@ class ConversionContext:
     averaged_statistics: set = field(default_factory=set)
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
+    # `if`/`while` tests rank_zero decides on rank 0 for every rank (DDP622): every rank takes the branch
+    decided_by_rank_zero: Any = None
     _scattered: Any = field(default=None, init=False, repr=False)
     _coupled: Any = field(default=None, init=False, repr=False)
     _taken: Any = field(default=None, init=False, repr=False)

@@ -18,6 +18,11 @@ goes back to its process, so DDP's mean of the gradients is DataParallel's::
         ...
     loss = triplet_loss(model(x), y)   ->   loss = ddp_whole_batch(triplet_loss, model(x), y)
 
+A project loss class made for one batch size (thesis_SIMCLR's NT-Xent, ``SimCLR_Loss(batch_size,
+temperature)``, whose forward lays out the batch's samples against each other with
+``self.batch_size``) counts as one: fed a share it crashed, fed the share's size it would see fewer
+negatives.
+
 A comparison written in the training loop's own statements (SimCLR's, DCL's
 ``torch.mm(out, out.t())``) in a loop that reads its batch only through the model gets the
 model's outputs gathered instead, and the loop computes on the global batch::

@@ -52,6 +52,11 @@ run time, anything else stays as it is::
 
     model.to(hp.device)   ->   model.to(ddp_here(hp.device))
 
+A device kept from settings a function is handed (WoodScape's ``self.device = args.device``) is
+made this process's where it is kept::
+
+    self.device = args.device   ->   self.device = ddp_here(args.device)
+
 DDP701 also covers device strings built from an index: ``f"cuda:{gpu}"``,
 ``"cuda:{}".format(gpu)``, ``"cuda:%d" % gpu`` and ``"cuda:" + str(gpu)`` become ``"cuda"``.
 """
@@ -232,14 +237,40 @@ class DevicesTransform(Transform):
     def _unseen_setting(self, value: cst.BaseExpression) -> bool:
         """A device named by settings whose value this file does not hold: a field of an
         imported module (``hp.device``), a name imported from one (``from config import
-        device``), or a field of the parsed command line (``args.device``, ``--device cuda:0``)."""
+        device``), a field of the parsed command line (``args.device``, ``--device cuda:0``), or
+        of settings a function is handed (WoodScape's trainers: ``self.device = args.device``)."""
         if isinstance(value, cst.Attribute) and isinstance(value.value, cst.Name) and "device" in value.attr.value.lower():
-            return self._imported_module(value.value) or self._parsed_arguments(value.value)
+            return self._imported_module(value.value) or self._parsed_arguments(value.value) or self._a_parameter(value.value)
         if isinstance(value, cst.Name) and "device" in value.value.lower():
             scope = self.context.metadata.get_metadata(ScopeProvider, value, None)
             assignments = list(scope[value.value]) if scope is not None else []
             return bool(assignments) and all(isinstance(getattr(a, "node", None), cst.ImportFrom) for a in assignments)
         return False
+
+    def _a_parameter(self, name: cst.Name) -> bool:
+        """A parameter of the function around it, other than `self`/`cls` (settings handed in)."""
+        if name.value in ("self", "cls"):
+            return False
+        scope = self.context.metadata.get_metadata(ScopeProvider, name, None)
+        assignments = list(scope[name.value]) if scope is not None else []
+        return bool(assignments) and all(isinstance(getattr(a, "node", None), cst.Param) for a in assignments)
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        """``self.device = args.device``: the device a CUDA setting names becomes this process's
+        where it is kept, so every later ``.to(self.device)`` is (DDP707)."""
+        targets = original_node.targets
+        if len(targets) != 1 or "device" not in (dotted(targets[0].target) or "").rpartition(".")[2].lower():
+            return updated_node
+        if not self._unseen_setting(original_node.value):
+            return updated_node
+        shown = self.context.code(original_node.value)
+        self.context.use_helper("ddp_here")
+        self.context.report(
+            original_node, "DDP707",
+            f"`{self.context.code(targets[0].target)} = {shown}`: a device from settings this file does not show; a CUDA "
+            "device there becomes this process's (ddp_here)",
+        )
+        return updated_node.with_changes(value=cst.Call(func=cst.Name("ddp_here"), args=[cst.Arg(updated_node.value)]))
 
     def _parsed_arguments(self, name: cst.Name) -> bool:
         """``args`` bound by ``parser.parse_args()`` (or ``parse_known_args()[0]``)."""

@@ -167,6 +167,8 @@ and a warning says so::
 
 from __future__ import annotations
 
+import functools
+
 import re
 
 import sys
@@ -244,6 +246,7 @@ class RankZeroTransform(Transform):
             self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
         )
         self.context.rank_zero_only = self._rank_zero_only
+        self.context.decided_by_rank_zero = self._decided_for_every_rank
         # (a caller in a block this transform puts on rank 0 alone would leave a broadcast inside
         # the helper to rank 0: the others wait at the block's barrier)
         self._callers_run_after = callers_run_after_setup(
@@ -386,10 +389,28 @@ class RankZeroTransform(Transform):
         if not (self.context.qualified(node.func) & OPEN or self._method_open(node.func)):
             return False
         mode = self._open_mode(node)
-        value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
-        # A mode string, not a path that happens to hold a "w" (`Image.open("weights.png")`)
-        is_mode = isinstance(value, str) and 0 < len(value) <= 4 and set(value) <= set("rwxabt+")
-        return is_mode and any(flag in value for flag in WRITE_MODES)
+        # A mode string, not a path that happens to hold a "w" (`Image.open("weights.png")`); a
+        # mode chosen at run time writes if any of its choices does (DCSR's `open_type = 'a' if
+        # os.path.exists(path) else 'w'`)
+        values = self._mode_choices(mode.value) if mode is not None else []
+        return any(0 < len(value) <= 4 and set(value) <= set("rwxabt+") and any(flag in value for flag in WRITE_MODES) for value in values)
+
+    def _mode_choices(self, node: cst.BaseExpression, depth: int = 0) -> list[str]:
+        """The strings a mode expression may be: a literal, either side of `a if c else b`, or
+        what a name is bound to in its scope."""
+        if isinstance(node, cst.IfExp):
+            return self._mode_choices(node.body, depth) + self._mode_choices(node.orelse, depth)
+        if isinstance(node, cst.Name) and depth < 2:
+            scope = self.context.metadata.get_metadata(ScopeProvider, node, None)
+            bound = [getattr(a, "node", None) for a in scope[node.value]] if scope is not None else []
+            values = [self.context.parent(b) for b in bound if isinstance(b, cst.Name)]
+            return [
+                found for statement in values if isinstance(statement, cst.AssignTarget)
+                for assign in [self.context.parent(statement)] if isinstance(assign, cst.Assign)
+                for found in self._mode_choices(assign.value, depth + 1)
+            ]
+        value = getattr(node, "evaluated_value", None)
+        return [value] if isinstance(value, str) else []
 
     def _open_mode(self, call: cst.Call) -> cst.Arg | None:
         """The mode argument of ``open(path, mode)`` (gzip's, ...) or of pathlib's ``path.open(mode)``."""
@@ -714,6 +735,12 @@ class RankZeroTransform(Transform):
             "takes its branch (a rank that checked after another made the folder would take the other branch)",
         )
         return updated_node.with_changes(test=cst.Call(cst.Name("ddp_from_rank_zero"), [cst.Arg(updated_node.test)]))
+
+    def _decided_for_every_rank(self, check: cst.CSTNode) -> bool:
+        """Is this test decided by rank 0 for every rank (DDP622), so every rank takes its branch?"""
+        if isinstance(check, cst.If):
+            return self._decided_once(check)
+        return isinstance(check, cst.While) and self._existence_probe(check) and self._probes_a_shared_name(check)
 
     def _existence_probe(self, check: cst.If | cst.While) -> bool:
         """A test of whether paths exist only, on every rank's path after the set-up, not
@@ -1316,8 +1343,17 @@ class RankZeroTransform(Transform):
         shown = self._printed_values(original)
         if not shown:
             return pair
+        # (a printed callable is no value: AdaptiveMaskedProxies' `"Using loss {}".format(loss_fn)`)
+        shown = {name: how for name, how in shown.items() if name not in self._called_names}
+        if not shown:
+            return pair
+        texts = {name for name in shown if self._bound_to_text(name, original)}
+        shown = {name: how for name, how in shown.items() if name not in texts}
         where = None
-        if self._function_of(original) in self.facts.training_and_evaluating:
+        if not shown:
+            # (Rotation-RetinaNet's `s = ("%10s" * 2) % (...)`, then `logger.debug(s)`: a mean of text is the text)
+            shown, where = dict.fromkeys(texts, ""), "it is text already made from the values"
+        elif self._function_of(original) in self.facts.training_and_evaluating:
             where = "this loop also evaluates, on data every rank holds whole"
         elif self.context.own_ddp_path:
             where = "the script's own DDP path runs it, and its DataParallel path has no process group"
@@ -1349,6 +1385,21 @@ class RankZeroTransform(Transform):
             "(an object, such as a meter, prints rank 0's own values)",
         )
         return original, updated.visit(_AcrossRanks(shown))
+
+    @functools.cached_property
+    def _called_names(self) -> set[str]:
+        """Names the file calls (`loss_fn(input=..., target=...)`): functions, not values."""
+        return {node.func.value for node in walk(self.context.module) if isinstance(node, cst.Call) and isinstance(node.func, cst.Name)}
+
+    def _bound_to_text(self, name: str, original: cst.BaseStatement) -> bool:
+        """Is every binding of ``name`` in the print's function a string made there (an
+        f-string, a `%` or `.format()` of a literal, `str(...)`)?"""
+        function = self._function_of(original)
+        values = [
+            node.value for node in walk(function if function is not None else self.context.module)
+            if isinstance(node, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in node.targets)
+        ]
+        return bool(values) and all(_text(value) for value in values)
 
     def _printed_values(self, original: cst.BaseStatement) -> dict[str, str]:
         """Printed names -> the helper that combines them across ranks: ``ddp_mean`` for a loss

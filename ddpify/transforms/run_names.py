@@ -1,4 +1,4 @@
-"""DDP62x: a run's name made of the clock or a random id is rank 0's on every rank.
+"""DDP62x: a run's name made of the clock or a random id, and a terminal's answer, are rank 0's on every rank.
 
 DDP621  ``run_id = datetime.now().strftime("%m%d-%H%M%S")`` gives each process its own value: the
 ranks start milliseconds apart and a second may turn between them (``uuid.uuid4()`` and the
@@ -9,6 +9,14 @@ makes folders makes its own. Rank 0 makes the name and sends it to every rank::
     run_id = datetime.now().strftime("%m%d-%H%M%S")
     # becomes
     run_id = ddp_from_rank_zero(datetime.now().strftime("%m%d-%H%M%S") if dist.get_rank() == 0 else None)
+
+DDP624  ``input(...)`` reached by every rank (WoodScape's "Clean up the log directory?") asks on
+rank 0 alone and sends its answer to every rank: the other processes share the terminal, and each
+would wait for an answer of its own (a hang; with stdin piped, an EOFError)::
+
+    answer = input("Clean up? (y/n) ")
+    # becomes
+    answer = ddp_from_rank_zero(input("Clean up? (y/n) ") if dist.get_rank() == 0 else None)
 
 An argparse default of the same kind (``default=time.strftime(...)``) is sent the same way.
 A name counts when it is made by formatting only (f-strings, ``strftime``, ``str()``,
@@ -21,7 +29,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import is_main_guard, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis.ranks import loop_names_around, same_on_every_rank
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.ranks import RunNames
 from ddpify.analysis.tree import statement_of
@@ -37,11 +46,18 @@ class RunNamesTransform(Transform):
     def check(self) -> None:
         names = RunNames(self.context.module, self.context.qualified)
         self._shared: set[cst.CSTNode] = set()  # values rank 0 makes and sends
+        self._asked: set[cst.CSTNode] = set()  # input() calls: rank 0 asks, every rank gets the answer
         self._callers_run_after = callers_run_after_setup(self.facts, self.context.parent, self._reached_by_every_rank)
         for node in walk(self.context.module):
             value = _candidate(node, self.context.parent)
             if value is not None and names.is_name(value) and self._every_rank_runs(statement_of(node, self.context.parent)):
                 self._shared.add(value)
+            elif isinstance(node, cst.Call) and "builtins.input" in self.context.qualified(node.func):
+                if self._asked_on_every_rank(statement_of(node, self.context.parent)):
+                    self._asked.add(node)
+        # (an answer bound as a run's name is sent already: `response = input("Overwrite?")`, DDP621)
+        shared = {id(inner) for value in self._shared for inner in walk(value)}
+        self._asked = {call for call in self._asked if id(call) not in shared}
 
     # -- where the sending can go ------------------------------------------------------------
 
@@ -49,6 +65,23 @@ class RunNamesTransform(Transform):
         """After the set-up, on every rank alike (a collective), and not for rank 0 alone."""
         if statement is None or not self._reached_by_every_rank(statement):
             return False
+        return runs_after_setup(statement, self.facts, self.context.parent, self._callers_run_after)
+
+    def _asked_on_every_rank(self, statement: cst.CSTNode | None) -> bool:
+        """Every rank reaches this question: its tests are alike, or decided by rank 0 for every
+        rank (WoodScape's `if os.path.isdir(log_path):` around its "Clean up?", DDP622)."""
+        if statement is None or self._rank_zero_only(statement) or (self.context.is_library and self.context.at_module_level(statement)):
+            return False
+        decided = self.context.decided_by_rank_zero or (lambda node: False)
+        loops = loop_names_around(statement, self.context.parent)
+        child, parent = statement, self.context.parent(statement)
+        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
+            if isinstance(parent, cst.ExceptHandler):
+                return False
+            if isinstance(parent, (cst.If, cst.While)) and child is not parent.test and not same_on_every_rank(parent.test, loops):
+                if not is_main_guard(parent) and not decided(parent):
+                    return False
+            child, parent = parent, self.context.parent(parent)
         return runs_after_setup(statement, self.facts, self.context.parent, self._callers_run_after)
 
     def _reached_by_every_rank(self, statement: cst.CSTNode) -> bool:
@@ -77,6 +110,20 @@ class RunNamesTransform(Transform):
             updated = updated.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         sent = cst.parse_expression(f"ddp_from_rank_zero(_ if {self.context.rank} == 0 else None)")
         return sent.with_changes(args=[cst.Arg(sent.args[0].value.with_changes(body=updated))])
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if original_node not in self._asked:
+            return updated_node
+        self.context.add_import("torch.distributed", None, "dist")
+        self.context.use_helper("ddp_from_rank_zero")
+        self.context.report(
+            original_node,
+            "DDP624",
+            "input() is asked on rank 0 alone and its answer sent to every rank (the other processes would each wait "
+            "for an answer of their own)",
+        )
+        sent = cst.parse_expression(f"ddp_from_rank_zero(_ if {self.context.rank} == 0 else None)")
+        return sent.with_changes(args=[cst.Arg(sent.args[0].value.with_changes(body=updated_node))])
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if original_node.value in self._shared:

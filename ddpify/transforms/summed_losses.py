@@ -48,7 +48,7 @@ import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
 from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, reaching_backward, without_moves
-from ddpify.transforms.base import Transform
+from ddpify.transforms.base import Transform, keyword_arg, positional_args
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
 # Where `x * world size` needs no parentheses around it.
@@ -88,9 +88,41 @@ class SummedLossesTransform(Transform):
         self._global_counts = self._sums_over_counts()
         for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
+        for node in [node for node in self._scaled if self._divided_by_a_batch_size_handed_in(node)]:
+            del self._scaled[node]  # (DDP411 hands the function each process's share: a mean already)
         self._counted_later = self._sums_divided_later()
         for node in [node for node in self._scaled if any(self._inside(node, value) for values in self._counted_later.values() for value in values)]:
             del self._scaled[node]
+
+    def _divided_by_a_batch_size_handed_in(self, node: cst.CSTNode) -> bool:
+        """``F.binary_cross_entropy_with_logits(..., reduction='sum') / batch_size`` in a function
+        a caller hands a training loader's batch size (SiamFC's ``weighted_loss(..., config.
+        train_batch_size)``): DDP411 hands it each process's share, and the division makes each
+        process's mean; a factor on top made every step N times DataParallel's."""
+        division, child = self.context.parent(node), node
+        while isinstance(division, (cst.BinaryOperation, cst.Call, cst.Attribute, cst.Arg)) and not (
+            isinstance(division, cst.BinaryOperation) and isinstance(division.operator, cst.Divide) and child is division.left
+        ):
+            child, division = division, self.context.parent(division)
+        if not isinstance(division, cst.BinaryOperation) or not isinstance(division.right, cst.Name):
+            return False
+        function = division
+        while function is not None and not isinstance(function, cst.FunctionDef):
+            function = self.context.parent(function)
+        params = [param.name.value for param in function.params.params] if function is not None else []
+        if division.right.value not in params:
+            return False
+        index, name = params.index(division.right.value), division.right.value
+        sizes = {
+            self.context.code(arg.value) for call in self.facts.loaders
+            for arg in [keyword_arg(call, "batch_size") or (positional_args(call)[1:2] or [None])[0]] if arg is not None
+        }
+        for call in (n for n in self.facts.contexts if isinstance(n, cst.Call) and dotted(n.func) == function.name.value):
+            positional = positional_args(call)
+            passed = keyword_arg(call, name) or (positional[index] if index < len(positional) else None)
+            if passed is not None and self.context.code(passed.value) in sizes:
+                return True
+        return False
 
     # -- a sum over a count of the data: the count is the world's ----------------------------
 
