@@ -1980,7 +1980,7 @@ def test_an_early_stopping_object_of_the_project_steers_every_rank_and_writes_on
     assert "early_stopping = ddp_quiet(EarlyStopping, patience=2)" in result.output, result.diagnostics
     (tmp_path / "train.py").write_text(result.output)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
-    for _ in range(3):  # a run lost to gloo's exit abort is repeated, from a fresh log
+    for _ in range(5):  # a run lost to gloo's exit abort is repeated, from a fresh log
         (tmp_path / "stopping.log").unlink(missing_ok=True)
         launched = run_launched(command, attempts=1, cwd=tmp_path, timeout=180)
         if launched.returncode == 0:

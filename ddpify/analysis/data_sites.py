@@ -96,10 +96,7 @@ def _counts_steps(expr: cst.BaseExpression, analyzer) -> bool:
     scope = analyzer.scopes.get_metadata(ScopeProvider, expr, None)
     assignments = list(scope[expr.value]) if scope is not None else []
     values = [analyzer.scopes.assigned_value(a.node) for a in assignments if getattr(a, "node", None) is not None]
-    return bool(values) and len(values) == len(assignments) and all(
-        isinstance(value, cst.Call) and index is None and (dotted(value.func) or "").rpartition(".")[2] in ("range", "trange")
-        for value, index in values
-    )
+    return bool(values) and len(values) == len(assignments) and all(index is None and counted_steps(value) for value, index in values)
 
 
 def part_of_a_model(expr: cst.BaseExpression, loop: cst.CSTNode) -> bool:
@@ -204,14 +201,15 @@ def _iterators_made(loop: cst.CSTNode, facts: Facts) -> set[str]:
 
 
 def counted_steps(iterated: cst.BaseExpression) -> bool:
-    """``range(n)``, ``trange(n)``, or a progress bar over one (``tqdm(range(args.max_iter))``):
-    a count of steps, not data."""
+    """``range(n)``, ``trange(n)``, or a progress bar or list over one (``tqdm(range(args.max_iter))``,
+    simple_shot's ``warp_tqdm(list(range(start, epochs)))``): a count of steps, not data."""
     if not isinstance(iterated, cst.Call):
         return False
     name = (dotted(iterated.func) or "").rpartition(".")[2]
     if name in ("range", "trange"):
         return True
-    return name == "tqdm" and bool(iterated.args) and counted_steps(iterated.args[0].value)
+    wraps_one = name in ("list", "tuple", "iter", "enumerate", "reversed") or "tqdm" in name.lower()
+    return wraps_one and bool(iterated.args) and counted_steps(iterated.args[0].value)
 
 
 def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:

@@ -30,9 +30,8 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import is_main_guard, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.analysis.ranks import loop_names_around, same_on_every_rank
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.ranks import RunNames
+from ddpify.analysis.ranks import RunNames, loop_names_around, same_on_every_rank
 from ddpify.analysis.tree import statement_of
 from ddpify.transforms.base import Transform
 
