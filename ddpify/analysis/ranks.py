@@ -145,7 +145,7 @@ def _step_counters(scope: cst.CSTNode) -> set[str]:
     return {name for name, steady in counted.items() if steady and name in increased}
 
 
-def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
+def same_path_on_every_rank(node: cst.CSTNode, parent_of, decided=None) -> bool:
     """Does every rank surely reach this statement when rank 0 does?
 
     DataParallel scripts have no rank-dependent code, so only data can make ranks
@@ -160,7 +160,9 @@ def same_path_on_every_rank(node: cst.CSTNode, parent_of) -> bool:
             return False
         tested = isinstance(parent, (cst.If, cst.While)) and child is parent.test  # (the test itself: every rank)
         if isinstance(parent, (cst.If, cst.While)) and not tested and not same_on_every_rank(parent.test, loop_names):
-            if not is_main_guard(parent):  # `if __name__ == "__main__":` runs on every rank
+            # (`if __name__ == "__main__":` runs on every rank; so does a branch whose test rank 0
+            # decides for every rank, ``decided``: DDP622's existence checks)
+            if not is_main_guard(parent) and not (decided is not None and decided(parent)):
                 return False
         child, parent = parent, parent_of(parent)
     return True

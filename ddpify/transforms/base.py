@@ -401,3 +401,10 @@ def is_import(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and any(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )
+
+
+def batch_size_arg(call: cst.Call) -> cst.Arg | None:
+    """``batch_size=`` of a DataLoader call, by keyword or as its second positional argument."""
+    arg = keyword_arg(call, "batch_size")
+    positional = positional_args(call)
+    return arg if arg is not None else positional[1] if len(positional) > 1 else None

@@ -72,7 +72,7 @@ import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform, append_arg, keyword, keyword_arg, positional_args
+from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args
 
 
 # Calls that make a tensor of a given shape, and tensor methods that take one.
@@ -86,7 +86,7 @@ class BatchSizeTransform(Transform):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         if original_node not in self.context.sharded_loaders:
             return self._per_step_shape(original_node, updated_node)
-        arg = _batch_size_arg(updated_node)
+        arg = batch_size_arg(updated_node)
         shown = self.context.code(arg.value) if arg else "1"
         if original_node in self.context.regrouped_loaders:
             return updated_node  # the step's batch is cut from it later (DDP406)
@@ -295,7 +295,7 @@ class BatchSizeTransform(Transform):
 
     def _sizes_of(self, loaders) -> set[str]:
         """The batch sizes of these DataLoader calls that are not a literal, as code."""
-        args = [_batch_size_arg(call) for call in loaders]
+        args = [batch_size_arg(call) for call in loaders]
         return {self.context.code(arg.value) for arg in args if arg is not None and not isinstance(arg.value, cst.Integer)}
 
     def _counts_batch(self, node: cst.BaseExpression) -> bool:
@@ -396,10 +396,3 @@ class BatchSizeTransform(Transform):
         return updated.with_changes(
             args=[a.with_changes(value=per_gpu) if a.keyword and a.keyword.value == "num_workers" else a for a in updated.args]
         )
-
-
-def _batch_size_arg(call: cst.Call) -> cst.Arg | None:
-    """``batch_size=`` of a DataLoader call, by keyword or as its second positional argument."""
-    arg = keyword_arg(call, "batch_size")
-    positional = positional_args(call)
-    return arg if arg is not None else positional[1] if len(positional) > 1 else None

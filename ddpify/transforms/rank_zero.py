@@ -401,14 +401,10 @@ class RankZeroTransform(Transform):
         if isinstance(node, cst.IfExp):
             return self._mode_choices(node.body, depth) + self._mode_choices(node.orelse, depth)
         if isinstance(node, cst.Name) and depth < 2:
-            scope = self.context.metadata.get_metadata(ScopeProvider, node, None)
-            bound = [getattr(a, "node", None) for a in scope[node.value]] if scope is not None else []
-            values = [self.context.parent(b) for b in bound if isinstance(b, cst.Name)]
-            return [
-                found for statement in values if isinstance(statement, cst.AssignTarget)
-                for assign in [self.context.parent(statement)] if isinstance(assign, cst.Assign)
-                for found in self._mode_choices(assign.value, depth + 1)
-            ]
+            scopes = self.facts.analyzer.scopes
+            bound = [getattr(a, "node", None) for a in scopes.assignments_of(node)]
+            values = [scopes.assigned_value(b)[0] for b in bound if isinstance(b, cst.Name)]
+            return [found for value in values if value is not None for found in self._mode_choices(value, depth + 1)]
         value = getattr(node, "evaluated_value", None)
         return [value] if isinstance(value, str) else []
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import is_main_guard, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.analysis import same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.ranks import RunNames, loop_names_around, same_on_every_rank
+from ddpify.analysis.ranks import RunNames
 from ddpify.analysis.tree import statement_of
 from ddpify.transforms.base import Transform
 
@@ -71,16 +71,8 @@ class RunNamesTransform(Transform):
         rank (WoodScape's `if os.path.isdir(log_path):` around its "Clean up?", DDP622)."""
         if statement is None or self._rank_zero_only(statement) or (self.context.is_library and self.context.at_module_level(statement)):
             return False
-        decided = self.context.decided_by_rank_zero or (lambda node: False)
-        loops = loop_names_around(statement, self.context.parent)
-        child, parent = statement, self.context.parent(statement)
-        while parent is not None and not isinstance(parent, (cst.FunctionDef, cst.Module)):
-            if isinstance(parent, cst.ExceptHandler):
-                return False
-            if isinstance(parent, (cst.If, cst.While)) and child is not parent.test and not same_on_every_rank(parent.test, loops):
-                if not is_main_guard(parent) and not decided(parent):
-                    return False
-            child, parent = parent, self.context.parent(parent)
+        if not same_path_on_every_rank(statement, self.context.parent, self.context.decided_by_rank_zero):
+            return False
         return runs_after_setup(statement, self.facts, self.context.parent, self._callers_run_after)
 
     def _reached_by_every_rank(self, statement: cst.CSTNode) -> bool:

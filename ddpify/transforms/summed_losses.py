@@ -48,7 +48,7 @@ import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
 from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, reaching_backward, without_moves
-from ddpify.transforms.base import Transform, keyword_arg, positional_args
+from ddpify.transforms.base import Transform, batch_size_arg, keyword_arg, positional_args
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
 # Where `x * world size` needs no parentheses around it.
@@ -113,10 +113,7 @@ class SummedLossesTransform(Transform):
         if division.right.value not in params:
             return False
         index, name = params.index(division.right.value), division.right.value
-        sizes = {
-            self.context.code(arg.value) for call in self.facts.loaders
-            for arg in [keyword_arg(call, "batch_size") or (positional_args(call)[1:2] or [None])[0]] if arg is not None
-        }
+        sizes = {self.context.code(arg.value) for call in self.facts.loaders for arg in [batch_size_arg(call)] if arg is not None}
         for call in (n for n in self.facts.contexts if isinstance(n, cst.Call) and dotted(n.func) == function.name.value):
             positional = positional_args(call)
             passed = keyword_arg(call, name) or (positional[index] if index < len(positional) else None)
