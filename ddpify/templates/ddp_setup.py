@@ -46,7 +46,7 @@ def ddp_setup():
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     one = {} if "RANK" in env else dict(store=dist.HashStore(), rank=0, world_size=1)  # no launcher: a world of one
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", **one)
-    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # also after an error
+    atexit.register(ddp_exit)  # also after an error
     if dist.get_rank() != 0:  # output from rank 0 only (prints, tqdm, logging, warnings); errors still show
         sys.stdout = open(os.devnull, "w")
         env["TQDM_DISABLE"] = "1"  # tqdm imported from now on
@@ -60,6 +60,23 @@ def ddp_setup():
         ddp_atomic_saves()  # ddpify:ddp_atomic_saves
     ddp_share_random_state()  # ddpify:ddp_share_random_state
     ddp_self_check()  # ddpify:ddp_self_check
+
+
+def ddp_exit():
+    """Leave the process group at exit. On gloo the ranks first wait for each other (five
+    minutes at most): a rank that tears down its connections while another still holds
+    DDP's reducer aborts that one after training finished ("terminate called without an
+    active exception", exit -6). Not after an error: the other ranks may never arrive."""
+    import datetime, sys  # noqa: E401
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo" and dist.get_world_size() > 1 and not hasattr(sys, "last_value"):
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(minutes=5))
+        except RuntimeError:  # a rank that left early or failed: leave all the same
+            pass
+    dist.destroy_process_group()
 
 
 def ddp_share_random_state():
@@ -716,6 +733,7 @@ class DdpModel(DistributedDataParallel):
     written for the bare model reads them (a project's helper, out of the converter's sight)."""
 
     made = []  # wrapped, not yet stepped
+    unchecked = []  # wrapped without find_unused_parameters, not yet through a backward
     live = None  # every wrapped model (weakly)
     started = set()  # weights outside DDP that start as rank 0's (see late_parameters)
 
@@ -730,7 +748,9 @@ class DdpModel(DistributedDataParallel):
             DdpModel.live = weakref.WeakSet()
             atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
             atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.idle_parameters).remove)
         DdpModel.made.append(self)
+        DdpModel.unchecked.append(self)
         DdpModel.live.add(self)
         self.ddp_unseen = True
         # what DDP averages: the parameters that trained when it was made
@@ -745,7 +765,49 @@ class DdpModel(DistributedDataParallel):
         if self.ddp_unseen:
             self.ddp_unseen = False
             ddp_broadcast_weights(self)
-        return super().forward(*args, **kwargs)
+        try:
+            return super().forward(*args, **kwargs)
+        except RuntimeError as error:  # a second forward before any step (gradients accumulated)
+            if "Expected to have finished reduction" not in str(error) or not self.ddp_find_idle():
+                raise
+            return super().forward(*args, **kwargs)
+
+    @staticmethod
+    def idle_parameters(optimizer, args, kwargs):
+        """Each wrapped model, at the first step after its first backward: see ddp_find_idle."""
+        for model in list(DdpModel.unchecked):
+            if any(p.grad is not None for p in model.module.parameters()):
+                DdpModel.unchecked.remove(model)
+                model.ddp_find_idle()
+
+    def ddp_find_idle(self):
+        """Parameters the forward left out (a torchvision backbone's `fc` that the model's
+        forward never calls): DDP made without find_unused_parameters waits for their
+        gradients, leaves the buckets that hold them unaveraged and stops the run at the next
+        forward. Every rank looks at once, after the first backward: the gradients are
+        averaged here and DDP looks for unused parameters at each step from now on, as if
+        made with find_unused_parameters=True (the step trains what that would have)."""
+        import warnings
+
+        if self.find_unused_parameters or self.static_graph or dist.get_world_size() == 1:
+            return False
+        trained, world = [p for p in self.module.parameters() if p.requires_grad], dist.get_world_size()
+        missing = torch.tensor([float(p.grad is None) for p in trained], dtype=torch.float64, device=ddp_device())
+        dist.all_reduce(missing)  # (ranks without a gradient, per parameter)
+        if not missing.any():
+            return False
+        for p, count in zip(trained, missing.tolist()):
+            if count < world:  # (averaged already where DDP's bucket was full: alike, so unchanged)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        self.find_unused_parameters = True
+        parameters, sparse = self._build_params_for_reducer()  # a new reducer, as DDP's __setstate__ builds one
+        self._ddp_init_helper(parameters, sparse, self._build_debug_param_to_name_mapping(parameters), self.static_graph)
+        warnings.warn(f"{int(missing.gt(0).sum())} parameter(s) of {type(self.module).__name__} got no gradient: "
+                      "DDP now looks for unused parameters at each step (find_unused_parameters=True)")
+        return True
 
     @staticmethod
     def first_step(optimizer, args, kwargs):
@@ -1198,8 +1260,12 @@ def ddp_quiet_folders(private):
 def ddp_shared_values(values):
     """What a project function that writes files returned on rank 0 (it ran there alone), on
     every rank: rank 0 keeps its own; the others get a copy, or a stand-in for what cannot be
-    sent (fastdvdnet's init_logging returns a SummaryWriter with its logger)."""
+    sent (fastdvdnet's init_logging returns a SummaryWriter with its logger). Python's and
+    numpy's random states go with them: what rank 0 drew there alone (NLP_Project's index
+    split) every rank's generator has passed too, as ddp_share_random_state keeps them alike."""
     import pickle
+    import random
+    import sys
 
     def sendable(value):  # sent and made again: glow's JsonConfig pickles, but raises when unpickled
         try:
@@ -1210,10 +1276,15 @@ def ddp_shared_values(values):
 
     mine = dist.get_rank() == 0
     several = isinstance(values, tuple)
-    sent = (several, tuple(map(sendable, values)) if several else (sendable(values),)) if mine else None
-    several, received = ddp_from_rank_zero(sent)
+    numpy = sys.modules.get("numpy")
+    states = random.getstate(), numpy and numpy.random.get_state()
+    sent = (several, tuple(map(sendable, values)) if several else (sendable(values),), states) if mine else None
+    several, received, states = ddp_from_rank_zero(sent)
     if mine:
         return values
+    random.setstate(states[0])  # what rank 0 drew alone, every rank has drawn (the generators stay alike)
+    if numpy is not None and states[1] is not None:
+        numpy.random.set_state(states[1])
     made = tuple(DdpNoOp() if value is DdpNoOp else ddp_here(value) for value in received)
     return made if several else made[0]
 

@@ -55,6 +55,7 @@ TEMPLATE_IMPORTS = (  # (atexit, logging and re are imported inside the helpers:
 # ddp_wrap's import is scheduled by the wrap transform (DDP_IMPORT), with the helper.
 TEMPLATE_NAMES = (
     "ddp_setup",
+    "ddp_exit",
     "ddp_share_random_state",
     "ddp_own_data_draws",
     "ddp_orders_alike",
