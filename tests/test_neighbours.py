@@ -2304,3 +2304,63 @@ def test_a_loss_class_made_for_one_batch_size_gets_the_whole_batch(tmp_path):
     assert not result.error, result.diagnostics
     assert "DDP117" in {d.code for d in result.diagnostics}
     assert "loss = ddp_whole_batch(criterion, model(x_i), model(x_j))" in result.output
+
+
+CAM_UTIL = '''class Explainer:  # GradCAM's shape: it runs the model forward and backward
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x):
+        x = x.clone().requires_grad_(True)
+        self.model(x).sum().backward()
+        self.model.zero_grad()
+        return x.grad.abs().sum().item()
+
+
+class CamSaver:
+    def __init__(self, cam, path):
+        self.cam = cam
+        self.out = open(path, "a")
+
+    def save(self, x):
+        self.out.write("%.6f\\n" % self.cam(x))
+        self.out.flush()
+'''
+
+CAM_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from util import CamSaver, Explainer
+
+torch.manual_seed(0)
+model = nn.DataParallel(nn.Linear(2, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+explainer = Explainer(model=model)
+saver = CamSaver(cam=explainer, path="cams.txt")
+loader = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=4)
+probe = torch.randn(2, 2)
+for epoch in range(2):
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    saver.save(probe)
+    print("epoch", epoch)
+'''
+
+
+def test_an_object_that_holds_the_wrapped_model_is_made_on_every_rank(tmp_path):
+    """OCT-WSSS: a CAM saver (a writer class of the project) built around a GradCAM built around
+    the wrapped model was made on rank 0 alone, its method run there alone: GradCAM's backward
+    through DDP waited for the other ranks (a hang). Holding the model, even one object deep,
+    it is made on every rank (its files private copies on the others), as its calls run."""
+    project(tmp_path, {"util.py": CAM_UTIL, "train.py": CAM_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert 'saver = ddp_quiet(CamSaver, cam=explainer, path="cams.txt")' in result.output, result.output
+    assert "DdpNoOp" not in result.output and "ddp_from_rank_zero(saver" not in result.output
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    run = run_launched(command, cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len((tmp_path / "cams.txt").read_text().splitlines()) == 2 * run.attempts

@@ -16,6 +16,7 @@ from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
+from ddpify.transforms.replica_outputs import ReplicaOutputsTransform
 from ddpify.transforms.run_names import RunNamesTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.selected_means import SelectedMeansTransform
@@ -31,6 +32,7 @@ TRANSFORMS = (
     WrapPlacementTransform,
     BatchLossesTransform,
     SummedLossesTransform,
+    ReplicaOutputsTransform,
     SelectedMeansTransform,
     SamplerTransform,
     BatchSizeTransform,

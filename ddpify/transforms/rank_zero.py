@@ -508,7 +508,7 @@ class RankZeroTransform(Transform):
         params = set()
         if function is not None and function.function is not None:
             params = {p.name.value for p in function.function.params.params}
-        return self.facts.analyzer.call_is_unsafe(call, params)
+        return self.facts.analyzer.call_is_unsafe(call, params) or self._through_a_holder(call)
 
     def _may_run_model_for_a_value(self, call: cst.Call) -> bool:
         """A value made for a rank-0 write joins the guard only if computing it cannot run the
@@ -814,6 +814,9 @@ class RankZeroTransform(Transform):
             return updated_node
         if code == "DDP609":
             return self._file_on_rank_zero(original_node, updated_node, message)
+        held = self._held_model(value) if code == "DDP606" else None
+        if held is not None:
+            return self._made_quietly(original_node, updated_node, held, what, holds=True)
         target = bound_target(original_node)
         escape = self._escape_or_fetch(target) if target is not None else None
         if escape is not None:
@@ -848,16 +851,23 @@ class RankZeroTransform(Transform):
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stream}").with_changes(body=updated.value)
         return updated.with_changes(value=on_rank_zero)
 
-    def _made_quietly(self, original: cst.Assign, updated: cst.Assign, escape: cst.CSTNode, what: str) -> cst.Assign:
+    def _made_quietly(self, original: cst.Assign, updated: cst.Assign, escape: cst.CSTNode, what: str, holds: bool = False) -> cst.Assign:
         """A writer or tracker some code reads outside a guard (``escape``, HPLFlowNet's
-        ``logger.out_fd``): a stand-in could not give it, so every rank makes a real one, and on
-        the other ranks the files it opens for writing are nameless temporary files (ddp_quiet)."""
+        ``logger.out_fd``), or one that ``holds`` the wrapped model: a stand-in could not give
+        it, or rank 0 alone would run the model's collectives, so every rank makes a real one, and
+        on the other ranks the files it opens for writing are nameless temporary files (ddp_quiet)."""
         line = self.context.position(escape)[0]
+        why = (
+            f"it holds the wrapped model through `{self.context.code(escape)}`: what it runs of the model, DDP's "
+            "forward and backward, every rank must join"
+            if holds
+            else f"line {line} takes `{self.context.code(escape)}` from it outside a rank-0 guard"
+        )
         self.context.report(
             original,
             "DDP606",
-            f"{what}(...) is made on every rank (line {line} takes `{self.context.code(escape)}` from it outside a "
-            "rank-0 guard): on ranks other than 0 the files it opens for writing are nameless temporary files",
+            f"{what}(...) is made on every rank ({why}): on ranks other than 0 the files it opens for writing are "
+            "nameless temporary files",
         )
         self.context.use_helper("ddp_quiet")
         call = updated.value
@@ -1028,6 +1038,39 @@ class RankZeroTransform(Transform):
         if escape is None:
             self._fetches.update(fetched)
         return escape
+
+    def _held_model(self, call: cst.Call) -> cst.BaseExpression | None:
+        """An argument of ``call`` that is a wrapped model, or an object built with one
+        (OCT-WSSS's ``CAMGeneratorAndSave(cam=self.cam)``, ``self.cam = GradCAM(model=
+        self.cam_model)``): the object may run the model's forward and backward."""
+        models = self.facts.model_names
+        for arg in call.args:
+            name = dotted(arg.value)
+            built = self._built_by.get(name or "", [])
+            if name in models or any(dotted(given.value) in models for made in built for given in made.args):
+                return arg.value
+        return None
+
+    @functools.cached_property
+    def _built_by(self) -> dict[str, list[cst.Call]]:
+        """Each name (``saver``, ``self.cam``) -> the calls assigned to it."""
+        built: dict[str, list[cst.Call]] = {}
+        for node in walk(self.context.module):
+            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+                for target in node.targets:
+                    built.setdefault(dotted(target.target) or "", []).append(node.value)
+        return built
+
+    def _through_a_holder(self, call: cst.Call) -> bool:
+        """``saver.save(x)``, ``cam(x)``: a call of an object, or of its method, that a class
+        built holding the wrapped model (``_held_model``): it may run DDP's forward and
+        backward. (A function's value, ``kept = averaged_copy(model)``, is no holder: a copy.)"""
+        func = call.func.value if isinstance(call.func, cst.Attribute) else call.func
+        name = dotted(func)
+        return name is not None and name not in self.facts.model_names and any(
+            (dotted(made.func) or "").rpartition(".")[2][:1].isupper() and self._held_model(made) is not None
+            for made in self._built_by.get(name, [])
+        )
 
     def _tracker_made(self, call: cst.Call) -> bool:
         """A tracker, or an object of a project class that keeps files open for writing

@@ -194,6 +194,7 @@ now names DistributedDataParallel, which also has ``.module``.
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import libcst as cst
@@ -532,31 +533,46 @@ class WrapModelTransform(Transform):
         return isinstance(module, (cst.Name, cst.Attribute))
 
     def _split_widened_guard(self, original: cst.If, updated: cst.If) -> list:
-        """``if args.cuda: model = DP(model); model = model.cuda()``: only the wrap must run
-        whenever the world size is above one; the statements beside it keep the condition
-        they had (`.cuda()` on a CPU-only machine, a flag's own settings). An ``else`` goes with
-        the statements before the wrap (PointPWC's ``if args.multi_gpu is not None:
-        device_ids = args.multi_gpu.split(','); ...`` would read a None flag on every rank)."""
-        before_wrap, after_wrap = [], []
+        """``if args.cuda: model = DP(model); model = model.cuda()``: only the wraps must run
+        whenever the world size is above one; the statements beside them keep the condition
+        they had (`.cuda()` on a CPU-only machine, a flag's own settings: NLP_Project's
+        ``DEVICE_IDs = range(NGPU)`` beside two wraps read a None flag on every rank). Each run
+        of wraps gets the widened test, each run of other statements the old one, in order. An
+        ``else`` goes with the statements before the first wrap (PointPWC's ``if
+        args.multi_gpu is not None: device_ids = args.multi_gpu.split(','); ...``). Left whole
+        when a wrap reads a name the statements beside it bind."""
         # The sync-BN callbacks edit_block removed from the body are not in `updated`.
         originals = [statement for statement in original.body.body if not self._removed_sync_bn(statement)]
         updates = updated.body.body
-        wrap_at = [i for i, statement in enumerate(originals) if any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps)]
-        if len(originals) != len(updates) or len(originals) < 2 or len(wrap_at) != 1:
+        wraps = [any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps) for statement in originals]
+        if len(originals) != len(updates) or len(originals) < 2 or all(wraps) or not any(wraps):
             return [(original, updated)]
-        before_wrap, wrapping, after_wrap = updates[: wrap_at[0]], updates[wrap_at[0]], updates[wrap_at[0] + 1 :]
-        if original.orelse is not None and not before_wrap:
+        if original.orelse is not None and wraps[0] or self._wraps_read_what_beside_binds(updates, wraps):
             return [(original, updated)]
-        pieces = []
-        if before_wrap:
-            pieces.append(updated.with_changes(test=original.test, body=updated.body.with_changes(body=before_wrap)))
-        alone = updated.with_changes(body=updated.body.with_changes(body=[wrapping]), orelse=None)
-        pieces.append(alone.with_changes(leading_lines=[] if pieces else updated.leading_lines))
-        if after_wrap:
-            pieces.append(alone.with_changes(test=original.test, body=updated.body.with_changes(body=after_wrap), leading_lines=[]))
-        if before_wrap:
-            pieces[0] = pieces[0].with_changes(leading_lines=updated.leading_lines)
+        pieces, index = [], 0
+        for is_wrap, run in itertools.groupby(wraps):
+            count = len(list(run))
+            body = updated.body.with_changes(body=updates[index : index + count])
+            test = updated.test if is_wrap else original.test
+            orelse = updated.orelse if not pieces and not is_wrap else None
+            pieces.append(updated.with_changes(test=test, body=body, orelse=orelse, leading_lines=[] if pieces else updated.leading_lines))
+            index += count
         return [(original if index == 0 else None, piece) for index, piece in enumerate(pieces)]
+
+    def _wraps_read_what_beside_binds(self, statements: list[cst.CSTNode], wraps: list[bool]) -> bool:
+        """Does a converted wrap read a name a statement beside it binds, other than by updating
+        it (``model = model.cuda()`` rebinds a model bound before the ``if``)? (``device_ids=``
+        is gone from the wrap: a device list bound beside it is not read.)"""
+        bound = set()
+        for statement, is_wrap in zip(statements, wraps):
+            if is_wrap:
+                continue
+            for node in walk(statement):
+                if isinstance(node, cst.Assign) and not isinstance(node.value, cst.Lambda):
+                    read = {dotted(n) for n in walk(node.value) if isinstance(n, (cst.Name, cst.Attribute))}
+                    bound |= {dotted(t.target) for t in node.targets if dotted(t.target) not in read}
+        read_by_wraps = {dotted(n) for statement, is_wrap in zip(statements, wraps) if is_wrap for n in walk(statement) if isinstance(n, (cst.Name, cst.Attribute))}
+        return bool((bound - {None}) & read_by_wraps)
 
     def _removed_sync_bn(self, statement: cst.CSTNode) -> bool:
         return (
