@@ -2364,3 +2364,64 @@ def test_an_object_that_holds_the_wrapped_model_is_made_on_every_rank(tmp_path):
     run = run_launched(command, cwd=tmp_path, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert len((tmp_path / "cams.txt").read_text().splitlines()) == 2 * run.attempts
+
+
+COMBINED_LOSS = '''import torch.nn as nn
+from losses import TripletLoss
+
+
+class Loss(nn.Module):  # MGN's loss.Loss: its terms picked from a setting, kept in a list
+    def __init__(self, spec):
+        super().__init__()
+        self.loss = []
+        for part in spec.split("+"):
+            weight, kind = part.split("*")
+            function = TripletLoss() if kind == "Triplet" else nn.CrossEntropyLoss()
+            self.loss.append({"weight": float(weight), "function": function})
+
+    def forward(self, outputs, labels):
+        return sum(term["weight"] * term["function"](outputs, labels) for term in self.loss)
+'''
+
+
+def test_a_loss_that_builds_a_batch_coupled_loss_is_batch_coupled(tmp_path):
+    """MGN-pytorch: the training calls loss.Loss, which builds its terms (a batch-hard triplet
+    loss among them) from a setting: each rank mined only its own share of the batch."""
+    train = HARD_MINING_TRAIN.replace("from losses import TripletLoss, deep_supervision", "from combined import Loss")
+    train = train.replace("criterion = TripletLoss()", 'criterion = Loss("1*Triplet")').replace(
+        "deep_supervision(criterion, model(x), y)", "criterion(model(x), y)")
+    project(tmp_path, {"losses.py": HARD_MINING, "combined.py": COMBINED_LOSS, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert not result.error and "loss = ddp_whole_batch(criterion, model(x), y)" in result.output, result.diagnostics
+
+
+SOLVER = '''class Solver:
+    def __init__(self, model, data, optimizer):
+        self.model, self.data, self.optimizer = model, data, optimizer
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for x, y in self.data["train"]:
+                self.optimizer.zero_grad()
+                ((self.model(x) - y) ** 2).mean().backward()
+                self.optimizer.step()
+'''
+SOLVER_TRAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from solver import Solver
+
+model = nn.DataParallel(nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = {"train": DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4)}
+solver = Solver(model, data, optimizer)
+solver.train(2)
+'''
+
+
+def test_training_in_a_project_class_s_method_names_folder_mode_as_the_way(tmp_path):
+    """woo-music's and ML_ISLES2017's Solver: the loop over data runs in a method of an imported
+    class; the refusal said "shard it by hand" where converting the folder converts it."""
+    project(tmp_path, {"solver.py": SOLVER, "train.py": SOLVER_TRAIN})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and "convert the folder" in result.error and "`solver`" in result.error, result.error

@@ -1160,3 +1160,42 @@ def test_a_project_whose_batches_come_from_no_data_loader_is_refused_saying_so(t
     refused = results["main.py"]
     assert refused.error and "no DataLoader appears" in refused.error and "replay buffer" in refused.error
     assert all(result.output == result.source for result in results.values())
+
+
+STAR_TRAINER = {
+    "models/__init__.py": "from .trainer import Trainer\n",
+    "models/nets.py": "import torch\nimport torch.nn as nn\n",
+    "utils/__init__.py": "import os\nimport cv2\n",
+    "models/trainer.py": '''from .nets import *
+from utils import *
+
+
+class Trainer(object):
+    def __init__(self):
+        self.model = nn.DataParallel(nn.Linear(4, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=2)
+
+    def train(self):
+        for epoch in range(2):
+            for x, y in self.loader:
+                loss = ((self.model(x) - y) ** 2).mean()
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+            cv2.imwrite("sample_%d.png" % epoch, x.numpy() * 255.0)
+            torch.save(self.model.state_dict(), os.path.join(".", "ck_%d.pt" % epoch))
+''',
+    "train.py": "from models import Trainer\n\nif __name__ == '__main__':\n    Trainer().train()\n",
+}
+
+
+def test_library_writes_reached_through_star_imports_run_on_rank_zero(tmp_path: Path) -> None:
+    """photo2cartoon's trainer module has `cv2`, `torch` and `os` only through `from .networks
+    import *` and `from utils import *`: its writes read as unknown project calls that may run
+    the model (DDP602), and every rank wrote the checkpoints and sample images."""
+    write_project(tmp_path, STAR_TRAINER)
+    results = convert_tree(tmp_path)
+    codes = [(d.code, d.message.split(" ")[0]) for d in results["models/trainer.py"].diagnostics]
+    assert ("DDP601", "cv2.imwrite()") in codes and ("DDP601", "torch.save()") in codes, codes
+    assert "DDP602" not in {code for code, _ in codes}

@@ -1213,6 +1213,14 @@ def test_a_batch_object_with_tensor_fields_is_split_and_a_batch_with_nothing_to_
         template.ddp_batch_share(["a sentence", "another"])
 
 
+def test_a_prefetcher_s_end_of_pass_is_handed_on_as_it_is(monkeypatch):
+    # QuARE's DataPreFetcher.next() returns None at the end of a pass (`while data is not None`),
+    # apex's data_prefetcher a pair of Nones: drawn alike on every rank, every rank stops alike
+    _as_rank(monkeypatch, 1)
+    assert template.ddp_batch_share(None) is None
+    assert template.ddp_batch_share((None, None)) == (None, None)
+
+
 def test_a_torchtext_batch_of_time_major_pairs_is_cut_along_its_batch_dimension(monkeypatch):
     # NEU_NMT_v2: torchtext's Batch holds `src = (tokens, lengths)`, tokens time-major
     # (time x batch), and `batch_size`: every tensor is cut where it is as long as the batch
@@ -1535,28 +1543,159 @@ def test_draws_rank_zero_made_alone_are_made_on_every_rank(tmp_path):
     assert "alike after rank 0 drew alone: True" in result.stdout
 
 
-DDP_THEN_EXIT = """
+FAILED_RANK = """
+import time
 import torch
+import torch.distributed as dist
 from ddpify.templates.ddp_setup import ddp_setup
 
 ddp_setup()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
 model(torch.randn(2, 2)).sum().backward()
-print("trained")
+if dist.get_rank() == 1:
+    raise ValueError("this rank failed")
+time.sleep(2)
+dist.all_reduce(torch.ones(1))  # rank 0 waits here for a rank that is gone
 """
 
 
-def test_a_finished_run_leaves_gloo_without_an_abort(tmp_path):
+def test_exit_waits_for_the_other_ranks_but_not_after_an_error(tmp_path):
     """Leaving the process group while another rank still held DDP's reducer aborted a rank
-    after training had finished (exit -6, in most runs of this script): the exit waits for
-    every rank first. Run unrepeated, three times."""
+    after training had finished (exit -6, in half the runs of a plain DDP script): on gloo the
+    ranks wait for each other at exit. Not a rank that failed: it leaves at once, and torchrun
+    stops the others (a barrier there would hold the run for its timeout)."""
     import subprocess
     import sys
+    import time
 
     path = tmp_path / "train.py"
-    path.write_text(DDP_THEN_EXIT)
+    path.write_text(FAILED_RANK)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(path)]
-    for _ in range(3):
-        result = subprocess.run(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "this rank failed" in result.stderr
+    assert time.monotonic() - started < 120, "the failed rank waited at the exit barrier"
+    assert "ddp_exit" in template_source() and "monitored_barrier" in template_source()
+
+
+def test_named_tuples_of_totals_are_averaged_too(monkeypatch):
+    import collections
+
+    Totals = collections.namedtuple("Totals", "loss steps")
+    monkeypatch.setattr(template.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(template, "ddp_sum", lambda value, mean=False: value * 10 if not isinstance(value, tuple) else template.ddp_entries(value, mean))
+    monkeypatch.setattr(template.dist, "all_reduce", lambda tensor, op=None: None)
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    assert template.ddp_entries(Totals(1.0, 2), True) == Totals(10.0, 20)
+
+
+TOTALS = """
+import collections
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_mean, ddp_setup, ddp_sum
+
+ddp_setup()
+rank = dist.get_rank()
+totals = collections.OrderedDict(loss=1.0 + rank, steps=4 + rank, name="gan", meter=object())
+mean = ddp_mean(totals)
+assert list(mean) == ["loss", "steps", "name", "meter"] and mean["name"] == "gan" and mean["meter"] is totals["meter"]
+assert mean["loss"] == 1.5 and mean["steps"] == 4.5, mean
+assert ddp_sum([1, torch.tensor([1.0, 2.0])])[1].tolist() == [2.0, 4.0]
+assert ddp_mean((2.0 * rank,)) == (1.0,)
+uneven = ddp_mean([1.0] * (rank + 1))  # per-rank lists of other lengths: each rank's own
+assert uneven == [1.0] * (rank + 1)
+print("entries averaged")
+"""
+
+
+def test_dicts_and_lists_of_totals_are_averaged_entry_by_entry(tmp_path):
+    """DDP608 printed `ddp_mean(losses)` of a dict of epoch totals (an OCT GAN's) and a list of
+    per-epoch losses (NLP_Project's): both came back as rank 0's own."""
+    result = _torchrun(tmp_path, TOTALS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("entries averaged") == 1
+
+
+PAST_THE_WRAPPER = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_through, ddp_wrap
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 8)
+        self.b = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+def train(how):
+    torch.manual_seed(0)
+    G = ddp_wrap(Net())
+    optimizers = [torch.optim.SGD(G.module.a.parameters(), lr=0.1), torch.optim.SGD(G.module.b.parameters(), lr=0.1)]
+    data = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(1))
+    rank = dist.get_rank()
+    def run_G(x):  # ParamsDrag's helper: the parts called past the wrapper
+        return G.module.b(torch.relu(G.module.a(x)))
+    for step in range(3):
+        x = data[step, rank * 3:(rank + 1) * 3]
+        out = G(x) if how == "forward" else run_G(x) if how == "past" else ddp_through(G, "b", torch.relu(G.module.a(x)))
+        out.pow(2).mean().backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    return torch.cat([p.detach().flatten() for p in G.module.parameters()])
+
+ddp_setup()
+reference, past = train("forward"), train("past")
+gathered = [torch.zeros_like(past) for _ in range(2)]
+dist.all_gather(gathered, past)
+assert torch.equal(gathered[0], gathered[1]), (gathered[0] - gathered[1]).abs().max()
+assert torch.allclose(past, reference, atol=1e-6), (past - reference).abs().max()
+through = train("through")  # a part, not a method, run through DDP's forward
+assert torch.allclose(through[-9:], reference[-9:], atol=1e-6)
+print("averaged as through DDP")
+"""
+
+
+def test_parts_called_past_the_wrapper_have_their_gradients_averaged(tmp_path):
+    """ParamsDrag's training forward calls `G.module.mapping(...)`, `G.module.synthesis(...)` in a
+    helper: DDP's forward never ran, nothing was averaged, the ranks trained models of their
+    own. Such gradients are averaged before the step; ddp_through runs a part through DDP."""
+    result = _torchrun(tmp_path, PAST_THE_WRAPPER)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("averaged as through DDP") == 1
+
+
+TWO_PAST_THE_WRAPPER = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+ddp_setup()
+torch.manual_seed(0)
+# two wrapped models of other shapes, both trained past their wrappers in one step: the
+# averaging goes model by model in the order every rank made them (a set's order differs)
+models = [ddp_wrap(torch.nn.Linear(4, 3)), ddp_wrap(torch.nn.Linear(3, 1))]
+optimizer = torch.optim.SGD([p for m in models for p in m.parameters()], lr=0.1)
+data = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(1))
+for step in range(3):
+    x = data[step, dist.get_rank() * 3:(dist.get_rank() + 1) * 3]
+    models[1].module(models[0].module(x)).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+weights = torch.cat([p.detach().flatten() for m in models for p in m.parameters()])
+gathered = [torch.zeros_like(weights) for _ in range(2)]
+dist.all_gather(gathered, weights)
+assert torch.equal(gathered[0], gathered[1])
+print("both averaged")
+"""
+
+
+def test_several_models_past_their_wrappers_are_averaged_in_one_order(tmp_path):
+    result = _torchrun(tmp_path, TWO_PAST_THE_WRAPPER)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("both averaged") == 1

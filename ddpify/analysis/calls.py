@@ -42,11 +42,12 @@ class CallGraph(Room):
         return sites
 
     def callee(self, call: cst.Call, context: Context | None) -> Function | None:
-        """The function of this file a call runs: a top-level function by its name, or a
-        method of the caller's own class through ``self``."""
+        """The function of this file a call runs: a top-level function by its name, one defined
+        in the caller's own scope, or a method of the caller's own class through ``self``."""
         func = call.func
         if isinstance(func, cst.Name):
-            return self.scopes.module_functions.get(func.value)
+            # (or a function defined in the caller: QuARE's loss() closure in its train())
+            return self.scopes.module_functions.get(func.value) or self.scopes.local_function(func)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" and context is not None and context.cls is not None:
             return next(
                 (node for node in context.cls.body.body if isinstance(node, cst.FunctionDef) and node.name.value == func.attr.value), None
@@ -115,6 +116,21 @@ class CallGraph(Room):
         if not isinstance(value, cst.Name) or value.value not in ("True", "False"):
             return True
         return (value.value == "True") == trains_when
+
+    def switch_passed(self, function: Function, call: cst.Call) -> tuple[cst.BaseExpression, bool] | None:
+        """What this call passes for the parameter that switches ``function``'s training on,
+        when it is a test the caller computes (echonet's ``run_epoch(model, dataloader, phase ==
+        "train", ...)``), and the value that trains; literals are trains_at's to decide."""
+        if function not in self._switches:
+            self._switches[function] = self._training_switch(function)
+        switch = self._switches[function]
+        if switch is None or isinstance(switch[1], tuple):
+            return None
+        param, trains_when = switch
+        value = self.argument_for(function, param, call)
+        if value is None or isinstance(value, cst.Name) and value.value in ("True", "False", "None"):
+            return None
+        return value, trains_when
 
     def _step_parameter(self, function: Function) -> cst.Param | None:
         """The parameter through which alone ``function`` trains: every training call in it is

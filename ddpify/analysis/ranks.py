@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.metadata import Assignment, ScopeProvider
 
 from ddpify.analysis.facts import Function
-from ddpify.analysis.scopes import Room
+from ddpify.analysis.scopes import STAR_IMPORTED_ROOTS, Room
 from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dotted, is_main_guard, names_in, root_name, walk
 from ddpify.names import DATA_PARALLEL, RANK_WORDS
 
@@ -218,6 +218,8 @@ class Collectives(Room):
             return False
         if root.value in self.facts.project_names:
             return True
+        if root.value in STAR_IMPORTED_ROOTS and not self.scopes.assignments_of(root):
+            return False  # (a library a star import passes on: photo2cartoon's `cv2` through `from utils import *`)
         definitions = (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
         bound_here = [
             a for a in self.scopes.assignments_of(root) if isinstance(a, Assignment) and not isinstance(a.node, definitions)

@@ -785,11 +785,16 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     # unfix() turns requires_grad on after the wrap)
     known = _imported(path, tree, lambda summary: dict.fromkeys(summary.freezing_classes, ""))
     freezing = frozenset(_through_classes(tree, freezing, known, ""))
-    pairwise = _with_instances(tree, frozenset(
+    coupled = {
         node.name for node in tree.body
         if isinstance(node, (ast.ClassDef, ast.FunctionDef))
         and (PAIRWISE.search(ast.unparse(node)) or _a_batch_product(node) or _shaped_by_the_batch_size(node))
-    ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, ""))))
+    }
+    imported_coupled = set(_imported(path, tree, lambda summary: dict.fromkeys(summary.pairwise, "")))
+    # (and the losses that build or call one: MGN's loss.Loss picks a TripletLoss among its terms;
+    # a model that computes one inside its forward did so per GPU under DataParallel too)
+    combining = {name for name in _through_calls(tree, coupled, imported_coupled) - coupled - imported_coupled if LOSS_NAME.search(name)}
+    pairwise = _with_instances(tree, frozenset(coupled | imported_coupled | combining))
     trainers = {node.name: _iterated_parameters(node) for node in tree.body if isinstance(node, ast.FunctionDef) and _trains(node)}
     trainer_classes = _trainer_classes(tree, _imported(path, tree, lambda summary: summary.trainer_classes))
     bases = {id(part) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for base in cls.bases for part in ast.walk(base)}
@@ -865,6 +870,9 @@ def _evaluating_writers(cls: ast.ClassDef, writing_helpers: set[str]) -> dict[st
         if runs and any(_writes(body) or _calls_one_of(body, writing_helpers) for body in bodies):
             found[name] = ()
     return found
+
+
+LOSS_NAME = re.compile(r"loss|criterion|objective", re.IGNORECASE)
 
 
 def _with_instances(tree: ast.Module, found: frozenset[str]) -> frozenset[str]:
@@ -1594,6 +1602,25 @@ def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResul
         "(checkpoints saved with `module.` keys); convert the folder that holds both (`ddpify convert DIR`)"
     )
     return _folder_refusal(path, source, message)
+
+
+def imported_project_modules(path: str, source: str) -> list[str]:
+    """The modules of the script's own project that it imports (files beside it or below
+    its folder), by the names it imports them by."""
+    here = Path(path).resolve().parent
+    if not Path(path).is_file():
+        return []
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _module_file([here], node.module or "", node.level, here) is not None:
+            found.append("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if _module_file([here], alias.name, 0, here) is not None]
+    return list(dict.fromkeys(found))
 
 
 def _calls_imported_training(path: str, source: str, trainable: set[str]) -> bool:

@@ -441,8 +441,12 @@ class DdpSplit:
 
 def ddp_batch_share(batch):
     """This rank's share of a batch drawn whole (ddp_scatter); an object that carries its tensors
-    as attributes (torchtext's Batch: `batch.src`, `batch.trg`) is opened too. A batch with
-    nothing to split stops the run: every rank would train on all of it."""
+    as attributes (torchtext's Batch: `batch.src`, `batch.trg`) is opened too. None, or a tuple
+    of Nones, is a source's end of pass (apex's and QuARE's prefetchers: `while data is not
+    None`), drawn alike on every rank: handed on as it is, every rank stops alike. Any other
+    batch with nothing to split stops the run: every rank would train on all of it."""
+    if all(leaf is None for leaf in ddp_leaves(batch)):
+        return batch
     if any(torch.is_tensor(leaf) or hasattr(leaf, "ndim") for leaf in ddp_leaves(batch)):
         return ddp_scatter(batch, each_one=True)
     fields = getattr(batch, "__dict__", {})
@@ -734,6 +738,7 @@ class DdpModel(DistributedDataParallel):
 
     made = []  # wrapped, not yet stepped
     unchecked = []  # wrapped without find_unused_parameters, not yet through a backward
+    ddp_made = 0  # models made (ddp_index; named apart from the model's own attributes)
     live = None  # every wrapped model (weakly)
     started = set()  # weights outside DDP that start as rank 0's (see late_parameters)
 
@@ -749,12 +754,16 @@ class DdpModel(DistributedDataParallel):
             atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
             atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
             atexit.register(register_optimizer_step_pre_hook(DdpModel.idle_parameters).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.bypassed).remove)
         DdpModel.made.append(self)
         DdpModel.unchecked.append(self)
+        self.ddp_index, DdpModel.ddp_made = DdpModel.ddp_made, DdpModel.ddp_made + 1  # (the order every rank made its models in)
         DdpModel.live.add(self)
         self.ddp_unseen = True
         # what DDP averages: the parameters that trained when it was made
         self.ddp_averaged = {id(p) for p in module.parameters() if p.requires_grad}
+        self.ddp_forwards = 0  # forwards that DDP averages the backward of
+        self.ddp_stepped_at = {}  # optimizer -> ddp_forwards when it last stepped this model
         self.ddp_ready = True
 
     def forward(self, *args, **kwargs):
@@ -765,12 +774,31 @@ class DdpModel(DistributedDataParallel):
         if self.ddp_unseen:
             self.ddp_unseen = False
             ddp_broadcast_weights(self)
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            self.ddp_forwards += 1
         try:
             return super().forward(*args, **kwargs)
         except RuntimeError as error:  # a second forward before any step (gradients accumulated)
             if "Expected to have finished reduction" not in str(error) or not self.ddp_find_idle():
                 raise
             return super().forward(*args, **kwargs)
+
+    @staticmethod
+    def bypassed(optimizer, args, kwargs):
+        """Gradients of a wrapped model's parameters when no DDP forward ran since this optimizer
+        last stepped it: the training called its parts past the wrapper (ParamsDrag's helper runs
+        `G.module.mapping(...)`, `G.module.synthesis(...)`), so DDP averaged nothing and each rank
+        would train a model of its own. They are averaged here, as DDP would have."""
+        if dist.get_world_size() == 1:
+            return
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for model in sorted(DdpModel.live, key=lambda model: model.ddp_index):  # (alike on every rank: collectives)
+            mine = [p for p in model.module.parameters() if id(p) in stepped and p.requires_grad]
+            if not mine:
+                continue
+            seen, model.ddp_stepped_at[id(optimizer)] = model.ddp_stepped_at.get(id(optimizer), 0), model.ddp_forwards
+            if seen == model.ddp_forwards:
+                ddp_average_gradients(mine)
 
     @staticmethod
     def idle_parameters(optimizer, args, kwargs):
@@ -837,15 +865,7 @@ class DdpModel(DistributedDataParallel):
             if id(p) not in DdpModel.started:  # (as DDP broadcasts its module's when it is built)
                 DdpModel.started.add(id(p))
                 dist.broadcast(p.data, 0)
-        device, world = ddp_device(), dist.get_world_size()
-        present = torch.tensor([float(p.grad is not None) for p in weights], dtype=torch.float64, device=device)
-        dist.all_reduce(present)  # (a gradient on any rank: every rank averages it)
-        for p, count in zip(weights, present.tolist()):
-            if count:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= world
+        ddp_average_gradients(weights)
 
     def __getattr__(self, name):
         try:
@@ -900,6 +920,19 @@ class DdpModel(DistributedDataParallel):
         return super().load_state_dict(state_dict, strict=strict, **kwargs)
 
 
+def ddp_average_gradients(weights):
+    """Each weight's gradient, averaged over the ranks as DDP averages its own (a gradient on
+    any rank: every rank averages it, zero where it has none). Every rank calls it."""
+    device, world = ddp_device(), dist.get_world_size()
+    present = torch.tensor([float(p.grad is not None) for p in weights], dtype=torch.float64, device=device)
+    dist.all_reduce(present)
+    for p, count in zip(weights, present.tolist()):
+        if count:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+            p.grad /= world
+
 def ddp_alone(model):
     """The wrapped model for code that rank 0 runs alone (an evaluation handed the model, two
     calls down from here): a DataParallel of the module with no devices, which runs it in this
@@ -936,11 +969,13 @@ def ddp_through(model, method, *args, **kwargs):
     if not isinstance(model, DistributedDataParallel):
         return getattr(model, method)(*args, **kwargs)
     inner = model.module
-    inner.forward = getattr(inner, method)  # shadows the class's forward for this call only
+    # shadows the class's forward for this call only (set past nn.Module's __setattr__: a part,
+    # ParamsDrag's `G.module.synthesis`, would become a child named `forward` instead)
+    object.__setattr__(inner, "forward", getattr(inner, method))
     try:
         return model(*args, **kwargs)
     finally:
-        del inner.forward
+        object.__delattr__(inner, "forward")
 
 
 def ddp_wrap_every_parameter(module):
@@ -1076,8 +1111,12 @@ def ddp_mean(value):
 
 
 def ddp_sum(value, mean=False):
-    """The sum over the processes of a number or tensor (every process calls it); anything else
-    (a meter) is this rank's own. Reduced on this process's device: NCCL has no CPU path."""
+    """The sum over the processes of a number or tensor (every process calls it); a dict, list
+    or tuple of them (a dict of epoch totals, a list of per-epoch losses) entry by entry where
+    every rank holds one of the same keys and shapes; anything else (a meter) is this rank's
+    own. Reduced on this process's device: NCCL has no CPU path."""
+    if isinstance(value, (dict, list, tuple)):
+        return ddp_entries(value, mean)
     if not torch.is_tensor(value) and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         return value
     total = (value.detach() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)).to(ddp_device(), copy=True)
@@ -1087,6 +1126,31 @@ def ddp_sum(value, mean=False):
         return total.to(value.device)
     return total.item() if mean or isinstance(value, float) else int(total.item())
 
+
+def ddp_entries(value, mean):
+    """ddp_sum of each number or tensor a dict, list or tuple holds (the rest as they are), when
+    the keys and shapes are alike on every rank (agreed first: a collective per entry on some
+    ranks only would hang); else this rank's own, as a meter is."""
+    import copy
+    import zlib
+
+    keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+    entries = [value[key] for key in keys]
+    summed = [torch.is_tensor(v) or isinstance(v, (int, float)) and not isinstance(v, bool) for v in entries]
+    shapes = [tuple(v.shape) if torch.is_tensor(v) else None for v in entries]
+    signature = float(zlib.crc32(repr((type(value).__name__, [repr(k) for k in keys], summed, shapes)).encode()))
+    bounds = torch.tensor([signature, -signature], dtype=torch.float64, device=ddp_device())
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    if bounds[0] != -bounds[1] or not any(summed):
+        return value
+    reduced = [ddp_sum(v, mean) if plain else v for v, plain in zip(entries, summed)]
+    if isinstance(value, dict):
+        made = copy.copy(value)  # (an OrderedDict, a defaultdict: its own kind)
+        made.update(zip(keys, reduced))
+        return made
+    if hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*reduced)
+    return type(value)(reduced) if type(value) in (list, tuple) else value  # (another kind of sequence: as it is)
 
 def ddp_any(flag):
     """True on every rank when it is true on any (every process calls it): a training loop's

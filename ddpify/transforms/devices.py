@@ -211,6 +211,14 @@ class DevicesTransform(Transform):
                 return updated_node.with_changes(args=kept)
         if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None \
                 and not in_data_loading(original_node, self.context.parent):  # (a worker process: no CUDA of its own)
+            spread = next((i for i, arg in enumerate(updated_node.args) if arg.star == "**"), None)
+            if spread is not None:  # (MGN's `torch.load(path, **kwargs)`, kwargs holding map_location on --cpu)
+                self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) unless the "
+                                    "call's own keywords choose one: onto this process's device")
+                args = list(updated_node.args)
+                given = self.context.code(args[spread].value)
+                args[spread] = args[spread].with_changes(value=cst.parse_expression(f'{{"map_location": ddp_device(), **{given}}}'))
+                return updated_node.with_changes(args=args)
             if len(positional_args(original_node)) < 2:
                 self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
                 return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))

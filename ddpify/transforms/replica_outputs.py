@@ -112,8 +112,9 @@ class ReplicaOutputsTransform(Transform):
         that many replicas' losses), else the world size."""
         gradient = next(arg.value for arg in backward.args if arg.keyword is None or arg.keyword.value == "gradient")
         count = _ones_count(gradient)
-        if count is None:
-            return self.context.world_size
+        name = self._gradients[backward]
+        if count is None or any(isinstance(n, cst.Name) and n.value == name for n in walk(count)):
+            return self.context.world_size  # (`len(loss)`, `loss.shape[0]`: under DDP this process's own, 1)
         shown = self.context.code(count)
         return shown if isinstance(count, (cst.Name, cst.Attribute, cst.Call, cst.Integer, cst.Subscript)) else f"({shown})"
 

@@ -87,6 +87,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.tree import without_moves
+from ddpify.project.neighbours import imported_project_modules
 from ddpify.analysis.data_sites import (
     DataSite, counted_steps, data_expressions, data_sites, iterates_training_objects, part_of_a_model, surely_not_a_loader,
     training_condition,
@@ -144,6 +145,9 @@ class SamplerTransform(Transform):
             reason = self._not_sharded_where_built(site.call)
             if reason == "":
                 continue  # already distributed
+            gated = self._read_when(site.call, sites)
+            if reason is None and gated is not None:
+                reason = f"the passes that read it train only when `{gated}` (the others evaluate on all of it)"
             if reason:
                 runtime[site.call] = reason
                 continue
@@ -206,7 +210,7 @@ class SamplerTransform(Transform):
             iterated = [self.context.code(loop.iter) for loop in innermost if isinstance(loop, cst.For)]
             message = self._no_loader(innermost[0]) if innermost else (
                 "no loop here draws batches and trains on them (backward()/step() run outside any loop over data, "
-                "or in a function this file cannot follow): every rank would train on all the data; shard it by hand"
+                "or in a function this file cannot follow): every rank would train on all the data; " + self._out_of_sight_remedy()
             )
             self.context.report_unsound(self.facts.wraps[0].call if self.facts.wraps else self.context.module, "DDP304", message)
 
@@ -484,6 +488,9 @@ class SamplerTransform(Transform):
 
     def _shard_at_run_time(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         site, reason = self._run_time[original]
+        condition = self._handed_condition(site.loop) if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
+        if condition is False:
+            return updated  # (handed to a function this call does not train with: evaluation reads it whole)
         code = self.context.code(original)
         self.context.add_import(*SAMPLER_IMPORT)
         per_process = self.context.options.per_process_batch
@@ -505,13 +512,42 @@ class SamplerTransform(Transform):
             )
         shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped, whole_batches=whole))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
-        # (a loader handed to a training function out of sight: every pass there trains)
-        condition = None if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
         if condition is None:
             return sharded
         test, when = condition
         train, other = (sharded, updated) if when else (updated, sharded)
         return cst.IfExp(test=test.deep_clone(), body=train, orelse=other.deep_clone() if other is updated else other)
+
+    def _read_when(self, call: cst.Call, sites: list[DataSite]) -> str | None:
+        """The test that decides whether a pass reading this loader trains, where one does
+        (echonet's ``run_epoch(model, dataloader, phase == "train", ...)`` in a loop over
+        phases): a sampler where it is built would shard the evaluation passes too."""
+        calls = self.facts.analyzer.calls
+        for site in (site for site in sites if call in site.loaders):
+            condition = self._handed_condition(site.loop) if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
+            if not isinstance(condition, tuple):
+                continue
+            params = {p.name.value for p in site.function.params.params} if site.function is not None else set()
+            if not {n.value for n in walk(condition[0]) if isinstance(n, cst.Name)} <= params or isinstance(site.loop, cst.Call):
+                return self.context.code(condition[0])  # (the loop's own test: `if phase == "train":`)
+            # a switch its callers set: only where one computes it (literals pick whole loaders)
+            computed = [found for other, _ in calls.call_sites(site.function) for found in [calls.switch_passed(site.function, other)] if found]
+            if computed:
+                return self.context.code(computed[0][0])
+        return None
+
+    def _handed_condition(self, call: cst.Call) -> tuple[cst.BaseExpression, bool] | bool | None:
+        """A loader handed to a function of this file that trains only when a parameter says so:
+        False when this call says it does not (``run_epoch(model, loader, False, ...)``), the
+        caller's test when it computes one (``phase == "train"``); None when every call trains
+        (a training function out of sight: every pass there trains)."""
+        calls = self.facts.analyzer.calls
+        function = calls.callee(call, self.facts.contexts.get(call))
+        if function is None:
+            return None
+        if not calls.trains_at(function, call):
+            return False
+        return calls.switch_passed(function, call)
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         if original_node in self._split_steps:
@@ -547,6 +583,15 @@ class SamplerTransform(Transform):
         if isinstance(model, cst.Attribute) and model.attr.value == "forward":
             model = model.value  # (through the wrap: DDP averages the gradients only then)
         return cst.Call(func=cst.Name("ddp_scattered"), args=[cst.Arg(model, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))), *updated_node.args])
+
+    def _out_of_sight_remedy(self) -> str:
+        """Where the training may be when no loop here draws data: a module of the project the
+        script imports (a Solver class's step_one_epoch) is converted with the folder."""
+        modules = imported_project_modules(self.context.path, self.context.module.code)
+        if not modules:
+            return "shard it by hand"
+        shown = ", ".join(f"`{name}`" for name in modules[:3])
+        return f"the training may run in a module of this project it imports ({shown}): convert the folder (`ddpify convert DIR`)"
 
     def _no_loader(self, loop: cst.CSTNode) -> str:
         """The true blocker of a training loop that draws from no DataLoader."""

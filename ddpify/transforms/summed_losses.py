@@ -86,7 +86,7 @@ class SummedLossesTransform(Transform):
             del self._scaled[node]
         self._while_training = {node: self._model_of_shared(node) for node in self._scaled if self._shared_with_evaluation(node)}
         self._global_counts = self._sums_over_counts()
-        for node in [node for node in self._scaled if any(self._inside(node, division.left) for division in self._global_counts)]:
+        for node in [node for node in self._scaled if any(self._inside(node, summed) for summed in self._global_counts.values())]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
         for node in [node for node in self._scaled if self._divided_by_a_batch_size_handed_in(node)]:
             del self._scaled[node]  # (DDP411 hands the function each process's share: a mean already)
@@ -123,22 +123,24 @@ class SummedLossesTransform(Transform):
 
     # -- a sum over a count of the data: the count is the world's ----------------------------
 
-    def _sums_over_counts(self) -> set[cst.BinaryOperation]:
+    def _sums_over_counts(self) -> dict[cst.BinaryOperation, cst.BaseExpression]:
         """``lm_losses.sum() / torch.sum(mask)`` (tokens, ratings, valid pixels) in a training loop:
         DataParallel divided the global batch's sum by its count; each process divides its
         share's sum by its mean count instead (``ddp_mean``): DDP's average of the gradients is
-        then the global sum over the global count."""
-        found = set()
+        then the global sum over the global count. Each division -> the sum it divides (bound
+        to a name first: QuARE's ``los = (... * mask).sum()``, ``return los / torch.sum(mask)``)."""
+        found = {}
         for loop in self.facts.training_steps:
             origins = loop_origins(loop)
             # only what backward() takes (a metric divided so in the loop is left alone), where
             # every rank computes it (ddp_mean is a collective)
             for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and same_path_on_every_rank(node, self.context.parent):
-                    if _a_sum(node.left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
+                    left = origins.get(node.left.value, [node.left])[-1] if isinstance(node.left, cst.Name) else node.left
+                    if _a_sum(left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
                         right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
-                            found.add(node)
+                            found[node] = left
         return found
 
     def _sums_divided_later(self) -> dict[cst.AugAssign, list[cst.BaseExpression]]:
