@@ -24,6 +24,15 @@ def test_block_defines_exactly_the_names_the_converter_reserves():
     assert defined == list(TEMPLATE_NAMES)
 
 
+def test_each_helper_is_a_piece_of_its_own():
+    """The converter copies the helpers a script calls, piece by piece (two blank lines apart):
+    a helper one blank line below another went only with it (ddp_any with ddp_entries: a
+    NameError in a converted script that called ddp_any alone)."""
+    from ddpify.transforms.process_group import template_chunks
+
+    assert [name for name, _ in template_chunks() if name is not None] == list(TEMPLATE_NAMES)
+
+
 def test_block_imports_are_what_the_converter_schedules():
     header = open(template.__file__).read().split("# ddpify:begin")[0]
     for module, _, alias in TEMPLATE_IMPORTS:

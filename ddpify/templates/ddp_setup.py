@@ -933,6 +933,7 @@ def ddp_average_gradients(weights):
             dist.all_reduce(p.grad)
             p.grad /= world
 
+
 def ddp_alone(model):
     """The wrapped model for code that rank 0 runs alone (an evaluation handed the model, two
     calls down from here): a DataParallel of the module with no devices, which runs it in this
@@ -1151,6 +1152,7 @@ def ddp_entries(value, mean):
     if hasattr(value, "_fields"):  # a named tuple
         return type(value)(*reduced)
     return type(value)(reduced) if type(value) in (list, tuple) else value  # (another kind of sequence: as it is)
+
 
 def ddp_any(flag):
     """True on every rank when it is true on any (every process calls it): a training loop's
