@@ -99,9 +99,7 @@ class CallGraph(Room):
             # with train_sample, not with test_sample)
             value = self.argument_for(function, step, call)
             return not isinstance(value, cst.Name) or value.value in self.facts.training_calls
-        if function not in self._switches:
-            self._switches[function] = self._training_switch(function)
-        switch = self._switches[function]
+        switch = self._switch(function)
         if switch is None:
             return True
         param, trains_when = switch
@@ -121,9 +119,7 @@ class CallGraph(Room):
         """What this call passes for the parameter that switches ``function``'s training on,
         when it is a test the caller computes (echonet's ``run_epoch(model, dataloader, phase ==
         "train", ...)``), and the value that trains; literals are trains_at's to decide."""
-        if function not in self._switches:
-            self._switches[function] = self._training_switch(function)
-        switch = self._switches[function]
+        switch = self._switch(function)
         if switch is None or isinstance(switch[1], tuple):
             return None
         param, trains_when = switch
@@ -131,6 +127,11 @@ class CallGraph(Room):
         if value is None or isinstance(value, cst.Name) and value.value in ("True", "False", "None"):
             return None
         return value, trains_when
+
+    def _switch(self, function: Function) -> tuple[cst.Param, bool | tuple] | None:
+        if function not in self._switches:
+            self._switches[function] = self._training_switch(function)
+        return self._switches[function]
 
     def _step_parameter(self, function: Function) -> cst.Param | None:
         """The parameter through which alone ``function`` trains: every training call in it is

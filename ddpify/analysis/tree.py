@@ -179,6 +179,19 @@ def without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     return value
 
 
+def calls_bound(module: cst.Module) -> dict[str, list[cst.Call]]:
+    """Each name (``criterion``, ``self.cam``) -> the calls assigned to it, moves left out
+    (``nn.CrossEntropyLoss().cuda()``; a move re-bound, ``loss_fn = loss_fn.cuda()``, binds
+    nothing new)."""
+    bound: dict[str, list[cst.Call]] = {}
+    for node in walk(module):
+        value = without_moves(node.value) if isinstance(node, cst.Assign) else None
+        if isinstance(value, cst.Call):
+            for target in node.targets:
+                bound.setdefault(dotted(target.target) or "", []).append(value)
+    return bound
+
+
 def root_name(node: cst.BaseExpression) -> cst.Name | None:
     while isinstance(node, (cst.Attribute, cst.Call, cst.Subscript)):
         node = node.value if not isinstance(node, cst.Call) else node.func

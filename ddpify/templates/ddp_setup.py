@@ -819,17 +819,12 @@ class DdpModel(DistributedDataParallel):
 
         if self.find_unused_parameters or self.static_graph or dist.get_world_size() == 1:
             return False
-        trained, world = [p for p in self.module.parameters() if p.requires_grad], dist.get_world_size()
+        trained = [p for p in self.module.parameters() if p.requires_grad]
         missing = torch.tensor([float(p.grad is None) for p in trained], dtype=torch.float64, device=ddp_device())
         dist.all_reduce(missing)  # (ranks without a gradient, per parameter)
         if not missing.any():
             return False
-        for p, count in zip(trained, missing.tolist()):
-            if count < world:  # (averaged already where DDP's bucket was full: alike, so unchanged)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-                p.grad /= world
+        ddp_average_gradients(trained)  # (averaged already where DDP's bucket was full: alike, so unchanged)
         self.find_unused_parameters = True
         parameters, sparse = self._build_params_for_reducer()  # a new reducer, as DDP's __setstate__ builds one
         self._ddp_init_helper(parameters, sparse, self._build_debug_param_to_name_mapping(parameters), self.static_graph)

@@ -178,6 +178,7 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
+from ddpify.analysis.tree import calls_bound
 from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
@@ -1054,12 +1055,7 @@ class RankZeroTransform(Transform):
     @functools.cached_property
     def _built_by(self) -> dict[str, list[cst.Call]]:
         """Each name (``saver``, ``self.cam``) -> the calls assigned to it."""
-        built: dict[str, list[cst.Call]] = {}
-        for node in walk(self.context.module):
-            if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
-                for target in node.targets:
-                    built.setdefault(dotted(target.target) or "", []).append(node.value)
-        return built
+        return calls_bound(self.context.module)
 
     def _through_a_holder(self, call: cst.Call) -> bool:
         """``saver.save(x)``, ``cam(x)``: a call of an object, or of its method, that a class

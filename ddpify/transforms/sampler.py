@@ -488,7 +488,7 @@ class SamplerTransform(Transform):
 
     def _shard_at_run_time(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         site, reason = self._run_time[original]
-        condition = self._handed_condition(site.loop) if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
+        condition = self._site_condition(site)
         if condition is False:
             return updated  # (handed to a function this call does not train with: evaluation reads it whole)
         code = self.context.code(original)
@@ -524,7 +524,7 @@ class SamplerTransform(Transform):
         phases): a sampler where it is built would shard the evaluation passes too."""
         calls = self.facts.analyzer.calls
         for site in (site for site in sites if call in site.loaders):
-            condition = self._handed_condition(site.loop) if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
+            condition = self._site_condition(site)
             if not isinstance(condition, tuple):
                 continue
             params = {p.name.value for p in site.function.params.params} if site.function is not None else set()
@@ -535,6 +535,10 @@ class SamplerTransform(Transform):
             if computed:
                 return self.context.code(computed[0][0])
         return None
+
+    def _site_condition(self, site: DataSite) -> tuple[cst.BaseExpression, bool] | bool | None:
+        """The test that decides whether a pass of the site's loop (or the call it is handed to) trains."""
+        return self._handed_condition(site.loop) if isinstance(site.loop, cst.Call) else training_condition(site.loop, self.facts)
 
     def _handed_condition(self, call: cst.Call) -> tuple[cst.BaseExpression, bool] | bool | None:
         """A loader handed to a function of this file that trains only when a parameter says so:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import loop_origins, reaching_backward, without_moves
+from ddpify.analysis.tree import calls_bound, loop_origins, reaching_backward
 from ddpify.transforms.base import Transform
 
 # torch.nn.functional losses that average over their input's elements (reduction="mean")
@@ -128,14 +128,7 @@ class SelectedMeansTransform(Transform):
     def _calls_bound(self) -> dict[str, list[cst.Call]]:
         """Each name (``criterion``, ``self.seg_loss``) -> the calls assigned to it (read once)."""
         if not hasattr(self, "_bound"):
-            self._bound: dict[str, list[cst.Call]] = {}
-            for node in walk(self.context.module):
-                # (`nn.CrossEntropyLoss(ignore_index=0).cuda()`; a move re-bound, `loss_fn = loss_fn.cuda()`,
-                # binds nothing new)
-                value = without_moves(node.value) if isinstance(node, cst.Assign) else None
-                if isinstance(value, cst.Call):
-                    for target in node.targets:
-                        self._bound.setdefault(dotted(target.target) or "", []).append(value)
+            self._bound = calls_bound(self.context.module)
         return self._bound
 
     def _constructor_args(self, call: cst.Call) -> list[cst.Arg]:
