@@ -736,6 +736,8 @@ class DdpModel(DistributedDataParallel):
     """DDP that also answers for the model's own attributes (`model.encoder`), as code
     written for the bare model reads them (a project's helper, out of the converter's sight)."""
 
+    # (weakly, as `live`: a copy wrapped again and again and let go, an EMA's every 100 steps,
+    # that never trains, is freed as the original freed its DataParallel)
     made = []  # wrapped, not yet stepped
     unchecked = []  # wrapped without find_unused_parameters, not yet through a backward
     ddp_made = 0  # models made (ddp_index; named apart from the model's own attributes)
@@ -755,8 +757,8 @@ class DdpModel(DistributedDataParallel):
             atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
             atexit.register(register_optimizer_step_pre_hook(DdpModel.idle_parameters).remove)
             atexit.register(register_optimizer_step_pre_hook(DdpModel.bypassed).remove)
-        DdpModel.made.append(self)
-        DdpModel.unchecked.append(self)
+        DdpModel.made.append(weakref.ref(self))
+        DdpModel.unchecked.append(weakref.ref(self))
         self.ddp_index, DdpModel.ddp_made = DdpModel.ddp_made, DdpModel.ddp_made + 1  # (the order every rank made its models in)
         DdpModel.live.add(self)
         self.ddp_unseen = True
@@ -803,9 +805,12 @@ class DdpModel(DistributedDataParallel):
     @staticmethod
     def idle_parameters(optimizer, args, kwargs):
         """Each wrapped model, at the first step after its first backward: see ddp_find_idle."""
-        for model in list(DdpModel.unchecked):
-            if any(p.grad is not None for p in model.module.parameters()):
-                DdpModel.unchecked.remove(model)
+        for kept in list(DdpModel.unchecked):
+            model = kept()
+            if model is None:
+                DdpModel.unchecked.remove(kept)
+            elif any(p.grad is not None for p in model.module.parameters()):
+                DdpModel.unchecked.remove(kept)
                 model.ddp_find_idle()
 
     def ddp_find_idle(self):
@@ -835,7 +840,9 @@ class DdpModel(DistributedDataParallel):
     @staticmethod
     def first_step(optimizer, args, kwargs):
         while DdpModel.made:
-            ddp_broadcast_weights(DdpModel.made.pop())
+            model = DdpModel.made.pop()()
+            if model is not None:
+                ddp_broadcast_weights(model)
 
     @staticmethod
     def late_parameters(optimizer, args, kwargs):
