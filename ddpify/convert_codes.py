@@ -44,6 +44,10 @@ OTHER_CODES = {
     "DDP213": "DDP213  (warning) project mode: an imported module defines a DataParallel subclass that ddpify "
     "cannot convert (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback), but nothing else in the "
     "group uses it: the module is left as it is instead of refusing the project.",
+    "DDP143": "DDP143  (error) backward() runs inside a module's own forward in a file that wraps (HiSD: one module "
+    "holds G and D, and its forward computes the loss asked for and calls backward() before it returns): DDP averages "
+    "the gradients of a backward that follows the wrapped forward's return, so this one is never synchronised and the "
+    "next forward stops. Return the loss from forward() and call backward() on it after the call, by hand.",
     "DDP115": "DDP115  (error) a training loop calls backward() more often than the wrapped model's forward "
     "(pix2pixHD: one wrapped model returns the G and D losses, each gets its own backward): DDP synchronises "
     "gradients once per forward, so the second backward through the same forward fails. Wrap the networks each "

@@ -14,7 +14,7 @@ import libcst as cst
 
 from ddpify.analysis.facts import Context, EpochHook, Loop
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.step_functions import loss_functions, step_functions
+from ddpify.analysis.step_functions import backward_in_forward, loss_functions, step_functions
 from ddpify.analysis.tree import backwards_per_pass, calls_in, dotted, is_backward, walk
 from ddpify.analysis.trainable import forwards_around_ddp
 
@@ -198,6 +198,11 @@ class TrainingLoops(Room):
                     self.facts.loaders[loader].training = True
                 if not self._find_epoch_loops(call, argument, context, found, depth=0):
                     self.facts.epochs_out_of_sight.update(found)
+
+    def check_backward_in_forward(self) -> None:
+        found = backward_in_forward(self.facts, self.scopes.calls)
+        if found is not None:
+            self.scopes.problem(*found)
 
     def check_backward_per_forward(self) -> None:
         """More backward() calls than forward calls of the wrapped model in one training loop

@@ -143,6 +143,29 @@ def step_functions(calls) -> list[cst.FunctionDef]:
     return found
 
 
+def backward_in_forward(facts, calls) -> tuple[cst.Call, str, str] | None:
+    """A backward() inside a module's own forward (HiSD: `HiSD.forward(x, mode)` computes the
+    generator's or the discriminator's loss and calls `loss.backward()` before it returns), in
+    a file that wraps: DDP averages the gradients of a backward that runs after its forward
+    returned, so one inside it is never synchronised, and the next forward stops ("Expected to
+    have finished reduction"). (call, code, message) of the refusal, named for what it is."""
+    if not facts.wraps:
+        return None
+    for call, context in calls:
+        function = context.function
+        if context.cls is None or function is None or function.name.value != "forward" or not is_backward(call):
+            continue
+        return (
+            call,
+            "DDP143",
+            f"backward() runs inside `{context.cls.name.value}.forward`: DDP averages the gradients of a backward() "
+            "that runs after the wrapped model's forward has returned, so this one is never synchronised and the next "
+            "forward stops (\"Expected to have finished reduction\"); return the loss from forward() and call "
+            "backward() on it after the call",
+        )
+    return None
+
+
 def loss_functions(facts, graph) -> list[cst.FunctionDef]:
     """Functions of this file whose returned value reaches a training step's backward()
     (pytorch/examples' VAE ``loss = loss_function(recon, data, mu, logvar)``), and those

@@ -179,6 +179,7 @@ class Analyzer(cst.CSTVisitor):
         self.loaders.forget_stand_ins()
         self.loops.resolve()
         self.loops.shard_passed_loaders()
+        self.loops.check_backward_in_forward()
         self.loops.check_backward_per_forward()
         self.loops.mark_loader_functions()
         self.collectives.find_unsafe_functions()
