@@ -279,7 +279,7 @@ def _own_path_unsharded(context: ConversionContext) -> bool:
     anywhere (EfficientDet.Pytorch: every rank trained on all the data): that path is not
     taken; the DataParallel one is converted, and the report says so (DDP014)."""
     facts = context.facts
-    if not facts.fed_loops or any(_samples(node) for node in walk(context.module)):
+    if not (facts.fed_loops or _draws_from_a_loader_made_in_place(context)) or any(_samples(node) for node in walk(context.module)):
         return False
     context.report(
         facts.distributed_uses[0],
@@ -290,6 +290,16 @@ def _own_path_unsharded(context: ConversionContext) -> bool:
         Severity.WARNING,
     )
     return True
+
+
+def _draws_from_a_loader_made_in_place(context: ConversionContext) -> bool:
+    """A training loop over a DataLoader built in its own header (``for x, y in
+    DataLoader(dataset, batch_size=8):``, pytorch-worker's shape): data of this file too."""
+    return any(
+        isinstance(node, cst.Call) and "torch.utils.data.DataLoader" in context.qualified(node.func)
+        for loop in context.facts.training_loops if isinstance(loop, cst.For)
+        for node in walk(loop.iter)
+    )
 
 
 def _samples(node: cst.CSTNode) -> bool:
