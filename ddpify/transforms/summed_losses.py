@@ -86,6 +86,7 @@ class SummedLossesTransform(Transform):
             del self._scaled[node]
         self._while_training = {node: self._model_of_shared(node) for node in self._scaled if self._shared_with_evaluation(node)}
         self._global_counts = self._sums_over_counts()
+        self._global_means = self._divided_by_batch_means()
         for node in [node for node in self._scaled if any(self._inside(node, summed) for summed in self._global_counts.values())]:
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
         for node in [node for node in self._scaled if self._divided_by_a_batch_size_handed_in(node)]:
@@ -141,6 +142,23 @@ class SummedLossesTransform(Transform):
                         right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
                             found[node] = left
+        return found
+
+    def _divided_by_batch_means(self) -> set[cst.BinaryOperation]:
+        """A training loss divided by a mean over the batch's data (edge-connect's
+        ``l1_loss(outputs, images) * w / torch.mean(masks)``: the fraction of pixels masked):
+        DataParallel divided by the global batch's mean; each process divides by the mean of
+        its share's means across ranks (``ddp_mean``), which is that with shares of one size.
+        The loss above the division keeps whatever factor it takes."""
+        found = set()
+        for loop in self.facts.training_steps:
+            origins = loop_origins(loop)
+            for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
+                if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide)) or node in self._global_counts:
+                    continue
+                right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
+                if _a_mean_of_data(right, self.context.qualified) and same_path_on_every_rank(node, self.context.parent):
+                    found.add(node)
         return found
 
     def _sums_divided_later(self) -> dict[cst.AugAssign, list[cst.BaseExpression]]:
@@ -429,6 +447,16 @@ class SummedLossesTransform(Transform):
             )
             mean = cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.right)])
             return updated_node.with_changes(right=mean)
+        if original_node in getattr(self, "_global_means", ()):
+            self.context.use_helper("ddp_mean")
+            self.context.report(
+                original_node,
+                "DDP116",
+                f"`{self.context.code(original_node)}` divides the loss by a mean over the batch's data: each process "
+                "divides by that mean across ranks (ddp_mean), the global batch's, as DataParallel divided by it",
+            )
+            mean = cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.right)])
+            return self._scale(original_node, updated_node.with_changes(right=mean))
         return self._scale(original_node, updated_node)
 
     def leave_UnaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
@@ -487,6 +515,18 @@ def _a_count(value: cst.BaseExpression, qualified) -> bool:
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "count_nonzero":
         return True
     return _a_sum(value, qualified) or "torch.count_nonzero" in qualified(value.func)
+
+
+def _a_mean_of_data(value: cst.BaseExpression, qualified) -> bool:
+    """``torch.mean(masks)``, ``masks.mean()`` (or ``.float()``/``.item()`` of one): a mean over
+    everything a tensor holds."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
+        value = value.func.value
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
+        return True
+    return "torch.mean" in qualified(value.func) and len(value.args) == 1
 
 
 def _this_batch(divisor: cst.BaseExpression, names: frozenset[str] = frozenset()) -> bool:
