@@ -1199,3 +1199,100 @@ def test_library_writes_reached_through_star_imports_run_on_rank_zero(tmp_path: 
     codes = [(d.code, d.message.split(" ")[0]) for d in results["models/trainer.py"].diagnostics]
     assert ("DDP601", "cv2.imwrite()") in codes and ("DDP601", "torch.save()") in codes, codes
     assert "DDP602" not in {code for code, _ in codes}
+
+
+DRUGEX_MODEL = """import torch
+import torch.nn as nn
+
+
+class Gen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.l(x)
+
+    def fit(self, loader):
+        net = nn.DataParallel(self)
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        for x, y in loader:
+            opt.zero_grad()
+            ((net(x) - y) ** 2).mean().backward()
+            opt.step()
+"""
+DRUGEX_TRAIN = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+from pkg.model import Gen
+
+
+def make_loader():
+    return DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    g = Gen()
+    g.fit(make_loader())
+    torch.save(g.state_dict(), "g.pt")
+"""
+DRUGEX_OTHER = """import sys
+import torch
+from pkg.model import Gen
+from pkg.train import make_loader
+
+if __name__ == "__main__":
+    g = Gen()
+    if "--warm" in sys.argv:
+        g.fit(make_loader())
+    print(g(torch.randn(2, 4)))
+"""
+
+
+@pytest.mark.parametrize("other", ["generate.py", "zz_generate.py"])
+def test_an_entry_another_entry_imports_converts_as_an_entry_whatever_the_file_order(tmp_path: Path, other: str) -> None:
+    # DrugEx: generate.py imports train.py's loader builder; planned first (its name sorts
+    # first), its group took train.py as a library, with no set-up: DDP210 for the project,
+    # which converted once generate.py was renamed. train.py is an entry of its own either way.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    for name, text in {"__init__.py": "", "model.py": DRUGEX_MODEL, "train.py": DRUGEX_TRAIN, other: DRUGEX_OTHER}.items():
+        (pkg / name).write_text(text)
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), render_report(results)
+    train = results["pkg/train.py"].output
+    assert train.index('if __name__ == "__main__":') < train.rindex("ddp_setup()")
+    for name, result in results.items():
+        (tmp_path / name).write_text(result.output)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    run = run_launched([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pkg.train"], cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "g.pt").exists()
+
+
+def test_a_module_that_wraps_for_evaluation_scripts_only_stays_as_it_is(tmp_path: Path) -> None:
+    # reid-strong-baseline: engine/inference.py wraps the model in DataParallel for its
+    # evaluator, and only tools/test.py (which trains nothing) imports it. It was converted
+    # alone, as a script with no entry point (DDP202), which refused the whole project.
+    (tmp_path / "inference.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\ndef inference(model, loader):\n"
+        "    model = nn.DataParallel(model)\n    with torch.no_grad():\n"
+        "        return [model(x).argmax(1) for x, in loader]\n"
+    )
+    (tmp_path / "test.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom inference import inference\n\n"
+        "def main():\n    print(inference(torch.nn.Linear(4, 2), DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 2))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4):\n"
+        "    optimizer.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n    optimizer.step()\n"
+    )
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), render_report(results)
+    assert not results["inference.py"].changed and "DDP212" in {d.code for d in results["inference.py"].diagnostics}
+    assert "ddp_wrap(" in results["train.py"].output

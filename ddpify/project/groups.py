@@ -95,7 +95,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
         for info in candidates:  # a DataParallel module no script of the project imports
-            if info.path not in results and _wraps_to_evaluate(project, info):
+            if info.path not in results and (_wraps_to_evaluate(project, info) or run.evaluated_only(info)):
                 # (Wave-U-Net's cog_predict.py: a predictor class a serving tool runs) evaluates
                 # with the project's models as one process, as a script that only evaluates
                 results[info.path] = _left_for_evaluation(info)
@@ -148,6 +148,26 @@ class ProjectConversion:
                 not trains or _evaluates_only(self.project, entry, members) or not _reaches_training(entry, members)
             )
         return [] if self._evaluation[entry.path] else members
+
+    def evaluated_only(self, info: ModuleInfo) -> bool:
+        """A module that wraps a model for scripts that only evaluate (reid-strong-baseline's
+        engine/inference.py, its ignite evaluator wrapping the model, for tools/test.py), with no
+        backward() of its own, that no training group took: it stays as it is, as they do (not
+        a script of its own: it has no entry point to set anything up from)."""
+        if not info.wraps or BACKWARD.search(info.source):
+            return False
+        return any(
+            self._evaluation.get(entry.path) and info.path in {member.path for member in self.project.reachable(entry)}
+            for entry in self.project.candidates() if entry.runs
+        )
+
+    def _trains_as_an_entry(self, member: ModuleInfo) -> bool:
+        """A script another entry imports (DrugEx's generate.py imports train.py for its loader
+        builder) that trains as an entry of its own: it is converted in that role, with its
+        set-up, whichever group reaches it first (never as the other's library: the verdict
+        would hang on the order of the files' names)."""
+        members = self._members(member)
+        return bool(members) and _reaches_training(member, members)
 
     def likely_conversions(self, candidates: list[ModuleInfo]) -> list[tuple[ModuleInfo, ProjectLinks]]:
         """The files the groups will analyse (read from the import graph alone), with the links
@@ -270,7 +290,7 @@ class ProjectConversion:
             links[member.path] = self.links(member, members)
             if member is entry:
                 roles[member.path] = ENTRY  # the engine makes it a script if it wraps
-            elif not member.runs or not (member.wraps or member.trains):
+            elif not member.runs or not (member.wraps or member.trains or self._trains_as_an_entry(member)):
                 # A helper with a self-test `__main__` block is still this script's library.
                 roles[member.path] = LIBRARY
             else:
