@@ -93,6 +93,7 @@ from ddpify.analysis.data_sites import (
     training_condition,
 )
 from ddpify.analysis.scatter_points import bound_elsewhere_too
+from ddpify.analysis.step_drivers import driven_data
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
@@ -155,6 +156,7 @@ class SamplerTransform(Transform):
             # defined before main builds the loader) gets its set_epoch too.
             self.context.sharded_loaders.add(site.call)
         self._plan_run_time_shards(runtime)
+        self._shard_driven_data()
         for call, readers in self.facts.side_passes.items():
             if call not in self.context.sharded_loaders:
                 continue  # the loader itself stays whole: the pass reads all of it
@@ -352,12 +354,13 @@ class SamplerTransform(Transform):
             if any(outer in fed for outer in self.facts.contexts[loop].loops):
                 continue  # (Tacotron2-Pytorch: cuts each item of a sharded loader into its steps' batches)
             fed_to_model = self._fed_to_the_model(loop)
+            made_here = {n for node in walk(loop.body) if isinstance(node, cst.Assign) for t in node.targets for n in bound_names(t.target)}
             for node in walk(loop.body):
                 if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
                     continue
                 if innermost_loop(node, self.context.parent) is not loop or without_gradients(node, self.context.parent, self.context.code):
                     continue
-                if self._draws_a_batch(node.value) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
+                if self._draws_a_batch(node.value, made_here) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
                     self._drawn[node.value] = loop
 
     def _split_joined_draws(self, loop: cst.For) -> None:
@@ -392,9 +395,18 @@ class SamplerTransform(Transform):
             return True
         return any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func))
 
-    def _draws_a_batch(self, call: cst.Call) -> bool:
-        """The script's own batch function: not torch's, numpy's or a model's, named for a batch."""
-        return not self._library_call(call) and "batch" in (dotted(call.func) or "").rpartition(".")[2].lower()
+    def _draws_a_batch(self, call: cst.Call, made_here: set[str]) -> bool:
+        """The script's own batch function: not torch's, numpy's or a model's, named for a batch,
+        or whatever it is named (AlignGAN's ``loaders.ir_train_iter.next_one()``, an iterator of
+        the project around a DataLoader) when it reads nothing the loop computes: a draw, not a
+        step of the loop's own state (``env.step(action)``) or a call given the model."""
+        if self._library_call(call):
+            return False
+        if "batch" in (dotted(call.func) or "").rpartition(".")[2].lower():
+            return True
+        models = self.facts.model_names
+        read = {dotted(node) for node in walk(call) if isinstance(node, (cst.Name, cst.Attribute))} - {dotted(call.func)}
+        return not (read & models) and not ({n.value for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)} & made_here)
 
     def _fed_to_the_model(self, loop: cst.CSTNode) -> set[str]:
         """Names whose values reach a call of a wrapped model in ``loop`` (through the
@@ -411,6 +423,17 @@ class SamplerTransform(Transform):
                 if {n for t in assign.targets for n in bound_names(t.target)} & fed:
                     fed |= {n.value for n in walk(assign.value) if isinstance(n, cst.Name)}
         return fed
+
+    def _shard_driven_data(self) -> None:
+        """A loader handed to a library's engine built around this file's training step
+        (ignite's ``Engine(_update).run(train_loader)``): sharded in that argument, at run time."""
+        for call, data, step in driven_data(self.facts, self.context.module, self.context.parent, self.context.qualified):
+            if data in self._run_time:
+                continue
+            context = self.facts.contexts.get(call)
+            site = DataSite(call, data, (), context.function if context is not None else None)
+            driver = self.context.code(call.func)
+            self._run_time[data] = (site, f"`{driver}` runs the training step `{step}` on each of its batches")
 
     def _shard_passed_at_run_time(self, runtime: dict[cst.Call, str]) -> None:
         """A training loader that cannot be sharded where it is built and that no loop here
@@ -609,6 +632,14 @@ class SamplerTransform(Transform):
                 "rank its share by hand"
             )
         what = f"`{self.context.code(loop.iter)}`" if isinstance(loop, cst.For) else "what its body reads"
+        draw = self._unfollowed_draw(loop)
+        if draw is not None:  # (AlignGAN: `loaders.ir_train_iter_ide.next_one()`, a project iterator around a loader)
+            return (
+                f"this training loop draws its batches with `{self.context.code(draw)}`, which ddpify does not follow to a "
+                "DataLoader (a method or function of the project, or of a parameter): its batches cannot be split between "
+                "the ranks here (every rank would train on all of them); iterate the DataLoader in the loop "
+                "(`for batch in loader`), or give each rank its share by hand"
+            )
         if isinstance(loop, cst.For) and counted_steps(loop.iter):
             return (
                 f"this training loop counts its steps ({what}) and each step trains on data held whole here (a graph, "
@@ -621,6 +652,19 @@ class SamplerTransform(Transform):
             "ranks (every rank would train on all of them); make them a Dataset in a DataLoader, or give each "
             "rank its share by hand"
         )
+
+    def _unfollowed_draw(self, loop: cst.CSTNode) -> cst.Call | None:
+        """The first call of the loop that yields values it uses (``ir_images, ir_pids, _, _ =
+        loaders.ir_train_iter_ide.next_one()``), reading nothing the loop computes: its draw."""
+        made_here = {n for node in walk(loop.body) if isinstance(node, cst.Assign) for t in node.targets for n in bound_names(t.target)}
+        for node in walk(loop.body):
+            if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call) or self._library_call(node.value):
+                continue
+            if not any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets):
+                continue
+            if {n for t in node.targets for n in bound_names(t.target)} - {"_"} and self._draws_a_batch(node.value, made_here):
+                return node.value
+        return None
 
     def _training_out_of_sight(self) -> str | None:
         """The script wraps a model and builds an optimizer or hands its model on, but no
