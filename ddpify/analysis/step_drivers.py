@@ -29,7 +29,11 @@ def driven_data(facts: Facts, module: cst.Module, parent, qualified) -> list[tup
     found: list[tuple[cst.Call, cst.BaseExpression, str]] = []
     for maker, step in makers:
         for call in _driver_calls(module, maker, parent):
-            for arg in call.args:
+            # (what the engine iterates: its run's first argument, or `data=`; not what a handler
+            # is handed, `trainer.add_event_handler(Events.EPOCH_COMPLETED, evaluate, val_loader)`)
+            positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+            given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "data"] or positional[:1]
+            for arg in given:
                 if _a_loader(arg.value, module, qualified) and all(arg.value is not seen for _, seen, _ in found):
                     found.append((call, arg.value, step))
     return found

@@ -354,13 +354,12 @@ class SamplerTransform(Transform):
             if any(outer in fed for outer in self.facts.contexts[loop].loops):
                 continue  # (Tacotron2-Pytorch: cuts each item of a sharded loader into its steps' batches)
             fed_to_model = self._fed_to_the_model(loop)
-            made_here = {n for node in walk(loop.body) if isinstance(node, cst.Assign) for t in node.targets for n in bound_names(t.target)}
             for node in walk(loop.body):
                 if not isinstance(node, cst.Assign) or not isinstance(node.value, cst.Call):
                     continue
                 if innermost_loop(node, self.context.parent) is not loop or without_gradients(node, self.context.parent, self.context.code):
                     continue
-                if self._draws_a_batch(node.value, made_here) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
+                if self._draws_a_batch(node.value) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
                     self._drawn[node.value] = loop
 
     def _split_joined_draws(self, loop: cst.For) -> None:
@@ -395,18 +394,18 @@ class SamplerTransform(Transform):
             return True
         return any(q.split(".")[0] in ("torch", "numpy", "builtins") for q in self.context.qualified(call.func))
 
-    def _draws_a_batch(self, call: cst.Call, made_here: set[str]) -> bool:
-        """The script's own batch function: not torch's, numpy's or a model's, named for a batch,
-        or whatever it is named (AlignGAN's ``loaders.ir_train_iter.next_one()``, an iterator of
-        the project around a DataLoader) when it reads nothing the loop computes: a draw, not a
-        step of the loop's own state (``env.step(action)``) or a call given the model."""
+    def _draws_a_batch(self, call: cst.Call) -> bool:
+        """The script's own batch function: not torch's, numpy's or a model's, named for a batch."""
+        return not self._library_call(call) and "batch" in (dotted(call.func) or "").rpartition(".")[2].lower()
+
+    def _reads_nothing_made_here(self, call: cst.Call, made_here: set[str]) -> bool:
+        """A call given neither the model nor anything the loop computes (a draw, as far as its
+        arguments tell: AlignGAN's ``loaders.ir_train_iter.next_one()``), not torch's."""
         if self._library_call(call):
             return False
-        if "batch" in (dotted(call.func) or "").rpartition(".")[2].lower():
-            return True
-        models = self.facts.model_names
         read = {dotted(node) for node in walk(call) if isinstance(node, (cst.Name, cst.Attribute))} - {dotted(call.func)}
-        return not (read & models) and not ({n.value for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)} & made_here)
+        given = {n.value for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)}
+        return not (read & self.facts.model_names) and not (given & made_here)
 
     def _fed_to_the_model(self, loop: cst.CSTNode) -> set[str]:
         """Names whose values reach a call of a wrapped model in ``loop`` (through the
@@ -662,7 +661,7 @@ class SamplerTransform(Transform):
                 continue
             if not any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets):
                 continue
-            if {n for t in node.targets for n in bound_names(t.target)} - {"_"} and self._draws_a_batch(node.value, made_here):
+            if {n for t in node.targets for n in bound_names(t.target)} - {"_"} and self._reads_nothing_made_here(node.value, made_here):
                 return node.value
         return None
 
@@ -748,7 +747,17 @@ class SamplerTransform(Transform):
         """A loop with a backward() that draws no data of its own for another loop's batch:
         VAT's power iteration in a decoder's forward (CCT), or, in a module the entry imports,
         micro-batches of the batch the entry's loop feeds it (SRFBN's solver)."""
-        return self._in_a_forward(loop) or self.context.is_library and _cuts_a_batch_in_hand(loop)
+        return self._in_a_forward(loop) or self.context.is_library and (_cuts_a_batch_in_hand(loop) or self._repeats_a_step(loop))
+
+    def _repeats_a_step(self, loop: cst.CSTNode) -> bool:
+        """In a module the entry imports, a counted loop that draws nothing (DeblurGAN's
+        ``for iter_d in range(self.criticUpdates):`` around the critic's step, on the batch the
+        entry's loop handed in with ``set_input``): it repeats a step on the batch in hand. (A
+        project whose training then shards nothing is refused whole: DDP211.)"""
+        return (
+            isinstance(loop, cst.For) and counted_steps(loop.iter) and not _draws_data(loop)
+            and self._unfollowed_draw(loop) is None
+        )
 
     def _in_a_forward(self, node: cst.CSTNode, depth: int = 0) -> bool:
         """Inside a module's ``forward``, or a function only forwards call (a backward() there
