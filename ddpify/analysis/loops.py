@@ -200,7 +200,7 @@ class TrainingLoops(Room):
                     self.facts.epochs_out_of_sight.update(found)
 
     def check_backward_in_forward(self) -> None:
-        found = backward_in_forward(self.facts, self.scopes.calls)
+        found = backward_in_forward(self.facts, self.scopes.calls, self.scopes.module)
         if found is not None:
             self.scopes.problem(*found)
 

@@ -143,18 +143,38 @@ def step_functions(calls) -> list[cst.FunctionDef]:
     return found
 
 
-def backward_in_forward(facts, calls) -> tuple[cst.Call, str, str] | None:
+def _wrapped_classes(facts, module: cst.Module) -> set[str]:
+    """The classes of this file's models DataParallel wraps: made in the wrap's call
+    (``DataParallel(HiSD(config))``), or bound to the name it wraps (``self.models = HiSD(config)``,
+    then ``DataParallel(self.models)``)."""
+    made = {}
+    for node in walk(module):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
+            for target in node.targets:
+                made.setdefault(dotted(target.target), set()).add((dotted(node.value.func) or "").rpartition(".")[2])
+    found: set[str] = set()
+    for site in facts.wraps:
+        value = site.module_arg
+        if isinstance(value, cst.Call):
+            found.add((dotted(value.func) or "").rpartition(".")[2])
+        elif value is not None:
+            found |= made.get(dotted(value), set())
+    return found
+
+
+def backward_in_forward(facts, calls, module: cst.Module | None = None) -> tuple[cst.Call, str, str] | None:
     """A backward() inside a module's own forward (HiSD: `HiSD.forward(x, mode)` computes the
     generator's or the discriminator's loss and calls `loss.backward()` before it returns), in
     a file that wraps: DDP averages the gradients of a backward that runs after its forward
     returned, so one inside it is never synchronised, and the next forward stops ("Expected to
     have finished reduction"). (call, code, message) of the refusal, named for what it is."""
-    if not facts.wraps:
-        return None
+    wrapped = _wrapped_classes(facts, module) if facts.wraps and module is not None else set()
     for call, context in calls:
         function = context.function
         if context.cls is None or function is None or function.name.value != "forward" or not is_backward(call):
             continue
+        if context.cls.name.value not in wrapped:
+            continue  # (a helper module that fits a code with its own optimizer in its forward: not DDP's)
         return (
             call,
             "DDP143",
