@@ -157,9 +157,36 @@ class SummedLossesTransform(Transform):
                 if not (isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide)) or node in self._global_counts:
                     continue
                 right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
-                if _a_mean_of_data(right, self.context.qualified) and same_path_on_every_rank(node, self.context.parent):
-                    found.add(node)
+                if not _a_mean_of_data(right, self.context.qualified) or not same_path_on_every_rank(node, self.context.parent):
+                    continue
+                if self._under_a_conditional_expression(node) or self._carries_gradient(right, origins):
+                    continue
+                found.add(node)
         return found
+
+    def _under_a_conditional_expression(self, node: cst.CSTNode) -> bool:
+        """In an ``a if test else b``, an ``and``/``or``, a comprehension or a lambda: evaluated
+        on some ranks only (``l1 / torch.mean(m) if m.sum() > 0 else l1``), no place for a
+        collective."""
+        node = self.context.parent(node)
+        while node is not None and not isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            if isinstance(node, (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp)):
+                return True
+            node = self.context.parent(node)
+        return False
+
+    def _carries_gradient(self, divisor: cst.BaseExpression, origins, depth: int = 0) -> bool:
+        """A divisor computed from the model's outputs or from weights (learned per-sample
+        weights, ``self.scale``): its gradient is part of the loss's, and the mean across ranks
+        (``ddp_mean``) would cut it; only data is divided so."""
+        if any(dotted(call.func) in self.facts.model_names for call in calls_in(divisor)):
+            return True
+        if any(isinstance(node, cst.Attribute) and dotted(node.value) == "self" for node in walk(divisor)):
+            return True
+        names = {n.value for n in walk(divisor) if isinstance(n, cst.Name)}
+        return depth < 4 and any(
+            self._carries_gradient(origin, origins, depth + 1) for name in names for origin in origins.get(name, [])
+        )
 
     def _sums_divided_later(self) -> dict[cst.AugAssign, list[cst.BaseExpression]]:
         """``loss += criterion(...)`` summing over the batch, then ``loss /= nNeg.float()`` with
