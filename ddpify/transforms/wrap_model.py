@@ -339,6 +339,7 @@ class WrapModelTransform(Transform):
         self.model_fields = self._model_fields()
         self.whole_model: dict[cst.Call, str] = {}  # submodule wraps made whole-model wraps -> the model
         self.linked_penalties: dict[cst.Call, str] = {}  # a penalty's own backward() -> the output it takes too
+        self.linked_returns: dict[cst.Return, str] = {}  # a penalty helper's return -> the output it takes too
         for site in self.facts.wraps:
             self._check_submodule(site)
         for node in self.facts.contexts:
@@ -363,6 +364,18 @@ class WrapModelTransform(Transform):
                 f"a gradient penalty (torch.autograd.grad(..., create_graph=True)) has a backward() of its own: that "
                 f"backward() also takes `0 * {output}.sum()`, the output of the forward the penalty differentiates, so "
                 "DDP reduces the penalty's gradients in it and the next step finds the reduction finished",
+            )
+            return
+        helper = self._helper_return(node) if alone is not None else None
+        if helper is not None:
+            returned, output = helper
+            self.linked_returns[returned] = output
+            self.context.report(
+                returned,
+                "DDP111",
+                f"a gradient penalty (torch.autograd.grad(..., create_graph=True)) made in a helper has a backward() of "
+                f"its own: the helper returns it with `0 * {output}.sum()`, the output of the forward it differentiates, "
+                "so DDP reduces the penalty's gradients in that backward() and the next step finds the reduction finished",
             )
             return
         if alone is not None:
@@ -402,6 +415,23 @@ class WrapModelTransform(Transform):
         while isinstance(root, cst.Subscript):
             root = root.value  # (`outputs=real_pred[0]`: the element itself, a tuple has no .sum())
         return self.context.code(inner) if isinstance(root, cst.Name) else None
+
+    def _helper_return(self, grad_call: cst.Call) -> tuple[cst.Return, str] | None:
+        """A penalty made in a helper (GANimation's ``_gradinet_penalty_D``, AlacGAN's
+        ``calc_gradient_penalty``) whose one ``return`` hands it to a backward() of its own: that
+        return, and the output the penalty differentiates, a name of the helper."""
+        here = self.facts.contexts.get(grad_call)
+        if here is None or here.function is None:
+            return None
+        returns = [node for node in walk(here.function.body) if isinstance(node, cst.Return) and node.value is not None]
+        nested = [node for node in walk(here.function.body) if isinstance(node, (cst.FunctionDef, cst.Lambda))]
+        if len(returns) != 1 or nested:
+            return None
+        given = keyword_arg(grad_call, "outputs")
+        value = given.value if given is not None else (grad_call.args[0].value if grad_call.args and grad_call.args[0].keyword is None else None)
+        if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
+            value = value.elements[0].value
+        return (returns[0], value.value) if isinstance(value, cst.Name) else None
 
     def _penalty_backward_alone(self, grad_call: cst.Call) -> cst.CSTNode | None:
         """The backward() whose loss holds the penalty and no model output outside it."""
@@ -756,6 +786,14 @@ class WrapModelTransform(Transform):
         if isinstance(node, cst.Attribute):  # `.attr` names a field, not a variable
             return self._gpu_count_references(node.value)
         return [found for child in node.children for found in self._gpu_count_references(child)]
+
+    def leave_Return(self, original_node: cst.Return, updated_node: cst.Return) -> cst.Return:
+        if original_node not in getattr(self, "linked_returns", {}) or updated_node.value is None:
+            return updated_node
+        # `return (penalty) + 0 * prob.sum()`
+        linked = cst.parse_expression(f"0 * {self.linked_returns[original_node]}.sum()")
+        penalty = _atom(updated_node.value)
+        return updated_node.with_changes(value=cst.BinaryOperation(left=penalty, operator=cst.Add(), right=linked))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if original_node in self.linked_penalties:
