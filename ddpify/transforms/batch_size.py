@@ -193,15 +193,9 @@ class BatchSizeTransform(Transform):
         (facenet's ``forward_pass(imgs, model, batch_size=batch_size)``, which cuts the anchors,
         positives and negatives back apart at it): each process holds its share, so the
         function is given the share."""
-        if any(q.split(".")[0] in ("torch", "numpy", "builtins", "logging") for q in self.context.qualified(original.func)):
+        if not self._hands_the_share(original):
             return None
         sizes = self._training_batch_sizes
-        if not sizes or not any(self.context.code(arg.value) in sizes for arg in original.args):
-            return None
-        if self._shapes_tensor(original) or not self._in_a_batch_loop(original):
-            return None
-        if original in self.context.whole_batch_calls or self.context.in_a_scattered_loop(original):
-            return None  # (given the whole global batch: DataParallel's size is its size)
         args = [
             arg.with_changes(value=self._local(arg.value)) if self.context.code(arg.value) in sizes else arg
             for arg in updated.args
@@ -213,6 +207,37 @@ class BatchSizeTransform(Transform):
             "its share of the batch, so it is given the share (ddp_local_batch_size)",
         )
         return updated.with_changes(args=args)
+
+    def _hands_the_share(self, call: cst.Call) -> bool:
+        """Is this call given the share of the loader's batch size (DDP411)?"""
+        if any(q.split(".")[0] in ("torch", "numpy", "builtins", "logging") for q in self.context.qualified(call.func)):
+            return False
+        sizes = self._training_batch_sizes
+        if not sizes or not any(self.context.code(arg.value) in sizes for arg in call.args):
+            return False
+        if self._shapes_tensor(call) or not self._in_a_batch_loop(call):
+            return False
+        # (given the whole global batch: DataParallel's size is its size)
+        return call not in self.context.whole_batch_calls and not self.context.in_a_scattered_loop(call)
+
+    def _given_the_share(self, node: cst.CSTNode, size: cst.BaseExpression) -> bool:
+        """``size`` is a parameter of the function around ``node`` that its callers here hand the
+        share already (StructSeg19's ``train(..., batch_size)``, then ``torch.reshape(target,
+        (batch_size, 23, -1))`` inside): divided once, at the call, never again."""
+        if not isinstance(size, cst.Name):
+            return False
+        function = node
+        while function is not None and not (isinstance(function, cst.FunctionDef) and any(p.name.value == size.value for p in function.params.params)):
+            function = self.context.parent(function)
+        if function is None:
+            return False
+        graph = self.facts.analyzer.calls
+        param = next(p for p in function.params.params if p.name.value == size.value)
+        return any(
+            self._hands_the_share(site) and self.context.code(given) in self._training_batch_sizes
+            for site, _ in graph.call_sites(function)
+            if (given := graph.argument_for(function, param, site)) is not None
+        )
 
     def _in_a_batch_loop(self, node: cst.CSTNode) -> bool:
         """In the loop that draws the batches and trains on each (not an epoch loop around it,
@@ -249,10 +274,14 @@ class BatchSizeTransform(Transform):
         args = []
         for arg in updated.args:
             value = arg.value
-            if arg.keyword is None and self.context.code(value) in sizes:
+            if arg.keyword is None and self.context.code(value) in sizes and not self._given_the_share(original, value):
                 value, changed = self._local(value), True
             elif arg.keyword is None and isinstance(value, (cst.List, cst.Tuple)):
-                elements = [e.with_changes(value=self._local(e.value)) if self.context.code(e.value) in sizes else e for e in value.elements]
+                elements = [
+                    e.with_changes(value=self._local(e.value))
+                    if self.context.code(e.value) in sizes and not self._given_the_share(original, e.value) else e
+                    for e in value.elements
+                ]
                 changed |= any(new is not old for new, old in zip(elements, value.elements))
                 value = value.with_changes(elements=elements)
             args.append(arg.with_changes(value=value))
