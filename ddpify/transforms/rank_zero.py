@@ -1295,7 +1295,10 @@ class RankZeroTransform(Transform):
             self.context.report(original, "DDP607", "rank 0 downloads first; the other ranks wait, then read its files")
         (first_original, first), rest = run[0], run[1:]
         before = cst.parse_statement(f"if {self._other_ranks}:\n    dist.barrier()  # rank 0 downloads first\n")
-        after = cst.parse_statement(f"if {self._rank_zero}:\n    dist.barrier()\n")
+        # (an imported module's, in a process with no group: a script of the project left as it
+        # was, ncsnv2's data module under its test script; rank 0 alone, no barrier to wait at)
+        alone = f"{self.context.world_size} > 1 and " if self.context.rank_read_at_run_time else ""
+        after = cst.parse_statement(f"if {alone}{self._rank_zero}:\n    dist.barrier()\n")
         before = before.with_changes(leading_lines=first.leading_lines)
         # `before` stands for the first original (set-up must precede its barrier).
         block = [(first_original, before), (None, first.with_changes(leading_lines=[])), *rest]
@@ -1505,14 +1508,17 @@ class RankZeroTransform(Transform):
         return {name: how for name, how in found.items() if name not in self._derived_losses}
 
     def _adds_a_mean(self, loop: cst.CSTNode, value: cst.BaseExpression) -> bool:
-        """``epoch_error += error.item()`` with ``error = torch.mean(...)`` (GANet): a mean per
-        step added up (and divided by the steps), not a count of the shard."""
+        """``epoch_error += error.item()`` with ``error = torch.mean(...)`` (GANet), or a ratio
+        (``acc = num_correct / img.shape[0]``, a batch's accuracy: fourierer's ImageNet script): a
+        mean per step added up (and divided by the steps), not a count of the shard."""
         inner = value.func.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" else value
+        if _a_ratio(inner):
+            return True
         if not isinstance(inner, cst.Name):
             return False
         return any(
             isinstance(node, cst.Assign) and any(dotted(t.target) == inner.value for t in node.targets)
-            and re.search(r"\bmean\(", self.context.code(node.value)) is not None
+            and (re.search(r"\bmean\(", self.context.code(node.value)) is not None or _a_ratio(node.value))
             for node in walk(loop)
         )
 
@@ -1689,3 +1695,12 @@ def _outer_calls(test: cst.BaseExpression) -> list[cst.Call]:
         else:
             stack.extend(node.children)
     return found
+
+
+def _a_ratio(value: cst.BaseExpression) -> bool:
+    """A value divided by something (``correct / x.shape[0]``, ``(...).sum().item() / n``): a
+    fraction, whose sum over ranks means nothing; its mean is the global batch's (shares of one
+    size)."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("item", "float", "detach", "cpu"):
+        value = value.func.value
+    return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)
