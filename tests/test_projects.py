@@ -553,7 +553,9 @@ def test_each_file_of_a_project_is_parsed_analysed_and_rewritten_once(monkeypatc
     project = FIXTURES / "projects" / "shared_library"
     results = convert_project(project, sorted(project.rglob("*.py")), jobs=1)
     converted = {Path(r.path).name for r in results if r.changed}
-    assert converted == {"data.py", "models.py", "utils.py", "train.py", "finetune.py", "train_small.py"}
+    # (engine.py's train_one_epoch() takes its criterion from the scripts: out of its sight, the
+    # loss gets the whole global batch there, DDP117)
+    assert converted == {"data.py", "engine.py", "models.py", "utils.py", "train.py", "finetune.py", "train_small.py"}
     assert set(counts["parsed"].values()) == {1} and converted <= set(counts["parsed"])
     assert set(counts["walked"].values()) == {1} and len(counts["walked"]) == len(counts["parsed"])
     assert set(counts["rewritten"].values()) == {1} and converted <= set(counts["rewritten"])
@@ -1296,3 +1298,150 @@ def test_a_module_that_wraps_for_evaluation_scripts_only_stays_as_it_is(tmp_path
     assert not any(result.error for result in results.values()), render_report(results)
     assert not results["inference.py"].changed and "DDP212" in {d.code for d in results["inference.py"].diagnostics}
     assert "ddp_wrap(" in results["train.py"].output
+
+
+def test_a_data_module_that_downloads_is_converted_and_runs_without_a_group(tmp_path: Path) -> None:
+    # ncsnv2: datasets/__init__.py builds CIFAR10(download=True) for the runner; a module with
+    # nothing else to convert was left as it was, and every rank downloaded into the same
+    # folder at once. Its barriers must also let a process with no group through (a script of
+    # the project left as it was imports the same module).
+    (tmp_path / "data.py").write_text(
+        "import os\n\n\ndef fetch(root, download=False):\n    os.makedirs(root, exist_ok=True)\n    return [root]\n\n\n"
+        "def get_dataset(root):\n    dataset = fetch(root, download=True)\n    return dataset\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom data import get_dataset\n\n"
+        "get_dataset('downloaded')\nmodel = nn.DataParallel(nn.Linear(4, 2))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)\n"
+        "for x, y in loader:\n    optimizer.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n    optimizer.step()\n"
+    )
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), render_report(results)
+    data = results["data.py"]
+    assert "DDP607" in {d.code for d in data.diagnostics}
+    (tmp_path / "data.py").write_text(data.output)
+    alone = subprocess.run([sys.executable, "-c", "import data; print(data.get_dataset('d'))"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0 and "['d']" in alone.stdout, alone.stderr[-2000:]
+
+
+def test_a_counted_loop_that_repeats_a_step_on_the_batch_in_hand_is_not_a_data_loop(tmp_path: Path) -> None:
+    # DeblurGAN: the model's optimize_parameters() runs `for iter_d in range(self.criticUpdates)`
+    # around the critic's step, on the batch train.py's loop handed in with set_input(): that
+    # counted loop was read as a training loop that draws nothing (DDP304), refusing the project.
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/nets.py": (
+            "import torch.nn as nn\n\n\nclass Gen(nn.Module):\n    def __init__(self, gpu_ids):\n        super().__init__()\n"
+            "        self.gpu_ids = gpu_ids\n        self.model = nn.Linear(4, 4)\n\n    def forward(self, x):\n"
+            "        if self.gpu_ids and x.is_cuda:\n            return nn.parallel.data_parallel(self.model, x, self.gpu_ids)\n"
+            "        return self.model(x)\n\n\ndef define_G(gpu_ids):\n    netG = Gen(gpu_ids)\n    return netG\n"
+        ),
+        "pkg/gan_model.py": (
+            "import torch\nfrom . import nets\n\n\nclass GANModel:\n    def __init__(self, opt):\n"
+            "        self.netG = nets.define_G(opt.gpu_ids)\n        self.critic_updates = 2\n"
+            "        self.opt_G = torch.optim.SGD(self.netG.parameters(), lr=0.1)\n\n    def set_input(self, data):\n"
+            "        self.x, self.y = data\n\n    def optimize_parameters(self):\n        for _ in range(self.critic_updates):\n"
+            "            self.opt_G.zero_grad()\n            loss = ((self.netG(self.x) - self.y) ** 2).mean()\n"
+            "            loss.backward()\n            self.opt_G.step()\n"
+        ),
+        "train.py": (
+            "import argparse\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom pkg.gan_model import GANModel\n\n\n"
+            "def train(loader, model):\n    for epoch in range(2):\n        for data in loader:\n            model.set_input(data)\n"
+            "            model.optimize_parameters()\n\n\nif __name__ == '__main__':\n"
+            "    opt = argparse.Namespace(gpu_ids=[0, 1] if torch.cuda.device_count() > 1 else [])\n    torch.manual_seed(0)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 4)), batch_size=8, shuffle=False)\n"
+            "    model = GANModel(opt)\n    train(loader, model)\n    torch.save(model.netG.state_dict(), 'g.pt')\n"
+        ),
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, check=True, timeout=300)
+    (tmp_path / "g.pt").rename(tmp_path / "original.pt")
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values()), render_report(results)
+    for name, result in results.items():
+        (tmp_path / name).write_text(result.output)
+    run = run_launched([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"], cwd=tmp_path, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    torch = pytest.importorskip("torch")
+    original, converted = torch.load(tmp_path / "original.pt"), torch.load(tmp_path / "g.pt")
+    assert all(torch.allclose(original[key], converted[key], atol=1e-6) for key in original)
+
+
+def _trains_alike(root: Path, files: dict[str, str], entry: str, weights: str) -> None:
+    """Write the project, run the original as one process, convert it, run it under 2 gloo
+    ranks: the converted project converts without a refusal and ends at the original's weights."""
+    torch = pytest.importorskip("torch")
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    subprocess.run([sys.executable, entry], cwd=root, env=env, check=True, timeout=300, capture_output=True)
+    original = torch.load(root / weights)
+    results = convert_tree(root)
+    assert not any(result.error for result in results.values()), render_report(results)
+    for name, result in results.items():
+        (root / name).write_text(result.output)
+    run = run_launched([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", entry], cwd=root, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    converted = torch.load(root / weights)
+    assert all(torch.allclose(original[key], converted[key], atol=1e-6) for key in original), (original, converted)
+
+
+def test_a_loss_made_out_of_sight_is_computed_on_the_whole_batch(tmp_path: Path) -> None:
+    # pytorch-semseg: `loss_fn = get_loss_function(cfg)`, a functools.partial of the project's
+    # cross_entropy2d whose reduction the config decides (a sum): each rank summed its share and
+    # DDP averaged, every step 1/N of the original's gradient. Out of sight, the loss gets the
+    # whole global batch (ddp_whole_batch), which is the original's whatever it computes.
+    files = {
+        "losses.py": (
+            "import functools\nimport torch.nn.functional as F\n\n\ndef cross_entropy2d(input, target, size_average=True):\n"
+            "    return F.cross_entropy(input, target, reduction='mean' if size_average else 'sum')\n\n\n"
+            "def get_loss_function(cfg):\n    return functools.partial(cross_entropy2d, size_average=cfg['size_average'])\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom losses import get_loss_function\n\n"
+            "torch.manual_seed(0)\nmodel = nn.DataParallel(nn.Linear(4, 3))\noptimizer = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+            "loss_fn = get_loss_function({'size_average': False})\n"
+            "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 3, (16,))), batch_size=8)\n"
+            "for epoch in range(3):\n    for x, y in loader:\n        optimizer.zero_grad()\n"
+            "        loss = loss_fn(input=model(x), target=y)\n        loss.backward()\n        optimizer.step()\n"
+            "torch.save(model.module.state_dict(), 'w.pt')\n"
+        ),
+    }
+    _trains_alike(tmp_path, files, "train.py", "w.pt")
+    assert "ddp_whole_batch(loss_fn" in (tmp_path / "train.py").read_text()
+
+
+def test_a_loss_handed_in_by_callers_out_of_sight_is_computed_on_the_whole_batch(tmp_path: Path) -> None:
+    # reid-strong-baseline: the trainer's step calls `loss_fn(score, feat, target)`, a parameter
+    # train.py fills with a loss that mines the batch (its samples compared with each other):
+    # per rank it saw half the batch. Whatever the loss is, on the whole global batch it is the original's.
+    files = {
+        "losses.py": (
+            "def make_loss():\n    def loss(out, y):\n        spread = ((out - out.mean(0)) ** 2).mean()  # every sample against the batch\n"
+            "        return ((out - y) ** 2).mean() + 0.5 * spread\n\n    return loss\n"
+        ),
+        "trainer.py": (
+            "import torch.nn as nn\n\n\ndef do_train(model, optimizer, loader, loss_fn, epochs):\n    model = nn.DataParallel(model)\n"
+            "    for epoch in range(epochs):\n        for x, y in loader:\n            optimizer.zero_grad()\n"
+            "            loss = loss_fn(model(x), y)\n            loss.backward()\n            optimizer.step()\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom losses import make_loss\n"
+            "from trainer import do_train\n\n\ndef main():\n    torch.manual_seed(0)\n    net = nn.Linear(4, 2)\n"
+            "    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+            "    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=8)\n"
+            "    do_train(net, optimizer, loader, make_loss(), 3)\n    torch.save(net.state_dict(), 'w.pt')\n\n\n"
+            "if __name__ == '__main__':\n    main()\n"
+        ),
+    }
+    _trains_alike(tmp_path, files, "train.py", "w.pt")
+    assert "ddp_whole_batch(loss_fn" in (tmp_path / "trainer.py").read_text()

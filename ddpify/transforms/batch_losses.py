@@ -29,6 +29,14 @@ model's outputs gathered instead, and the loop computes on the global batch::
 
     out = F.normalize(model(x), dim=1)   ->   out = F.normalize(ddp_gathered(model(x)), dim=1)
 
+A training loss computed out of sight (analysis/losses_out_of_sight.py: a callable the step takes
+as a parameter whose callers are in another module, reid-strong-baseline's ``loss_fn``; one made
+by a factory of another module, pytorch-semseg's ``get_loss_function(cfg)``, a partial whose
+reduction a config decides) may sum, mean or mine: it gets the whole global batch too, which is
+DataParallel's loss whatever it computes::
+
+    loss = loss_fn(score, feat, target)   ->   loss = ddp_whole_batch(loss_fn, score, feat, target)
+
 Refused (a warning with ``--allow-partial``) where such a loop also reads the batch beside the
 outputs (its labels would be the share's: move the loss into a loss function), or the loss is
 handed to a helper of another module without the model's outputs (a step that runs the model
@@ -86,6 +94,7 @@ import textwrap
 import libcst as cst
 
 from ddpify.analysis.data_sites import derived_from
+from ddpify.analysis.losses_out_of_sight import losses_out_of_sight
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.names import MATRIX_PRODUCTS
 from ddpify.project.neighbours import mines_the_batch, normalised_by_a_count
@@ -112,6 +121,8 @@ class BatchLossesTransform(Transform):
         if self.facts.wraps and not self.facts.training_loops:
             # (the training loop in another module it hands the model and the loss to)
             self._refuse_memory_bank(self._made_beside_the_wrap(self.context.neighbours.memory_banks))
+        if self.facts.wraps or self.context.model_elsewhere:
+            self._gather_out_of_sight()
         if not self.facts.wraps or not self.facts.training_loops:
             return
         definitions = self._definitions()
@@ -152,6 +163,22 @@ class BatchLossesTransform(Transform):
         self._check_inline_pairwise()
         self._check_neighbour_pairwise()
         self._check_unwrapped_trained()
+
+    def _gather_out_of_sight(self) -> None:
+        """A training loss computed out of sight (a parameter whose callers are elsewhere, a
+        factory's product): whatever it computes, on the whole global batch it is DataParallel's."""
+        found = losses_out_of_sight(self.facts, self.context.module, self.context.parent, self.context.qualified)
+        for call, why in found:
+            if self.context.in_a_scattered_loop(call) or self._evaluates(call, dotted(call.func) or ""):
+                continue
+            self._gather_for([call])
+            self.context.report(
+                call,
+                "DDP117",
+                f"`{self.context.code(call.func)}` computes the training loss out of sight ({why}): it may sum over the "
+                "batch or compare its samples, so, as DataParallel computed it, it gets the whole global batch, its "
+                "arguments gathered from every process (ddp_whole_batch), each share's gradient sent back",
+            )
 
     def _check_inline_pairwise(self) -> None:
         """A training loop that multiplies a batch's outputs with their own transpose
