@@ -49,6 +49,14 @@ every share); a test of anything else skips on every rank when it holds on any::
         continue                     continue
     if grad_norm.isnan():   ->   if ddp_any(grad_norm.isnan()):
 
+DDP810  a test in a training loop of the loss backward() took, with state built in its branch
+(datasetGAN's early stop: ``if loss.item() < best_loss: best_loss = loss.item(); break_count = 0``,
+then ``if break_count > 50: break``) decides on the loss's mean across ranks, the global batch's
+value DataParallel tested, and keeps that mean::
+
+    if loss.item() < best_loss:            ->   if ddp_mean(loss).item() < best_loss:
+        best_loss = loss.item()                     best_loss = ddp_mean(loss).item()
+
 DDP808  a training step (``optimizer.step()``, ``backward()``) taken under a test of what this
 rank computed (SiamMask's ``if is_valid_number(loss.item()): optimizer.step()``): one rank would
 step and another not, and the copies of the model drift apart (or wait in an all-reduce).
@@ -70,7 +78,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.ranks import loop_counters
+from ddpify.analysis.ranks import loop_counters, under_rank_guard
+from ddpify.analysis.tree import backward_takes
 from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, is_training_call, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
@@ -86,6 +95,7 @@ class DecisionsTransform(Transform):
         self._stepping_tests: set[cst.If] = set()  # training steps taken on a per-rank test
         self._stepping_after_loops: set[cst.If] = set()  # those after a step function's loop, on losses
         self._fed_metrics: dict[cst.Name, str] = {}  # loop-computed values an early-stop object is given
+        self._on_the_loss: dict[cst.If, set[str]] = {}  # tests of the training loss decided on its mean
 
     def check(self) -> None:
         # Training loops, and epoch loops around them (`for epoch ...: train(...)`), where an
@@ -96,6 +106,25 @@ class DecisionsTransform(Transform):
         for loop in self._epoch_loops():
             self._average_what_deciders_are_given(loop)
         self._stepping_after_loops = set(self._steps_on_a_loss_after_the_loop())
+        self._on_the_loss = self._tests_of_the_training_loss()
+
+    def _tests_of_the_training_loss(self) -> dict[cst.If, set[str]]:
+        """A test in a training loop that reads the loss backward() took (datasetGAN's early stop:
+        ``if loss.item() < best_loss: best_loss = loss.item(); break_count = 0``, then a counter
+        that breaks the loop), every rank reaching it: DataParallel tested the global batch's
+        loss; each rank has its share's. It decides on the mean across ranks, and what its branch
+        keeps of the loss is that mean, so the state it builds is the same on every rank."""
+        found: dict[cst.If, set[str]] = {}
+        handled = self._agreed_tests | self._stepping_tests | self._stepping_after_loops | set(self._averaged_tests)
+        for loop in self.facts.training_loops:
+            taken = {n.value for expr in backward_takes(loop) for n in walk(expr) if isinstance(n, cst.Name)}
+            for node in walk(loop.body):
+                if not isinstance(node, cst.If) or node in handled or innermost_loop(node, self.context.parent) is not loop:
+                    continue
+                losses = self._losses_tested(node.test) & taken
+                if losses and same_path_on_every_rank(node, self.context.parent) and not under_rank_guard(node, self.context.parent, self.context.code):
+                    found[node] = losses
+        return found
 
     def _steps_on_a_loss_after_the_loop(self) -> list[cst.If]:
         """``if loss_batch < self.skip_threshold * self.last_epoch_loss: self.optimizer.step()``
@@ -313,6 +342,20 @@ class DecisionsTransform(Transform):
                 "every rank skips when any does (ddp_any), so all take the same steps",
             )
             return updated_node.with_changes(test=cst.Call(func=cst.Name("ddp_any"), args=[cst.Arg(updated_node.test)]))
+        if original_node in self._on_the_loss:
+            losses = self._on_the_loss[original_node]
+            self.context.use_helper("ddp_mean")
+            self.context.report(
+                original_node, "DDP810",
+                f"`if {self.context.code(original_node.test)}:` decides on this rank's {', '.join(sorted(losses))}: it "
+                "decides on the mean across ranks, the global batch's value DataParallel tested, and keeps that mean, "
+                "so every rank builds the same state from it",
+            )
+            body = updated_node.body.with_changes(body=[
+                statement.visit(_AverageValues(losses)) if _keeps(statement, losses) else statement
+                for statement in updated_node.body.body
+            ])
+            return updated_node.with_changes(test=updated_node.test.visit(_AverageValues(losses)), body=body)
         metrics = self._averaged_tests.get(original_node)
         if not metrics:
             return updated_node
@@ -545,6 +588,14 @@ class _GlobalTotals(cst.CSTTransformer):
         if self.stand_in:
             return cst.Name("TOTAL")
         return cst.Call(func=cst.Name(_total_of(original_node)), args=[cst.Arg(updated_node)])
+
+
+def _keeps(statement: cst.CSTNode, losses: set[str]) -> bool:
+    """``best_loss = loss.item()``: an assignment in a branch that keeps the loss's value."""
+    return (
+        isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and isinstance(statement.body[0], cst.Assign)
+        and any(isinstance(n, cst.Name) and n.value in losses for n in walk(statement.body[0].value))
+    )
 
 
 class _AverageValues(cst.CSTTransformer):
