@@ -14,7 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.facts import Facts
-from ddpify.analysis.tree import dotted, walk
+from ddpify.analysis.tree import calls_bound, dotted, walk
 
 DATA_LOADER = "torch.utils.data.DataLoader"
 
@@ -85,8 +85,4 @@ def _a_loader(value: cst.BaseExpression, module: cst.Module, qualified) -> bool:
         return False
     if "loader" in name.rpartition(".")[2].lower():
         return True
-    return any(
-        isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and DATA_LOADER in qualified(node.value.func)
-        and any(dotted(target.target) == name for target in node.targets)
-        for node in walk(module)
-    )
+    return any(DATA_LOADER in qualified(call.func) for call in calls_bound(module).get(name, []))

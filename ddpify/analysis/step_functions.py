@@ -10,7 +10,7 @@ import re
 
 import libcst as cst
 
-from ddpify.analysis.tree import calls_in, dotted, is_backward, is_training_call, loop_origins, reaching_backward, walk
+from ddpify.analysis.tree import calls_bound, calls_in, dotted, is_backward, is_training_call, loop_origins, reaching_backward, walk
 
 
 # Methods every torch module and optimizer has: `model.train()` is not the file's own train().
@@ -147,19 +147,12 @@ def _wrapped_classes(facts, module: cst.Module) -> set[str]:
     """The classes of this file's models DataParallel wraps: made in the wrap's call
     (``DataParallel(HiSD(config))``), or bound to the name it wraps (``self.models = HiSD(config)``,
     then ``DataParallel(self.models)``)."""
-    made = {}
-    for node in walk(module):
-        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
-            for target in node.targets:
-                made.setdefault(dotted(target.target), set()).add((dotted(node.value.func) or "").rpartition(".")[2])
-    found: set[str] = set()
-    for site in facts.wraps:
-        value = site.module_arg
-        if isinstance(value, cst.Call):
-            found.add((dotted(value.func) or "").rpartition(".")[2])
-        elif value is not None:
-            found |= made.get(dotted(value), set())
-    return found
+    bound = calls_bound(module)
+    made = [
+        call for site in facts.wraps if site.module_arg is not None
+        for call in ([site.module_arg] if isinstance(site.module_arg, cst.Call) else bound.get(dotted(site.module_arg) or "", []))
+    ]
+    return {(dotted(call.func) or "").rpartition(".")[2] for call in made}
 
 
 def backward_in_forward(facts, calls, module: cst.Module | None = None) -> tuple[cst.Call, str, str] | None:

@@ -503,11 +503,17 @@ class SummedLossesTransform(Transform):
         return updated_node.with_changes(value=cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.value)]))
 
 
+def _unconverted(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``n.float()``, ``m.mean().item()``: the value inside its conversions."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
+        value = value.func.value
+    return value
+
+
 def _counted_value(value: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression | None:
     """What a divisor counts, through its conversions and the name it was bound to
     (``nNeg.float()`` with ``nNeg = torch.sum(negCounts)``)."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
-        value = value.func.value
+    value = _unconverted(value)
     if isinstance(value, cst.Name):
         bound = origins.get(value.value, [])
         return bound[-1] if len(bound) == 1 else None
@@ -547,8 +553,7 @@ def _a_count(value: cst.BaseExpression, qualified) -> bool:
 def _a_mean_of_data(value: cst.BaseExpression, qualified) -> bool:
     """``torch.mean(masks)``, ``masks.mean()`` (or ``.float()``/``.item()`` of one): a mean over
     everything a tensor holds."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
-        value = value.func.value
+    value = _unconverted(value)
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:

@@ -401,10 +401,7 @@ class WrapModelTransform(Transform):
         """The output a penalty differentiates (``outputs=d_interp``), where its own backward()
         can name it too: a name of the same function (rosinality's StyleGAN2 joins the two with
         ``(r1_loss + 0 * real_pred[0]).backward()``). None where the penalty comes from a helper."""
-        given = keyword_arg(grad_call, "outputs")
-        value = given.value if given is not None else (grad_call.args[0].value if grad_call.args and grad_call.args[0].keyword is None else None)
-        if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
-            value = value.elements[0].value
+        value = _grad_outputs(grad_call)
         here, there = self.facts.contexts.get(grad_call), self.facts.contexts.get(backward)
         if value is None or here is None or there is None or here.function is not there.function:
             return None
@@ -427,10 +424,7 @@ class WrapModelTransform(Transform):
         nested = [node for node in walk(here.function.body) if isinstance(node, (cst.FunctionDef, cst.Lambda))]
         if len(returns) != 1 or nested:
             return None
-        given = keyword_arg(grad_call, "outputs")
-        value = given.value if given is not None else (grad_call.args[0].value if grad_call.args and grad_call.args[0].keyword is None else None)
-        if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
-            value = value.elements[0].value
+        value = _grad_outputs(grad_call)
         return (returns[0], value.value) if isinstance(value, cst.Name) else None
 
     def _penalty_backward_alone(self, grad_call: cst.Call) -> cst.CSTNode | None:
@@ -1178,6 +1172,15 @@ class WrapModelTransform(Transform):
         if original_node in self.facts.functional_calls:
             return self._called_directly(original_node, updated_node)
         return self._reference(original_node, updated_node)
+
+
+def _grad_outputs(grad_call: cst.Call) -> cst.BaseExpression | None:
+    """What ``torch.autograd.grad`` differentiates: its ``outputs`` (the one element of a list)."""
+    given = keyword_arg(grad_call, "outputs")
+    value = given.value if given is not None else (grad_call.args[0].value if grad_call.args and grad_call.args[0].keyword is None else None)
+    if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
+        value = value.elements[0].value
+    return value
 
 
 def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
