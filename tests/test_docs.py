@@ -22,6 +22,9 @@ from ddpify.convert_codes import convert_codes
 from ddpify.docs_reference import collapse_helpers, explanation_markdown, generate, generate_rules
 from ddpify.rules import DOCS_URL, RULES, code_url
 
+# One worker runs this file whole: its module-scoped fixtures are shared by its tests.
+pytestmark = pytest.mark.xdist_group("test_docs")
+
 DOCS = ROOT / "docs"
 CODE = re.compile(r"\b(DDP\d{3})\b")
 

@@ -27,7 +27,8 @@ from ddpify.verify.checks import LaunchOutcome, run_checks
 from ddpify.verify.runner import _reports
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.e2e
+# One worker runs this file whole: its module-scoped runs are shared by the tests of a fixture.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_e2e")]
 CASES = fixture_inputs("e2e")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 

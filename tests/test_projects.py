@@ -23,6 +23,9 @@ from conftest import FIXTURES, run_launched
 from ddpify.api import convert_project
 from ddpify.diagnostics import FileResult
 
+# One worker runs this file whole: its module-scoped fixtures are shared by its tests.
+pytestmark = pytest.mark.xdist_group("test_projects")
+
 PROJECTS = sorted(p for p in (FIXTURES / "projects").iterdir() if p.is_dir() and not p.name.endswith(".ddp"))
 
 
