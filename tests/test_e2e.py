@@ -27,8 +27,7 @@ from ddpify.verify.checks import LaunchOutcome, run_checks
 from ddpify.verify.runner import _reports
 
 torch = pytest.importorskip("torch")
-# One worker runs this file whole: its module-scoped runs are shared by the tests of a fixture.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("test_e2e")]
+pytestmark = pytest.mark.e2e
 CASES = fixture_inputs("e2e")
 TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
@@ -48,10 +47,16 @@ WITH_EPOCHS = [case for case in CASES if re.search(r"(?<!self)\.sampler\.set_epo
 REPRODUCIBLE = [case for case in CASES if "shuffle=True" not in case.read_text() and "e2e: unseeded" not in case.read_text()]
 
 
+def grouped(cases: list[Path]) -> list:
+    """Each fixture's tests in a group of their own, run by one test worker: its module-scoped
+    runs are made once and shared, and the fixtures spread over the workers."""
+    return [pytest.param(case, marks=pytest.mark.xdist_group(f"e2e-{case.stem}"), id=case.name) for case in cases]
+
+
 def over(cases: list[Path]):
     """Run a test on these fixtures' runs only (the runs fixture is shared: one set of runs
     per fixture, whichever tests ask for it)."""
-    return pytest.mark.parametrize("runs", cases, indirect=True, ids=[case.name for case in cases])
+    return pytest.mark.parametrize("runs", grouped(cases), indirect=True)
 
 
 def only(name: str):
@@ -90,7 +95,7 @@ def stdout_lines(result: subprocess.CompletedProcess) -> Counter:
     return Counter(label for label in labels if label.strip())
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[p.name for p in CASES])
+@pytest.fixture(scope="module", params=grouped(CASES))
 def runs(request, tmp_path_factory):
     case: Path = request.param
     work = tmp_path_factory.mktemp(case.stem)
