@@ -190,7 +190,7 @@ def test_a_learning_rate_one_rank_changed_stops_at_the_next_check(tmp_path):
 WHOLE_BATCH = """
 import torch
 import torch.distributed as dist
-from ddpify.templates.ddp_setup import ddp_setup, ddp_whole_batch, ddp_wrap
+from ddpify.templates.ddp_setup import ddp_alike, ddp_setup, ddp_whole_batch, ddp_wrap
 
 
 def batch_hard(features, labels, chosen, margin=0.5):
@@ -219,11 +219,18 @@ paired = lambda f: -(f[: len(f) // 2] * f[len(f) // 2 :]).sum(1).mean() + torch.
 whole = paired(alone(torch.cat((first, second), 0)))
 loss = ddp_whole_batch(paired, model(torch.cat((first[share], second[share]), 0)), ddp_pieces=2)
 assert torch.allclose(loss, whole), (loss, whole)
+# a whole batch each rank drew from the OS (NTIRE2022_Inpainting's dataset reseeds per item):
+# rank 0's, on every rank, whatever its shapes; one drawn alike is kept as it is
+drawn = ddp_alike((torch.full((2, 3), float(dist.get_rank())), torch.tensor([True, dist.get_rank() == 1]), "path"))
+assert drawn[0].tolist() == [[0.0] * 3] * 2 and drawn[1].tolist() == [True, False] and drawn[2] == "path", drawn
+same = (torch.ones(2),)
+assert ddp_alike(same)[0] is same[0]
+assert ddp_alike([torch.arange(2.0 + dist.get_rank())])[0].tolist() == [0.0, 1.0]
 open(f"agreed{dist.get_rank()}", "w").close()
 """
 
 
-def test_a_loss_on_the_whole_batch_has_the_loss_and_gradient_of_one_process(tmp_path):
+def test_a_loss_on_the_whole_batch_has_the_loss_and_gradient_of_one_process_and_batches_alike(tmp_path):
     result = _torchrun(tmp_path, WHOLE_BATCH)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(path.name for path in tmp_path.glob("agreed*")) == ["agreed0", "agreed1"]
@@ -377,6 +384,20 @@ def test_sampler_of_a_sharded_loader_is_its_distributed_sampler():
     sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=2, rank=0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
     assert template.ddp_sampler(loader) is sampler
+
+
+def test_sampler_of_a_generator_over_a_sharded_loader_is_that_loader_s():
+    # pytorch-template's `self.data_loader = inf_loop(data_loader)`: the epoch loop's
+    # set_epoch reaches the loader the generator was handed
+    dataset = torch.utils.data.TensorDataset(torch.arange(8.0))
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=2, rank=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=sampler)
+
+    def inf_loop(data_loader):
+        while True:
+            yield from data_loader
+
+    assert template.ddp_sampler(inf_loop(loader)) is sampler
 
 
 def test_a_loader_that_does_not_shard_stops_at_set_epoch(monkeypatch):

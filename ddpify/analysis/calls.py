@@ -130,6 +130,7 @@ class CallGraph(Room):
 
     def _switch(self, function: Function) -> tuple[cst.Param, bool | tuple] | None:
         if function not in self._switches:
+            self._switches[function] = None  # (a function that calls itself: no switch through it)
             self._switches[function] = self._training_switch(function)
         return self._switches[function]
 
@@ -151,14 +152,31 @@ class CallGraph(Room):
         that does; None if there is none."""
         switches = set()
         for call, context in self.scopes.calls:
-            if context.function is not function or not is_training_call(call):
+            if context.function is not function:
                 continue
-            switches.add(self._switch_around(call, function))
+            if is_training_call(call):
+                switches.add(self._switch_around(call, function))
+                continue
+            callee = self.scopes.local_function(call.func)
+            if callee is not None and callee is not function and callee in self.facts.step_functions:
+                switches.add(self._switch_around(call, function) or self._switch_handed_on(call, callee, function))
         if len(switches) != 1 or None in switches:
             return None
         name, trains_when = switches.pop()
         param = next((p for p in function.params.params if p.name.value == name), None)
         return (param, trains_when) if param is not None else None
+
+    def _switch_handed_on(self, call: cst.Call, callee: Function, function: Function) -> tuple[str, bool | tuple] | None:
+        """A step function of the file called with ``function``'s own parameter for the one that
+        switches the callee's training on (NeuroTalk's ``train(..., trainValid)`` calls
+        ``train_G(..., trainValid)``, whose backward() sits under ``if trainValid:``): that
+        parameter switches ``function`` too, the same way."""
+        switch = self._switch(callee)
+        if switch is None:
+            return None
+        value = self.argument_for(callee, switch[0], call)
+        params = {p.name.value for p in function.params.params}
+        return (value.value, switch[1]) if isinstance(value, cst.Name) and value.value in params else None
 
     def _switch_around(self, call: cst.Call, function: Function) -> tuple[str, bool] | None:
         """``(p, True)`` for a call under ``if p:``, ``(p, False)`` under ``if not p:``."""

@@ -47,6 +47,9 @@ class FunctionalWraps(Room):
         """Decide, after the walk: wrap sites for the constructions, or DDP004 for each call."""
         classes: dict[cst.Call, cst.ClassDef] = {}
         for call in self._calls:
+            context = self.facts.contexts.get(call)
+            if context is not None and context.cls is not None and context.cls.name.value in self.facts.dp_classes:
+                continue  # (a scattering DataParallel subclass's own steps: its wraps become DDP, the class unused)
             owner, reason = self._owner(call)
             if owner is None:
                 self._refuse(call, reason)

@@ -194,6 +194,8 @@ class Loaders(Room):
             # too: loqui's validation module)
             if self._builds_others_too(value) or index is None and dotted(value.func) in self.facts.shared_builders:
                 return []  # (sharded where the training loop draws it: the builder stays whole)
+            if handed_a_loader(value, self.scopes.parent, self.facts):
+                return []  # (what it makes of a loader, pytorch-template's `inf_loop(data_loader)`: sharded where drawn)
             return [self._foreign_loader(value, index)]
         if function is None or depth > 4:
             return []
@@ -320,3 +322,21 @@ class Loaders(Room):
             return None
         value, index = self.scopes.assigned_value(assignments[0].node)
         return value.value if isinstance(value, cst.Name) and index is None else None
+
+
+def handed_a_loader(call: cst.Call, parent_of, facts) -> bool:
+    """Is a project function handed a loader (a parameter of the function around the call,
+    or a name bound to a DataLoader here) rather than the settings to build one? It makes
+    something of that loader (an endless generator over it, a prefetcher), which the
+    training loop draws from where it is sharded at run time."""
+    function = parent_of(call)
+    while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
+        function = parent_of(function)
+    params = {p.name.value for p in function.params.params} if isinstance(function, cst.FunctionDef) else set()
+    for arg in call.args:
+        name = arg.value
+        if isinstance(name, cst.Name) and (name.value in params and "loader" in name.value.lower()):
+            return True
+        if isinstance(name, cst.Name) and any(site.target == name.value for site in facts.loaders.values()):
+            return True
+    return False

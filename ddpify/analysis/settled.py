@@ -171,12 +171,23 @@ class SettledNames:
             return key in self._settled
         return False
 
+    def _a_selection(self, length: cst.Call, scope) -> bool:
+        """``len(input)`` of ``input = input[idx_seen]`` (NeuroTalk's seen words of this rank's
+        share): the length of what a rank picked from its data differs between ranks."""
+        measured = length.args[0].value if length.args else None
+        if not isinstance(measured, cst.Name):
+            return _selects(measured)
+        return any(_selects(binding[0]) for binding in self._bindings.get((id(scope), measured.value), []))
+
     def _names_alike(self, expr: cst.BaseExpression, at: cst.CSTNode) -> set[str]:
         scope = self._scope_of(at)
         alike = loop_counters_around(at, self.parent_of)  # (never what a loop draws, nor a count it keeps: bindings say)
         alike |= self._settled_loop_targets(at)
         # (a length: loaders are as long on every rank, a DistributedSampler pads its shares)
-        measured = {id(n) for call in walk(expr) if isinstance(call, cst.Call) and dotted(call.func) == "len" for n in walk(call)}
+        measured = {
+            id(n) for call in walk(expr) if isinstance(call, cst.Call) and dotted(call.func) == "len" and not self._a_selection(call, scope)
+            for n in walk(call)
+        }
         for name in names_in(expr):
             if id(name) in measured:
                 alike.add(name.value)
@@ -187,6 +198,24 @@ class SettledNames:
             if key in self._settled or name.value in self._imported and key not in self._bindings:
                 alike.add(name.value)
         return alike
+
+
+def _selects(value: cst.BaseExpression | None) -> bool:
+    """``x[idx_seen]``, ``x[mask]``: the elements an index or mask picks (not a slice or a
+    number), or a list comprehension that filters (``[j for j in ... if ...]``)."""
+    if isinstance(value, cst.ListComp):
+        clause = value.for_in
+        while clause is not None:
+            if clause.ifs:
+                return True
+            clause = clause.inner_for_in
+        return False
+    if not isinstance(value, cst.Subscript):
+        return False
+    return any(
+        isinstance(element.slice, cst.Index) and not isinstance(element.slice.value, (cst.Integer, cst.SimpleString, cst.UnaryOperation))
+        for element in value.slice
+    )
 
 
 def _pairs(target: cst.BaseExpression, value: cst.BaseExpression | None) -> list[tuple[cst.BaseExpression, cst.BaseExpression | None]]:

@@ -303,9 +303,20 @@ def loop_origins(loop: cst.CSTNode) -> dict[str, list[cst.BaseExpression]]:
                 origins.setdefault(node.func.value.value, []).append(node.args[0].value)
         if isinstance(node, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            for name in (name for target in targets for name in walk(target) if isinstance(name, cst.Name)):
-                origins.setdefault(name.value, []).append(node.value)
+            for target in targets:
+                for name, value in _paired(target, node.value):
+                    origins.setdefault(name, []).append(value)
     return origins
+
+
+def _paired(target: cst.BaseExpression, value: cst.BaseExpression) -> list[tuple[str, cst.BaseExpression]]:
+    """Each name a target binds -> its value: element by element where a tuple of names takes a
+    tuple written out (``logits, keep = model(x), y != 255``), else the whole value."""
+    elements = (cst.Tuple, cst.List)
+    if isinstance(target, elements) and isinstance(value, elements) and len(target.elements) == len(value.elements):
+        if not any(isinstance(e, (cst.StarredElement,)) for e in (*target.elements, *value.elements)):
+            return [pair for t, v in zip(target.elements, value.elements) for pair in _paired(t.value, v.value)]
+    return [(name.value, value) for name in walk(target) if isinstance(name, cst.Name)]
 
 
 def backward_takes(step: cst.CSTNode) -> list[cst.BaseExpression]:

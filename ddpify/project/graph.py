@@ -52,6 +52,7 @@ class ModuleInfo:
     trains: bool = False  # calls .backward() or .step()
     # `importlib.import_module("models." + name)`: every project module under "models."
     dynamic_prefixes: set[str] = field(default_factory=set)
+    star_modules: list[str] = field(default_factory=list)  # `from .util import *`: what it re-exports
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -83,6 +84,9 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
             info.imports.add(module)
             info.imports.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import mod`
             for alias in node.names:
+                if alias.name == "*":
+                    info.star_modules.append(module)
+                    continue
                 info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
@@ -162,7 +166,9 @@ def _wraps_at_top_level(body: list[ast.stmt]) -> bool:
 
 def _self_test_only(tree: ast.Module, functions: set[str]) -> bool:
     """The module's `__main__` block runs no loop, no training step and none of the module's
-    functions: it builds an object of a class defined here and looks at it."""
+    functions: it builds an object of a class defined here and looks at it. (Not one that
+    calls a method of a class here that loops, or is named for training: ssds.pytorch's
+    `Solver().train_model()`, whose loop calls the project's train_epoch())"""
     blocks = [node for node in tree.body if isinstance(node, ast.If) and _is_main_test(node.test)]
     if len(blocks) != 1:
         return False
@@ -170,10 +176,18 @@ def _self_test_only(tree: ast.Module, functions: set[str]) -> bool:
     if any(isinstance(node, (ast.For, ast.While)) for node in ast.walk(block)):
         return False
     calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)]
-    named = {ast.unparse(call.func) for call in calls}
-    if any(name in functions or name.rpartition(".")[2] in ("backward", "step", "train", "fit", "run", "main") for name in named):
+    named = {ast.unparse(call.func).rpartition(".")[2] for call in calls} | {ast.unparse(call.func) for call in calls}
+    if named & functions or any(TRAINING_NAME.search(name) for name in named):
         return False
-    return True
+    looping = {
+        method.name for cls in tree.body if isinstance(cls, ast.ClassDef) for method in cls.body
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(method))
+    }
+    return not named & looping
+
+
+# A called name that says it trains (`train`, `train_model`, `fit`, `run`, `main`, `step`)
+TRAINING_NAME = re.compile(r"^(backward|step|run|main)$|train|fit", re.IGNORECASE)
 
 
 def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:
@@ -362,6 +376,8 @@ class Project:
         head, _, rest = dotted.partition(".")
         module, attribute = info.bindings.get(head, (None, None))
         if module is None:
+            module, attribute = self._starred(info, head)
+        if module is None:
             return None
         if attribute is not None:
             if f"{module}.{attribute}" in self.paths:  # `from pkg import mod`: mod.function
@@ -376,10 +392,22 @@ class Project:
             if path[0] in target.functions or (classes and path[0] in target.class_sources):
                 return target, path[0]
             module, attribute = target.bindings.get(path[0], (None, None))
+            if module is None:  # (`from .util import *` in a package's __init__: pytorch-template's utils)
+                module, attribute = self._starred(target, path[0])
             if module not in self.paths or attribute is None:
                 return None
             path = [attribute]
         return None
+
+    def _starred(self, info: ModuleInfo, name: str) -> tuple[str | None, str | None]:
+        """The project module a star import of ``info`` takes ``name`` from, if one defines or
+        binds it (the last such import wins, as at run time)."""
+        for module in reversed(info.star_modules):
+            if module in self.paths:
+                target = self.module(module)
+                if name in target.functions or name in target.class_sources or name in target.bindings:
+                    return module, name
+        return None, None
 
     def project_names(self, info: ModuleInfo) -> frozenset[str]:
         """Names this module binds from other project modules (calls to them may train);

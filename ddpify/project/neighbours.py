@@ -919,10 +919,29 @@ def normalised_by_a_count(definition: ast.AST) -> bool:
         return _a_total_count(value) or isinstance(value, ast.Name) and value.id in counts
 
     return any(
-        isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and counted(node.right)
+        isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and counted(node.right) and not _scaled_to_one(node, definition)
         or isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) and counted(node.value)
         for node in ast.walk(definition)
     )
+
+
+def _scaled_to_one(division: ast.BinOp, definition: ast.AST) -> bool:
+    """``gauss / gauss.sum()`` of a tensor made here from numbers (an SSIM's Gaussian window,
+    NTIRE2022_Inpainting's ``gaussian()``: ``torch.exp(-(torch.arange(n) - n // 2) ** 2 / ...)``):
+    a kernel scaled to sum to one, not a loss divided by a count of the batch (IIC's joint
+    ``p_i_j / p_i_j.sum()`` of the outputs is one)."""
+    total = division.right
+    if not (isinstance(total, ast.Call) and isinstance(total.func, ast.Attribute) and total.func.attr == "sum"):
+        return False
+    summed = total.args[0] if isinstance(total.func.value, ast.Name) and total.func.value.id == "torch" and total.args else total.func.value
+    if ast.dump(summed) != ast.dump(division.left) or not isinstance(summed, ast.Name):
+        return False
+    made = [node.value for node in ast.walk(definition) if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == summed.id for t in node.targets)]
+    return bool(made) and all(TENSOR_FROM_NUMBERS.search(ast.unparse(value)) for value in made)
+
+
+# A tensor made from numbers: a window or kernel, not data
+TENSOR_FROM_NUMBERS = re.compile(r"\b(torch|np|numpy)\.(Tensor|tensor|FloatTensor|arange|linspace|ones|zeros|array)\(")
 
 
 # Hard-example mining: the loss keeps the batch's largest elements (OHEM's `torch.sort(loss.view(-1))`

@@ -270,7 +270,11 @@ def ddp_after_step(optimizer, args, kwargs):
 
 
 def ddp_sampler(loader):
-    """The training loader's DistributedSampler (for set_epoch); stops if it does not shard."""
+    """The training loader's DistributedSampler (for set_epoch); stops if it does not shard.
+    A generator over the loader (pytorch-template's endless ``inf_loop(data_loader)``): the
+    sampler of the loader it was handed."""
+    if not hasattr(loader, "sampler") and getattr(loader, "gi_frame", None) is not None:
+        loader = next((held for held in loader.gi_frame.f_locals.values() if hasattr(held, "sampler")), loader)
     if not isinstance(loader.sampler, torch.utils.data.distributed.DistributedSampler):
         raise RuntimeError(
             f"the training loader samples with {type(loader.sampler).__name__}, not a "
@@ -418,7 +422,7 @@ class DdpSplit:
         return self.share(next(self.ongoing))
 
     def share(self, item):
-        return item if self.whole else ddp_batch_share(item)
+        return ddp_alike(item) if self.whole else ddp_batch_share(item)
 
     next = __next__  # Python 2's spelling, as the script calls it
 
@@ -437,6 +441,42 @@ class DdpSplit:
 
     def __getattr__(self, name):  # the source's own attributes (`loader.dataset`)
         return getattr(self.source, name)
+
+
+def ddp_alike(batch):
+    """A batch every rank must hold whole and alike (the model's calls split it), checked: a
+    dataset that draws from the OS (NTIRE2022_Inpainting's ``np.random.seed()`` in
+    ``__getitem__``) gives each rank another batch, and the outputs gathered from the ranks
+    would meet another rank's targets. Where the ranks' tensors differ, rank 0's batch is sent
+    to every rank."""
+    tensors = [leaf for leaf in ddp_leaves(batch) if torch.is_tensor(leaf)]
+    if dist.get_world_size() == 1 or not tensors:
+        return batch
+    shapes = torch.tensor([size for t in tensors for size in (t.dim(), *t.shape)], dtype=torch.float64)
+    summary = torch.cat([shapes, torch.stack([t.detach().double().sum().cpu() for t in tensors])]).to(ddp_device())
+
+    def alike(values):  # (the same on every rank: its highest and lowest across ranks agree)
+        highest, lowest = values.clone(), values.clone()
+        dist.all_reduce(highest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+        return torch.equal(highest, lowest)
+
+    if not alike(torch.tensor([float(summary.numel())], dtype=torch.float64, device=ddp_device())) or not alike(summary[: shapes.numel()]):
+        # (other shapes: rank 0's batch whole, pickled, onto this rank's device)
+        device = tensors[0].device
+        sent = ddp_from_rank_zero(ddp_leaves(batch, lambda leaf: leaf.cpu() if torch.is_tensor(leaf) else leaf))
+        return ddp_leaves(sent, lambda leaf: leaf.to(device) if torch.is_tensor(leaf) else leaf)
+    if alike(summary):
+        return batch
+
+    def from_rank_zero(leaf):
+        if not torch.is_tensor(leaf):
+            return leaf
+        sent = leaf.detach().to(ddp_device(), torch.uint8 if leaf.dtype == torch.bool else leaf.dtype, copy=True).contiguous()
+        dist.broadcast(sent, 0)  # (gloo sends no booleans)
+        return sent.to(leaf.device, leaf.dtype)
+
+    return ddp_leaves(batch, from_rank_zero)
 
 
 def ddp_batch_share(batch):
@@ -487,11 +527,12 @@ def ddp_cut(leaf, size=None):
 
 def ddp_drawn(draw, *args, **kwargs):
     """A training batch the script draws itself (MusicTransformer's
-    ``dataset.slide_seq2seq_batch(...)``), drawn alike on every rank (Python's and numpy's
-    random generators are alike on every rank, as the script seeded them), then this rank's
+    ``dataset.slide_seq2seq_batch(...)``), alike on every rank (Python's and numpy's random
+    generators are alike on every rank, as the script seeded them; a draw from torch's, which
+    each rank has of its own after the first step, is rank 0's: ddp_alike), then this rank's
     share of it, as DataParallel's scatter split it."""
     batch = draw(*args, **kwargs)
-    return ddp_scatter(batch) if dist.get_world_size() > 1 else batch
+    return ddp_scatter(ddp_alike(batch)) if dist.get_world_size() > 1 else batch
 
 
 def ddp_scatter(item, each_one=False):
@@ -981,14 +1022,14 @@ def ddp_through(model, method, *args, **kwargs):
         object.__delattr__(inner, "forward")
 
 
-def ddp_wrap_every_parameter(module):
+def ddp_wrap_every_parameter(module, **options):
     """ddp_wrap for a model whose parameters are frozen or unfrozen after the wrap: DDP
     registers every parameter and skips those without a gradient."""
     frozen = [p for p in module.parameters() if not p.requires_grad]
     for parameter in frozen:
         parameter.requires_grad_(True)
     try:
-        return ddp_wrap(module, find_unused_parameters=True)
+        return ddp_wrap(module, find_unused_parameters=True, **options)
     finally:
         for parameter in frozen:
             parameter.requires_grad_(False)

@@ -58,6 +58,12 @@ it) is given each process's share::
     # becomes
     forward_pass(imgs, model, batch_size=ddp_local_batch_size(batch_size))
 
+DDP412  the wrapped model built for the loader's batch size (StructSeg19's ``VNet(classes=23,
+batch_size=batch_size)``, whose output layer views ``(self.bs, classes, -1)``) is built for each
+process's share, the batch it runs::
+
+    model = VNet(classes=23, batch_size=batch_size)   ->   model = VNet(classes=23, batch_size=ddp_local_batch_size(batch_size))
+
 DDP405  a sum over the training loader's batches divided by the dataset's length (the
 pytorch/examples average ``train_loss / len(train_loader.dataset)``) now sums one shard:
 it is divided by the shard's length, so the value (and its mean across ranks, for a print
@@ -71,6 +77,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
+from ddpify.analysis.tree import calls_bound, without_moves
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args
 
@@ -188,6 +195,41 @@ class BatchSizeTransform(Transform):
         args[index] = args[index].with_changes(value=self._local(args[index].value))
         return updated.with_changes(args=args)
 
+    def _model_built_for_the_batch(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
+        """The wrapped model's constructor given the training loader's batch size (StructSeg19's
+        ``VNet(classes=23, batch_size=batch_size)``, whose output layer views ``(self.bs, classes,
+        -1)``; an RNN's hidden state sized per batch): each process runs its share through its
+        model, so the model is built for the share."""
+        sizes = self._training_batch_sizes
+        if not sizes or not any(self.context.code(arg.value) in sizes for arg in original.args):
+            return None
+        if original not in self._wrapped_constructors:
+            return None
+        args = [arg.with_changes(value=self._local(arg.value)) if self.context.code(arg.value) in sizes else arg for arg in updated.args]
+        self.context.report(
+            original,
+            "DDP412",
+            f"`{self.context.code(original.func)}(...)` builds the wrapped model for DataParallel's global batch: each "
+            "process runs its share of the batch through its own model, so it is built for the share (ddp_local_batch_size)",
+        )
+        return updated.with_changes(args=args)
+
+    @property
+    def _wrapped_constructors(self) -> set[cst.Call]:
+        """The calls that build a model the file wraps: the wrap's argument, or the calls bound to
+        the name it wraps (``model = VNet(...)``, then ``nn.DataParallel(model)``)."""
+        if not hasattr(self, "_constructors"):
+            bound = calls_bound(self.context.module)
+            found = set()
+            for site in self.facts.wraps:
+                made = without_moves(site.module_arg) if site.module_arg is not None else None
+                if isinstance(made, cst.Call):
+                    found.add(made)
+                elif made is not None and dotted(made) is not None:
+                    found |= set(bound.get(dotted(made), []))
+            self._constructors = found
+        return self._constructors
+
     def _batch_size_handed_on(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
         """A function of the script called in the training loop with the loader's batch size
         (facenet's ``forward_pass(imgs, model, batch_size=batch_size)``, which cuts the anchors,
@@ -264,6 +306,9 @@ class BatchSizeTransform(Transform):
         split = self._split_into_steps(original, updated)
         if split is not None:
             return split
+        built = self._model_built_for_the_batch(original, updated)
+        if built is not None:
+            return built
         handed = self._batch_size_handed_on(original, updated)
         if handed is not None:
             return handed

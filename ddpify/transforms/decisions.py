@@ -22,7 +22,12 @@ countdown ``steps_till_eval -= batch_size`` of ``batch_size = cw_idxs.size(0)``;
 counted the global batch under DataParallel; each rank now sees its share, so it counts the
 world's samples::
 
-    used_sample += real_image.shape[0]  ->  used_sample += real_image.shape[0] * dist.get_world_size()
+    used_sample += real_image.shape[0]  ->  used_sample += ddp_sum(real_image.shape[0])
+
+(the sum across ranks: a batch split at run time gives a short last batch's shares unequal
+sizes, and every rank must count alike; a count some ranks skip is multiplied by the world
+size instead). A learning rate set from the count (``g['lr'] = lr * min(1.0, tokens /
+warmup)``) is a decision too.
 
 DDP805  an early stop in the epoch loop on a value the loop computed (``train_loss =
 train(...)``, or ``train_loss += ...`` in the training loop, then ``if train_loss < 0.5:
@@ -76,6 +81,8 @@ remove it.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis.ranks import loop_counters, under_rank_guard
@@ -83,6 +90,10 @@ from ddpify.analysis.tree import backward_takes
 from ddpify.analysis import batch_length, calls_in, dotted, first_positional, innermost_loop, is_training_call, loop_names_around, same_on_every_rank, same_path_on_every_rank, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
+
+
+# An assignment that sets a learning rate (`lr = ...`, `g["lr"] = ...`, `self.learning_rate = ...`)
+LEARNING_RATE = re.compile(r"(?<![A-Za-z0-9])lr(?![A-Za-z0-9])|learning_rate")
 
 
 class DecisionsTransform(Transform):
@@ -192,7 +203,7 @@ class DecisionsTransform(Transform):
                 continue  # checked with its own loop's counters
             if (
                 isinstance(node, cst.If) and loop in self.facts.training_loops and self._may_differ(loop, node, loop_names)
-                and any(isinstance(inner, cst.Call) and is_training_call(inner) for inner in walk(node.body))
+                and any(isinstance(inner, cst.Call) and (is_training_call(inner) or self._a_step_function(inner)) for inner in walk(node.body))
                 and not any(isinstance(inner, (cst.Continue, cst.Break)) for inner in walk(node.body))
                 and same_path_on_every_rank(node, self.context.parent)
             ):
@@ -210,6 +221,11 @@ class DecisionsTransform(Transform):
                 isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" for call in calls_in(node.body)
             ):
                 self._hang_risk(node, "an exception handler around backward() skips it")
+
+    def _a_step_function(self, call: cst.Call) -> bool:
+        """A call of a step function of the file (NeuroTalk's ``train_G(...)``, which runs
+        backward() and the optimizer's step)."""
+        return dotted(call.func) in {function.name.value for function in self.facts.step_functions}
 
     def _may_differ(self, loop: cst.CSTNode, test_owner: cst.If, loop_names: set[str]) -> bool:
         """Does the test read data (a loss, a call) or, in an epoch loop, a value the loop
@@ -393,6 +409,17 @@ class DecisionsTransform(Transform):
             return updated_node
         if not self._in_training_loop(original_node) or not self._decides(counter):
             return updated_node
+        if same_path_on_every_rank(original_node, self.context.parent):
+            # (the sum across ranks, not this rank's count times the world size: the shares of a
+            # batch split at run time differ in a short last batch, and every rank must agree on
+            # what the count decides: decision-transformer's learning rate)
+            self.context.use_helper("ddp_sum")
+            self.context.report(
+                original_node,
+                "DDP804",
+                f"`{counter}` counts samples and decides something: it now counts every rank's (the sum across ranks)",
+            )
+            return updated_node.with_changes(value=cst.Call(func=cst.Name("ddp_sum"), args=[cst.Arg(updated_node.value)]))
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(
             original_node,
@@ -425,11 +452,17 @@ class DecisionsTransform(Transform):
         return False
 
     def _decides(self, counter: str) -> bool:
-        """Is the counter read by an `if`/`while` test anywhere in the file?"""
-        return any(
-            isinstance(node, (cst.If, cst.While)) and counter in {dotted(n) for n in walk(node.test) if isinstance(n, (cst.Name, cst.Attribute))}
-            for node in self._tests()
-        )
+        """Is the counter read by an `if`/`while` test anywhere in the file, or in a learning
+        rate set from it (``g['lr'] = base * min(1.0, tokens / warmup)``)?"""
+        read = lambda node: counter in {dotted(n) for n in walk(node) if isinstance(n, (cst.Name, cst.Attribute))}  # noqa: E731
+        if any(isinstance(node, (cst.If, cst.While)) and read(node.test) for node in self._tests()):
+            return True
+        return any(read(node.value) and any(LEARNING_RATE.search(self.context.code(t.target)) for t in node.targets) for node in self._assignments())
+
+    def _assignments(self) -> list[cst.Assign]:
+        if not hasattr(self, "_assigns"):
+            self._assigns = [node for node in walk(self.context.module) if isinstance(node, cst.Assign)]
+        return self._assigns
 
     def _tests(self) -> list[cst.CSTNode]:
         if not hasattr(self, "_conditionals"):

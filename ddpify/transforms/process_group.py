@@ -70,6 +70,7 @@ TEMPLATE_NAMES = (
     "ddp_rebuilt",
     "DdpEpochs",
     "DdpSplit",
+    "ddp_alike",
     "ddp_batch_share",
     "ddp_cut",
     "ddp_drawn",

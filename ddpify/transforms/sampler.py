@@ -409,11 +409,14 @@ class SamplerTransform(Transform):
 
     def _fed_to_the_model(self, loop: cst.CSTNode) -> set[str]:
         """Names whose values reach a call of a wrapped model in ``loop`` (through the
-        assignments of the loop that compute from them: ``x = torch.from_numpy(x).to(device)``)."""
+        assignments of the loop that compute from them: ``x = torch.from_numpy(x).to(device)``),
+        or a call of a function the model is handed to with them (a loss helper that runs it:
+        info8010's GPT ``loss = lm_loss(lm, x, y)``)."""
         models = self.facts.model_names
         fed = {
             n.value for call in calls_in(loop.body)
             if (dotted(call.func) or "").removesuffix(".forward") in models
+            or not self._library_call(call) and any(dotted(arg.value) in models for arg in call.args)
             for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)
         }
         assigns = [node for node in walk(loop.body) if isinstance(node, cst.Assign)]
@@ -886,8 +889,8 @@ class SamplerTransform(Transform):
                 original_node,
                 "DDP313",
                 f"`{self.context.code(original_node.func)}(...)` draws training samples each step: every rank makes "
-                "the same draw (Python's and numpy's generators are alike on every rank) and takes its share of "
-                "them, as DataParallel split the batch (ddp_drawn)",
+                "the same draw (Python's and numpy's generators are alike on every rank; where torch's draws differ, "
+                "rank 0's batch is taken) and takes its share of it, as DataParallel split the batch (ddp_drawn)",
             )
             return updated_node.with_changes(func=cst.Name("ddp_drawn"), args=[cst.Arg(updated_node.func), *updated_node.args])
         site: LoaderSite | None = self.facts.loaders.get(original_node)

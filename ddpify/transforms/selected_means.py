@@ -107,6 +107,43 @@ class SelectedMeansTransform(Transform):
             mask = _mask_of(node)
             if mask is not None and self._a_mask(mask, origins):
                 return self.context.code(mask)
+        mask = self._rebound_selection(positional[0], call) if isinstance(positional[0], cst.Name) else None
+        return self.context.code(mask) if mask is not None and self._a_mask(mask, origins) else None
+
+    def _rebound_selection(self, name: cst.Name, call: cst.Call) -> cst.BaseExpression | None:
+        """The mask of a selection the loss's input was rebound to in the statements before it
+        (reformer's MLM: ``output = output[loss_mx].view(-1, V)``, ``labels = labels[loss_mx]``,
+        then ``loss_fn(output, labels)``), through rebindings of the name to itself (``.view``),
+        in the same block; None where a compound statement between may rebind it, or where what
+        the mask reads is rebound after the selection (the count would not be the selection's)."""
+        statement = self.context.parent(call)
+        while statement is not None and not isinstance(statement, cst.SimpleStatementLine):
+            statement = self.context.parent(statement)
+        block = self.context.parent(statement) if statement is not None else None
+        body = list(getattr(block, "body", ()))
+        if statement not in body:
+            return None
+        rebound: set[str] = set()  # names bound between the selection and the loss
+        for before in reversed(body[: body.index(statement)]):
+            if not isinstance(before, cst.SimpleStatementLine):
+                if name.value in _bound_names(before):
+                    return None
+                rebound |= _bound_names(before)
+                continue
+            bound = _bound_names(before)
+            if name.value not in bound:
+                rebound |= bound
+                continue
+            value = _the_value_bound(before, name.value)
+            if value is None:
+                return None
+            masks = [mask for mask in map(_mask_of, walk(value)) if mask is not None]
+            if masks:  # (`out = out[out > 0]` reads what it rebinds: the mask is not there later)
+                reads = {n.value for n in walk(masks[0]) if isinstance(n, cst.Name)}
+                return masks[0] if not reads & (rebound | {name.value}) else None
+            rebound |= bound
+            if not any(isinstance(n, cst.Name) and n.value == name.value for n in walk(value)):
+                return None  # (bound to something else: no selection)
         return None
 
     def _mean_loss(self, call: cst.Call) -> str | None:
@@ -160,6 +197,30 @@ class SelectedMeansTransform(Transform):
             "mean over every selected element of the global batch, as DataParallel's was",
         )
         return cst.Call(func=cst.Name("ddp_selected_mean"), args=[cst.Arg(updated_node), cst.Arg(cst.parse_expression(selection))])
+
+
+def _bound_names(statement: cst.CSTNode) -> set[str]:
+    """The names a statement binds (``=``, ``+=``, ``for`` targets, ``with ... as``)."""
+    bound = set()
+    for node in walk(statement):
+        targets = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+            targets = [node.target]
+        elif isinstance(node, cst.AsName):
+            targets = [node.name]
+        bound |= {n.value for target in targets for n in walk(target) if isinstance(n, cst.Name)}
+    return bound
+
+
+def _the_value_bound(line: cst.SimpleStatementLine, name: str) -> cst.BaseExpression | None:
+    """The value a line binds to ``name`` alone (``name = value``), else None."""
+    values = [
+        small.value for small in line.body
+        if isinstance(small, cst.Assign) and any(isinstance(t.target, cst.Name) and t.target.value == name for t in small.targets)
+    ]
+    return values[-1] if values else None
 
 
 def _says_mean(value: cst.BaseExpression) -> bool:

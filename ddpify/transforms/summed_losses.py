@@ -52,7 +52,7 @@ from ddpify.transforms.base import Transform, batch_size_arg, keyword_arg, posit
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
 # Where `x * world size` needs no parentheses around it.
-LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement)
+LOOSE_PARENTS = (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Arg, cst.Return, cst.Expr, cst.Element, cst.DictElement, cst.ListComp, cst.SetComp, cst.GeneratorExp)
 
 
 class SummedLossesTransform(Transform):
@@ -292,7 +292,8 @@ class SummedLossesTransform(Transform):
         found: list[cst.BaseExpression] = []
         for step in self.facts.training_steps:
             # every name a statement binds -> its value (`out, loss_c, loss_s = network(x)`)
-            self._origins = {name: values[-1] for name, values in loop_origins(step).items()}
+            self._bindings_in_step = loop_origins(step)
+            self._origins = {name: values[-1] for name, values in self._bindings_in_step.items()}
             # (a loss function's parameters are what the step hands it: the model's outputs)
             self._given = {p.name.value for p in step.params.params} if step in self.facts.loss_functions else set()
             for start in backward_takes(step):
@@ -314,8 +315,8 @@ class SummedLossesTransform(Transform):
             if isinstance(value.operator, cst.Divide) and not _this_batch(value.right, self._batch_names):
                 return self._summed_terms(value.left, seen)
             return []
-        if isinstance(value, cst.Name) and value.value in self._origins and value.value not in seen:
-            return self._summed_terms(self._origins[value.value], seen | {value.value})
+        if isinstance(value, cst.Name) and self._bound_value(value) is not None and value.value not in seen:
+            return self._summed_terms(self._bound_value(value), seen | {value.value})
         if isinstance(value, cst.Call) and self._a_total_sum(value) and not self._a_metric(value):
             return [value]
         return []
@@ -335,8 +336,8 @@ class SummedLossesTransform(Transform):
         """Is ``value`` (through the names the step binds) a mean already: ``.mean()``, a loss
         averaged by default (PC-DARTS' ``loss_a = criterion(logits, target)``, then
         ``loss_a.sum().backward()``: the sum of one number is that number)?"""
-        if isinstance(value, cst.Name) and value.value in self._origins and value.value not in seen:
-            return self._a_mean(self._origins[value.value], seen | {value.value})
+        if isinstance(value, cst.Name) and self._bound_value(value) is not None and value.value not in seen:
+            return self._a_mean(self._bound_value(value), seen | {value.value})
         if not isinstance(value, cst.Call):
             return False
         if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
@@ -382,11 +383,26 @@ class SummedLossesTransform(Transform):
         the losses each replica returned, which DataParallel gathered)?"""
         if any(dotted(inner.func) in self.facts.model_names for inner in calls_in(expr)):
             return True
-        origins = getattr(self, "_origins", {})
-        names = {n.value for n in walk(expr) if isinstance(n, cst.Name)}
-        if names & getattr(self, "_given", set()):
+        names = [n for n in walk(expr) if isinstance(n, cst.Name)]
+        if {n.value for n in names} & getattr(self, "_given", set()):
             return True
-        return depth < 4 and any(name in origins and self._from_the_model(origins[name], depth + 1) for name in names)
+        return depth < 4 and any(
+            (bound := self._bound_value(name)) is not None and self._from_the_model(bound, depth + 1) for name in names
+        )
+
+    def _bound_value(self, name: cst.Name) -> cst.BaseExpression | None:
+        """The value the step bound to the name read here: the step's last binding, or, read in
+        a value the name is bound to again (torchxrayvision's ``loss = (out - x) ** 2``, then
+        ``loss = loss.sum()``), the binding before that one (None: bound before the step)."""
+        values = getattr(self, "_bindings_in_step", {}).get(name.value, [])
+        node = self.context.parent(name)
+        while node is not None and not isinstance(node, (cst.Assign, cst.AugAssign, cst.BaseStatement)):
+            node = self.context.parent(node)
+        around = node.value if isinstance(node, (cst.Assign, cst.AugAssign)) else None
+        for index, value in enumerate(values):
+            if value is around:
+                return values[index - 1] if index else None
+        return values[-1] if values else None
 
     @property
     def _batch_names(self) -> frozenset[str]:
@@ -418,7 +434,7 @@ class SummedLossesTransform(Transform):
         if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and _this_batch(parent.right, self._batch_names):
             return True  # `F.mse_loss(..., reduction="sum") / len(data)`: the batch's mean
         while parent is not None and not isinstance(parent, cst.BaseStatement):
-            if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)):
+            if isinstance(parent, (cst.GeneratorExp, cst.ListComp, cst.SetComp, cst.DictComp)) and not _over_parts(parent):
                 return True
             parent = self.context.parent(parent)
         return False
@@ -501,6 +517,21 @@ class SummedLossesTransform(Transform):
             "the global count, as DataParallel computed it",
         )
         return updated_node.with_changes(value=cst.Call(func=cst.Name("ddp_mean"), args=[cst.Arg(updated_node.value)]))
+
+
+def _over_parts(comprehension: cst.BaseComp | cst.DictComp) -> bool:
+    """A comprehension over the parts of one batch's loss (DeepCTR's tasks: ``sum([loss_func[i](
+    y_pred[:, i], y[:, i], reduction='sum') for i in range(self.num_tasks)])``), not over the
+    batches of a loader (``sum(F.mse_loss(model(x), y, reduction="sum") for x, y in val_loader)``,
+    a metric): every ``for`` counts with ``range()`` or walks a literal list or tuple."""
+    clause = comprehension.for_in
+    while clause is not None:
+        values = clause.iter
+        counted = isinstance(values, cst.Call) and dotted(values.func) == "range"
+        if not counted and not isinstance(values, (cst.List, cst.Tuple)):
+            return False
+        clause = clause.inner_for_in
+    return True
 
 
 def _unconverted(value: cst.BaseExpression) -> cst.BaseExpression:

@@ -97,8 +97,10 @@ statement is removed (it asserts a DataParallel)::
     model = nn.DataParallel(model)       ->   model = ddp_wrap(torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     patch_replication_callback(model)                          if torch.cuda.is_available() else model)
 
-Under its own ``if args.sync_bn:`` right after the wrap, the conversion happens under that
-condition: ``convert_sync_batchnorm(model) if args.sync_bn else model``.
+Under its own ``if args.sync_bn:`` after the wrap (beside other statements, in an ``elif``
+branch, in nested ``if``s: RMI's ``if self.norm_layer is SynchronizedBatchNorm2d:``), the
+conversion happens under that condition, on GPUs:
+``convert_sync_batchnorm(model) if torch.cuda.is_available() and args.sync_bn else model``.
 
 DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
@@ -208,6 +210,9 @@ from ddpify.transforms.base import Transform, keyword, keyword_arg
 
 DDP_IMPORT = ("torch.nn.parallel", "DistributedDataParallel", None)
 SYNC_BN_CALLBACK = "patch_replication_callback"
+# What a test may call and still read the same on a second reading: the machine's GPUs.
+GPU_QUERIES = {"torch.cuda.device_count", "torch.cuda.is_available"}
+DTYPES = {"float", "float16", "float32", "float64", "half", "double", "bfloat16", "int", "long", "bool", "uint8", "int8", "int16", "int32", "int64"}
 # `opt.fp16`, `args.amp`, `use_apex`: a guard that reads one picks between wrap sites
 MIXED_PRECISION = re.compile(r"(?<![A-Za-z0-9])(?:fp16|amp|apex|half|mixed_precision)(?![A-Za-z0-9])", re.IGNORECASE)
 
@@ -250,6 +255,13 @@ class WrapModelTransform(Transform):
             and self._beside_its_wrap(guard, target) and self._repeatable(target)
         }
         self.conditional_sync_bn = dict(self.sync_bn_guards.values())
+        # the callback deeper in the `if`s beside the wrap (RMI's `if self.norm_layer is
+        # SynchronizedBatchNorm2d: patch_replication_callback(m); print(...)`, `elif ... is
+        # syncbn.BatchNorm2d: parallel.patch_replication_callback(m)`): the same, under the
+        # condition those `if`s give it. line -> condition code
+        self.sync_bn_branches = self._callbacks_in_branches()
+        for target, conditions in self._conditions_by_target().items():
+            self.conditional_sync_bn[target] = _any_of(conditions)
         # `discriminator(x, step=step, alpha=alpha)`: forward may leave parameters unused
         self.switched_models = {
             dotted(node.func): self.context.code(node)
@@ -550,6 +562,51 @@ class WrapModelTransform(Transform):
                     found.append((line, node))
         return found
 
+    def _callbacks_in_branches(self) -> dict[cst.SimpleStatementLine, tuple[tuple[bool, str], ...]]:
+        """The callbacks under ``if``s (any shape: several statements, ``elif``, nested) whose
+        outermost ``if`` sits beside the wrap -> the condition under which each runs."""
+        found = {}
+        for line, target in self.sync_bn_calls.items():
+            if target in self.sync_bn_targets or self._sole_body_of_if(line) in self.sync_bn_guards or not self._repeatable(target):
+                continue
+            condition = self._branch_condition(line, target)
+            if condition is not None:
+                found[line] = condition
+        return found
+
+    def _conditions_by_target(self) -> dict[str, list[tuple[tuple[bool, str], ...]]]:
+        by_target: dict[str, list[tuple[tuple[bool, str], ...]]] = {}
+        for line, condition in self.sync_bn_branches.items():
+            by_target.setdefault(self.sync_bn_calls[line], []).append(condition)
+        return by_target
+
+    def _branch_condition(self, line: cst.CSTNode, target: str | None) -> tuple[tuple[bool, str], ...] | None:
+        """The tests of the ``if``s between ``line`` and the wrap's block, each (whether it is
+        negated, its code): an ``elif`` or ``else`` branch holds where the earlier tests were
+        false. None where the line is not under such ``if``s, or a test reads the wrapped model
+        (not there before the wrap)."""
+        tests: list[tuple[bool, str]] = []
+        node = line
+        for _ in range(4):
+            block = self.context.parent(node)
+            owner = self.context.parent(block) if isinstance(block, cst.IndentedBlock) else None
+            if isinstance(owner, cst.Else):
+                owner = self.context.parent(owner)
+                tests.append((True, _operand(owner.test, self.context.code)))
+            elif isinstance(owner, cst.If):
+                tests.append((False, _operand(owner.test, self.context.code)))
+            else:
+                return None
+            while isinstance(self.context.parent(owner), cst.If) and self.context.parent(owner).orelse is owner:
+                owner = self.context.parent(owner)  # (an `elif`: the tests before it were false)
+                tests.append((True, _operand(owner.test, self.context.code)))
+            if target in {dotted(n) for n in walk(owner.test) if isinstance(n, (cst.Name, cst.Attribute))}:
+                return None
+            if self._beside_its_wrap(owner, target):
+                return tuple(reversed(tests))
+            node = owner
+        return None
+
     def _repeatable(self, target: str | None) -> bool:
         """The wrapped module is a plain name or attribute (it appears twice in the result)."""
         site = next((site for site in self.facts.wraps if site.target == target), None)
@@ -601,7 +658,7 @@ class WrapModelTransform(Transform):
     def _removed_sync_bn(self, statement: cst.CSTNode) -> bool:
         return (
             statement in self.sync_bn_calls and self.sync_bn_calls[statement] in self.sync_bn_targets
-        ) or statement in self.sync_bn_guards
+        ) or statement in self.sync_bn_guards or statement in self.sync_bn_branches
 
     def _sole_body_of_if(self, line: cst.CSTNode) -> cst.If | None:
         """The ``if`` (no ``else``) whose whole body is this statement."""
@@ -642,6 +699,14 @@ class WrapModelTransform(Transform):
                     original,
                     "DDP107",
                     f"DataParallel's synchronised BatchNorm under `{condition}` -> "
+                    "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap, under the same condition",
+                )
+                continue
+            if original in self.sync_bn_branches:
+                self.context.report(
+                    original,
+                    "DDP107",
+                    f"DataParallel's synchronised BatchNorm under `{_any_of([self.sync_bn_branches[original]])}` -> "
                     "torch.nn.SyncBatchNorm.convert_sync_batchnorm before the wrap, under the same condition",
                 )
                 continue
@@ -756,15 +821,26 @@ class WrapModelTransform(Transform):
             )
 
     def _cuda_move_ungated(self, site: WrapSite, updated: cst.Call) -> bool:
-        """The wrap's `.cuda()` ran under a guard that tested for CUDA (a GPU count above one
-        among them), and that guard now lets every rank through."""
-        if not (isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "cuda" and not updated.args):
+        """The wrap's `.cuda()` (or `.to(device)`, `.cuda(device)`: decision-transformer's
+        ``.to(self.device)`` of ``self.device = torch.cuda.current_device()`` beside it) ran under
+        a guard that tested for CUDA (a GPU count above one among them), and that guard now lets
+        every rank through: the device it names may exist only where CUDA does."""
+        if not isinstance(updated.func, cst.Attribute) or updated.func.attr.value not in ("cuda", "to"):
+            return False
+        named = [arg for arg in updated.args if arg.keyword is None or arg.keyword.value == "device"]
+        if updated.func.attr.value == "to" and (len(updated.args) != 1 or len(named) != 1 or self._a_dtype(named[0].value)):
+            return False
+        if updated.func.attr.value == "cuda" and len(updated.args) > 1:
             return False
         return any(
             guard.node in self.guard_rewrites and re.search(r"cuda|gpu|device", self.context.code(guard.node.test), re.IGNORECASE)
             or any(node in self.device_count_calls for node in walk(guard.node.test))
             for guard in site.guards
         )
+
+    def _a_dtype(self, value: cst.BaseExpression) -> bool:
+        """``torch.float16``, ``torch.half``: a cast, not a move."""
+        return any(name.startswith("torch.") and name[6:] in DTYPES for name in self.context.qualified(value))
 
     def _reads_only(self, test: cst.BaseExpression, counts: list[cst.CSTNode]) -> bool:
         """Is `test` about the GPU count alone (``n_gpu > 1``, ``device_count() > 1 and True``)?"""
@@ -863,8 +939,10 @@ class WrapModelTransform(Transform):
         elif site.target in self.conditional_sync_bn:
             shown = self.context.code(module)
             condition = self.conditional_sync_bn[site.target]
+            condition = condition if isinstance(cst.parse_expression(condition), (cst.Name, cst.Attribute, cst.Comparison, cst.Call, cst.Subscript)) else f"({condition})"
+            # (on GPUs only, as DataParallel's sync-BN ran: SyncBatchNorm fails on CPU modules)
             module = cst.parse_expression(
-                f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({shown}) if {condition} else {shown}"
+                f"torch.nn.SyncBatchNorm.convert_sync_batchnorm({shown}) if torch.cuda.is_available() and {condition} else {shown}"
             )
         # `DP(m).cuda()` keeps its move on the module; ddp_wrap puts it on this process's device.
         placed = updated.with_changes(func=updated.func.with_changes(value=_atom(module))) if site.move is not None else module
@@ -923,7 +1001,7 @@ class WrapModelTransform(Transform):
                 f"parameters are frozen or unfrozen after the wrap (line {line}: `{shown}`): DDP registers every "
                 "parameter and skips those without a gradient (find_unused_parameters)",
             )
-            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=args)
+            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=self._with_keys(site, args))
         if self.freezing_models:
             self.context.report(
                 site.call,
@@ -932,7 +1010,7 @@ class WrapModelTransform(Transform):
                 "constructor (its own train() or a method): DDP registers every parameter and skips those without a "
                 "gradient (find_unused_parameters)",
             )
-            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=args)
+            return cst.Call(func=cst.Name("ddp_wrap_every_parameter"), args=self._with_keys(site, args))
         if site.target in self.switched_models:
             self.context.report(
                 site.call,
@@ -993,10 +1071,12 @@ class WrapModelTransform(Transform):
                 "(find_unused_parameters=True; a part the forward leaves out would stop the run at the next step)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
+        return cst.Call(func=cst.Name("ddp_wrap"), args=self._with_keys(site, args))
+
+    def _with_keys(self, site: WrapSite, args: list[cst.Arg]) -> list[cst.Arg]:
+        """The wrap's arguments, with ``keys_unwrapped`` where checkpoints keep the bare model's keys."""
         unwrapped_keys = cst.Name("True") if site.constructed else self._keys_as_the_flag_had_them(site)
-        if unwrapped_keys is not None:
-            args.append(keyword("keys_unwrapped", unwrapped_keys))
-        return cst.Call(func=cst.Name("ddp_wrap"), args=args)
+        return [*args, keyword("keys_unwrapped", unwrapped_keys)] if unwrapped_keys is not None else args
 
     def _keys_as_the_flag_had_them(self, site: WrapSite) -> cst.BaseExpression | None:
         """A wrap that a flag gated (DDP103) now also runs where the flag said not to wrap: the
@@ -1007,10 +1087,11 @@ class WrapModelTransform(Transform):
             if args.data_parallel:           if dist.get_world_size() > 1 or args.data_parallel:
                 model = DP(model)     ->          model = ddp_wrap(model, keys_unwrapped=not args.data_parallel)
 
-        Only for a flag (names and attributes compared, no calls: what the test reads again
-        here is what it read there)."""
+        Only for a flag (names and attributes compared, and the machine's own GPU queries,
+        WGAN-VGG's ``if self.multi_gpu and torch.cuda.device_count() > 1:``; no other calls:
+        what the test reads again here is what it read there)."""
         widened = [guard for guard in site.guards if guard.node in self.guard_rewrites]
-        if len(widened) != 1 or calls_in(widened[0].node.test):
+        if len(widened) != 1 or any(not self.context.qualified(call.func) & GPU_QUERIES for call in calls_in(widened[0].node.test)):
             return None
         guard = widened[0]
         test = guard.node.test.with_changes(lpar=[], rpar=[])
@@ -1181,6 +1262,23 @@ def _grad_outputs(grad_call: cst.Call) -> cst.BaseExpression | None:
     if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) == 1:
         value = value.elements[0].value
     return value
+
+
+def _any_of(conditions: list[tuple[tuple[bool, str], ...]]) -> str:
+    """``a or b`` of the conditions (each a conjunction of tests, some negated). ``a or (not a
+    and b)`` is ``a or b``: an ``elif``'s negated tests go where the earlier branch is there too."""
+    whole = {condition[0][1] for condition in conditions if len(condition) == 1 and not condition[0][0]}
+    kept = [[test for test in condition if not (test[0] and test[1] in whole)] or list(condition) for condition in conditions]
+    shown = [" and ".join(f"not {code}" if negated else code for negated, code in condition) for condition in kept]
+    if len(shown) == 1:
+        return shown[0]
+    return " or ".join(f"({text})" if len(condition) > 1 else text for text, condition in zip(shown, kept))
+
+
+def _operand(test: cst.BaseExpression, code) -> str:
+    """A test's code, in parentheses where ``not`` or ``and`` would bind into it."""
+    text = code(test)
+    return f"({text})" if isinstance(test, (cst.BooleanOperation, cst.IfExp, cst.Lambda, cst.NamedExpr)) and not test.lpar else text
 
 
 def _atom(expression: cst.BaseExpression) -> cst.BaseExpression:
