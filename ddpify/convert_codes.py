@@ -41,6 +41,11 @@ OTHER_CODES = {
     "DDP212": "DDP212  (warning) project mode: a script uses the project's DataParallel models but trains nothing "
     "(no backward() in it or the project functions it calls: evaluation, export): it is left as it is. Modules converted "
     "for the project's training scripts allow a process with no process group, so it runs as one process.",
+    "DDP215": "DDP215  (warning) project mode: a module trains a model that no DataParallel wrap of the project "
+    "reaches (every wrap stays inside the function that makes it, and this module wraps none: Thin-Plate-Spline-Motion-"
+    "Model's second stage, which its README runs on one GPU): its loops are left as they are, neither sharded nor "
+    "gathered; under the launch line each process trains its own copy, and its writes go as the module's other "
+    "conversions say.",
     "DDP213": "DDP213  (warning) project mode: an imported module defines a DataParallel subclass that ddpify "
     "cannot convert (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback), but nothing else in the "
     "group uses it: the module is left as it is instead of refusing the project.",

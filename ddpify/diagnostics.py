@@ -119,6 +119,10 @@ class ProjectLinks:
     # project functions called here that the project calls in other places too (a loader
     # builder for training and validation): what they return is sharded where training draws it
     shared_builders: frozenset[str] = frozenset()
+    # every DataParallel wrap of the group stays inside the function that makes it, and this
+    # module wraps none: what it trains is a model of its own, not the wrapped one (the second
+    # stage of Thin-Plate-Spline-Motion-Model, which never used DataParallel)
+    models_unwrapped: bool = False
 
     def rewrite_key(self) -> tuple:
         """Everything here that a file's rewrite depends on (not what it learns)."""
@@ -134,6 +138,7 @@ class ProjectLinks:
             _frozen(self.parameter_loaders),
             self.unfed,
             self.shared_builders,
+            self.models_unwrapped,
         )
 
 

@@ -217,12 +217,19 @@ class FileConversion:
             self.metadata,
             path=path,
             role=role,
-            model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step,
+            model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step and not project.models_unwrapped,
             trains_elsewhere=project.trains_elsewhere,
             neighbours=self.neighbours if links is None else self.neighbours.about_models() if facts.wraps or role == ENTRY else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)
+        if project.models_unwrapped and facts.has_training_step and facts.training_loops:
+            context.report(
+                facts.training_loops[0], "DDP215",
+                "trains a model no DataParallel wrap of the project reaches (every wrap stays in the function that makes "
+                "it): left as it is, as its original ran; under the launch line each process trains its own copy",
+                Severity.WARNING,
+            )
         transforms = [transform(context) for transform in _transforms_for(context)]
         for transform in transforms:
             transform.check()

@@ -132,6 +132,7 @@ class ProjectConversion:
             training_calls=self.project.training_calls(member),
             trains_elsewhere=any(other.trains for other in members if other is not member),
             shared_builders=self.project.shared_builders(member),
+            models_unwrapped=member.trains and not WRAP_CALL.search(member.source) and all(map(_wraps_stay_inside, members)),
         )
 
     def _members(self, entry: ModuleInfo) -> list[ModuleInfo] | None:
@@ -499,3 +500,43 @@ def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> Fi
 
 def _has_side_effects(source: str) -> bool:
     return any(word in source for word in SIDE_EFFECT_WORDS)
+
+
+def _wraps_stay_inside(member: ModuleInfo) -> bool:
+    """Does every DataParallel wrap of this module stay in the function that makes it: bound to
+    a local name that is never returned, stored, or handed to a call (Thin-Plate-Spline's
+    ``train()``: ``generator_full = DataParallel(...)``, trained there)? Then no other module
+    trains the wrapped model."""
+    if not member.wraps:
+        return True
+    try:
+        tree = ast.parse(member.source)
+    except SyntaxError:
+        return False
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    wraps = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and WRAP_CALL.match(ast.unparse(node.func).rpartition(".")[2] + "(")]
+    for wrap in wraps:
+        statement = parents.get(wrap)
+        while isinstance(statement, ast.Call) and isinstance(parents.get(statement), ast.Attribute):
+            statement = parents.get(parents.get(statement))  # (`DataParallel(m).cuda()`)
+        function = statement
+        while function is not None and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = parents.get(function)
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)) or function is None:
+            return False
+        name = statement.targets[0].id
+        for node in ast.walk(function):
+            if isinstance(node, (ast.Return, ast.Yield)) and node.value is not None and _names(node.value) & {name}:
+                return False
+            if isinstance(node, ast.Assign) and not all(isinstance(t, ast.Name) for t in node.targets) and name in _names(node.value):
+                return False
+            if isinstance(node, ast.Call) and any(name in _names(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
+                if not (isinstance(node.func, ast.Name) and node.func.id in ("print", "len", "isinstance", "hasattr", "getattr", "type")):
+                    return False
+        if any(isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names for node in ast.walk(function)):
+            return False
+    return True
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
