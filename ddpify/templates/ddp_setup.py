@@ -447,13 +447,30 @@ def ddp_alike(batch):
     """A batch every rank must hold whole and alike (the model's calls split it), checked: a
     dataset that draws from the OS (NTIRE2022_Inpainting's ``np.random.seed()`` in
     ``__getitem__``) gives each rank another batch, and the outputs gathered from the ranks
-    would meet another rank's targets. Where the ranks' tensors differ, rank 0's batch is sent
-    to every rank."""
-    tensors = [leaf for leaf in ddp_leaves(batch) if torch.is_tensor(leaf)]
-    if dist.get_world_size() == 1 or not tensors:
+    would meet another rank's targets. Every rank sums up its batch the same way (kinds,
+    shapes, an order-sensitive checksum of each tensor or array, a digest of anything else);
+    where the sums differ, rank 0's whole batch is sent to every rank."""
+    import pickle
+    import zlib
+
+    if dist.get_world_size() == 1:
         return batch
-    shapes = torch.tensor([size for t in tensors for size in (t.dim(), *t.shape)], dtype=torch.float64)
-    summary = torch.cat([shapes, torch.stack([t.detach().double().sum().cpu() for t in tensors])]).to(ddp_device())
+    parts = []
+    for leaf in ddp_leaves(batch):
+        values = leaf if torch.is_tensor(leaf) else None
+        if values is None and type(leaf).__module__ == "numpy" and hasattr(leaf, "shape"):
+            try:
+                values = torch.as_tensor(leaf)
+            except (TypeError, RuntimeError):  # (an array of objects)
+                values = None
+        if values is not None and values.dtype != torch.bool and not values.is_complex():
+            flat = values.detach().reshape(-1).double()
+            parts += [1.0, float(values.dim()), *map(float, values.shape), float(flat.sum()), float(flat.cumsum(0).sum()) if flat.numel() else 0.0]
+        elif values is not None:
+            parts += [2.0, float(zlib.crc32(values.detach().cpu().numpy().tobytes()))]
+        else:
+            parts += [3.0, float(zlib.crc32(pickle.dumps(leaf)))]
+    summary = torch.tensor(parts, dtype=torch.float64, device=ddp_device())
 
     def alike(values):  # (the same on every rank: its highest and lowest across ranks agree)
         highest, lowest = values.clone(), values.clone()
@@ -461,22 +478,12 @@ def ddp_alike(batch):
         dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
         return torch.equal(highest, lowest)
 
-    if not alike(torch.tensor([float(summary.numel())], dtype=torch.float64, device=ddp_device())) or not alike(summary[: shapes.numel()]):
-        # (other shapes: rank 0's batch whole, pickled, onto this rank's device)
-        device = tensors[0].device
-        sent = ddp_from_rank_zero(ddp_leaves(batch, lambda leaf: leaf.cpu() if torch.is_tensor(leaf) else leaf))
-        return ddp_leaves(sent, lambda leaf: leaf.to(device) if torch.is_tensor(leaf) else leaf)
-    if alike(summary):
+    # (every rank makes the same collectives, whatever its batch holds)
+    if alike(torch.tensor([float(summary.numel())], dtype=torch.float64, device=ddp_device())) and alike(summary):
         return batch
-
-    def from_rank_zero(leaf):
-        if not torch.is_tensor(leaf):
-            return leaf
-        sent = leaf.detach().to(ddp_device(), torch.uint8 if leaf.dtype == torch.bool else leaf.dtype, copy=True).contiguous()
-        dist.broadcast(sent, 0)  # (gloo sends no booleans)
-        return sent.to(leaf.device, leaf.dtype)
-
-    return ddp_leaves(batch, from_rank_zero)
+    devices = [leaf.device for leaf in ddp_leaves(batch) if torch.is_tensor(leaf)]
+    sent = ddp_from_rank_zero(ddp_leaves(batch, lambda leaf: leaf.cpu() if torch.is_tensor(leaf) else leaf))
+    return ddp_leaves(sent, lambda leaf: leaf.to(devices[0]) if torch.is_tensor(leaf) and devices else leaf)
 
 
 def ddp_batch_share(batch):

@@ -77,7 +77,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
-from ddpify.analysis.tree import calls_bound, without_moves
+from ddpify.analysis.tree import without_moves
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args
 
@@ -210,25 +210,41 @@ class BatchSizeTransform(Transform):
             original,
             "DDP412",
             f"`{self.context.code(original.func)}(...)` builds the wrapped model for DataParallel's global batch: each "
-            "process runs its share of the batch through its own model, so it is built for the share (ddp_local_batch_size)",
+            "process runs its share of the batch through its own model, so it is built for the share (ddp_local_batch_size); "
+            "the same model run on whole batches (an evaluation of its module) sees the share's size",
         )
         return updated.with_changes(args=args)
 
     @property
     def _wrapped_constructors(self) -> set[cst.Call]:
-        """The calls that build a model the file wraps: the wrap's argument, or the calls bound to
-        the name it wraps (``model = VNet(...)``, then ``nn.DataParallel(model)``)."""
+        """The calls that build a model the file wraps: the wrap's argument, or the last call bound
+        to the name it wraps before the wrap, in the same function (``model = VNet(...)``, then
+        ``nn.DataParallel(model)``; not another function's ``model = Net(...)`` for evaluation)."""
         if not hasattr(self, "_constructors"):
-            bound = calls_bound(self.context.module)
             found = set()
             for site in self.facts.wraps:
                 made = without_moves(site.module_arg) if site.module_arg is not None else None
                 if isinstance(made, cst.Call):
                     found.add(made)
                 elif made is not None and dotted(made) is not None:
-                    found |= set(bound.get(dotted(made), []))
+                    found |= self._bound_before(dotted(made), site.call)
             self._constructors = found
         return self._constructors
+
+    def _bound_before(self, name: str, wrap: cst.Call) -> set[cst.Call]:
+        """The last call bound to ``name`` before ``wrap``, in the function (or module) around it."""
+        scope = wrap
+        while scope is not None and not isinstance(scope, (cst.FunctionDef, cst.Module)):
+            scope = self.context.parent(scope)
+        at = self.context.position(wrap)
+        before = [
+            node for node in walk(scope)
+            if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets)
+            and isinstance(without_moves(node.value), cst.Call) and self.context.position(node) < at
+            and not any(inner is wrap for inner in walk(node.value))  # (not the wrap's own statement)
+            and self._function_of(node) is (scope if isinstance(scope, cst.FunctionDef) else None)
+        ]
+        return {without_moves(before[-1].value)} if before else set()
 
     def _batch_size_handed_on(self, original: cst.Call, updated: cst.Call) -> cst.Call | None:
         """A function of the script called in the training loop with the loader's batch size

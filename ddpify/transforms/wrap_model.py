@@ -253,6 +253,7 @@ class WrapModelTransform(Transform):
             for line, target in self.sync_bn_calls.items()
             if target not in self.sync_bn_targets and (guard := self._sole_body_of_if(line)) is not None
             and self._beside_its_wrap(guard, target) and self._repeatable(target)
+            and not self._reads_what_follows_the_wrap(guard.test, guard, target)
         }
         self.conditional_sync_bn = dict(self.sync_bn_guards.values())
         # the callback deeper in the `if`s beside the wrap (RMI's `if self.norm_layer is
@@ -586,6 +587,7 @@ class WrapModelTransform(Transform):
         false. None where the line is not under such ``if``s, or a test reads the wrapped model
         (not there before the wrap)."""
         tests: list[tuple[bool, str]] = []
+        tested: list[cst.BaseExpression] = []
         node = line
         for _ in range(4):
             block = self.context.parent(node)
@@ -602,10 +604,30 @@ class WrapModelTransform(Transform):
                 tests.append((True, _operand(owner.test, self.context.code)))
             if target in {dotted(n) for n in walk(owner.test) if isinstance(n, (cst.Name, cst.Attribute))}:
                 return None
+            tested.append(owner.test)
             if self._beside_its_wrap(owner, target):
+                if any(self._reads_what_follows_the_wrap(test, owner, target) for test in tested):
+                    return None
                 return tuple(reversed(tests))
             node = owner
         return None
+
+    def _reads_what_follows_the_wrap(self, test: cst.BaseExpression, statement: cst.CSTNode, target: str | None) -> bool:
+        """Does ``test`` read a name that a statement between the wrap and ``statement`` (in their
+        block) binds (``use_sync = norm_layer is SynchronizedBatchNorm2d`` after the wrap)? Moved
+        to the wrap, the test would read it before it is bound."""
+        block = self.context.parent(statement)
+        body = list(getattr(block, "body", ()))
+        if statement not in body:
+            return True
+        wrapping = [i for i, line in enumerate(body) if any(site.target == target and any(n is site.call for n in walk(line)) for site in self.facts.wraps)]
+        if not wrapping:
+            return True
+        between = body[wrapping[-1] + 1 : body.index(statement)]
+        bound = {dotted(t.target) for line in between for node in walk(line) if isinstance(node, cst.Assign) for t in node.targets}
+        bound |= {dotted(node.target) for line in between for node in walk(line) if isinstance(node, (cst.AugAssign, cst.AnnAssign))}
+        read = {dotted(n) for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute))}
+        return bool((bound - {None}) & read)
 
     def _repeatable(self, target: str | None) -> bool:
         """The wrapped module is a plain name or attribute (it appears twice in the result)."""
