@@ -60,6 +60,20 @@ def bound_names(target: cst.BaseExpression) -> list[str]:
     return [name] if name else []
 
 
+def names_bound_in(statement: cst.CSTNode) -> set[str]:
+    """Every name (``a``, ``self.a``) a statement binds, at any depth: ``=``, ``+=``, annotated
+    assignments, ``for`` targets, ``with ... as`` / ``except ... as``."""
+    bound = set()
+    for node in walk(statement):
+        if isinstance(node, cst.Assign):
+            bound.update(name for target in node.targets for name in bound_names(target.target))
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+            bound.update(bound_names(node.target))
+        elif isinstance(node, cst.AsName):
+            bound.update(bound_names(node.name))
+    return bound
+
+
 class Subtrees:
     """Every node of one file's tree in source order, and where each node's subtree starts and
     ends in that list: ``walk`` of an original node is then a slice, not a new traversal

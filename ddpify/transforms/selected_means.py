@@ -28,7 +28,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import calls_bound, loop_origins, reaching_backward
+from ddpify.analysis.tree import calls_bound, loop_origins, names_bound_in, reaching_backward
 from ddpify.transforms.base import Transform
 
 # torch.nn.functional losses that average over their input's elements (reduction="mean")
@@ -126,11 +126,11 @@ class SelectedMeansTransform(Transform):
         rebound: set[str] = set()  # names bound between the selection and the loss
         for before in reversed(body[: body.index(statement)]):
             if not isinstance(before, cst.SimpleStatementLine):
-                if name.value in _bound_names(before):
+                if name.value in names_bound_in(before):
                     return None
-                rebound |= _bound_names(before)
+                rebound |= names_bound_in(before)
                 continue
-            bound = _bound_names(before)
+            bound = names_bound_in(before)
             if name.value not in bound:
                 rebound |= bound
                 continue
@@ -197,21 +197,6 @@ class SelectedMeansTransform(Transform):
             "mean over every selected element of the global batch, as DataParallel's was",
         )
         return cst.Call(func=cst.Name("ddp_selected_mean"), args=[cst.Arg(updated_node), cst.Arg(cst.parse_expression(selection))])
-
-
-def _bound_names(statement: cst.CSTNode) -> set[str]:
-    """The names a statement binds (``=``, ``+=``, ``for`` targets, ``with ... as``)."""
-    bound = set()
-    for node in walk(statement):
-        targets = []
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
-            targets = [node.target]
-        elif isinstance(node, cst.AsName):
-            targets = [node.name]
-        bound |= {n.value for target in targets for n in walk(target) if isinstance(n, cst.Name)}
-    return bound
 
 
 def _the_value_bound(line: cst.SimpleStatementLine, name: str) -> cst.BaseExpression | None:

@@ -203,6 +203,7 @@ import libcst as cst
 from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import DEVICE_COUNT, Guard, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, root_name, walk, without_gradients
+from ddpify.analysis.tree import names_bound_in
 from ddpify.diagnostics import Severity
 from ddpify.analysis.trainable import MODULE_METHODS, hub_models, models_picked_at_run_time, own_method_call, partly_trained, trainable_set_changes, unused_outputs
 from ddpify.project.neighbours import idle_parts
@@ -624,10 +625,9 @@ class WrapModelTransform(Transform):
         if not wrapping:
             return True
         between = body[wrapping[-1] + 1 : body.index(statement)]
-        bound = {dotted(t.target) for line in between for node in walk(line) if isinstance(node, cst.Assign) for t in node.targets}
-        bound |= {dotted(node.target) for line in between for node in walk(line) if isinstance(node, (cst.AugAssign, cst.AnnAssign))}
+        bound = {name for line in between for name in names_bound_in(line)}
         read = {dotted(n) for n in walk(test) if isinstance(n, (cst.Name, cst.Attribute))}
-        return bool((bound - {None}) & read)
+        return bool(bound & read)
 
     def _repeatable(self, target: str | None) -> bool:
         """The wrapped module is a plain name or attribute (it appears twice in the result)."""
