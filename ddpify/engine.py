@@ -219,7 +219,10 @@ class FileConversion:
             role=role,
             model_elsewhere=role != SCRIPT and not facts.wraps and facts.has_training_step and not project.models_unwrapped,
             trains_elsewhere=project.trains_elsewhere,
-            neighbours=self.neighbours if links is None else self.neighbours.about_models() if facts.wraps or role == ENTRY else Neighbours(),
+            # (a module that trains a model wrapped elsewhere reads the losses it calls too: hs-math-nlp's
+            # model_process.py, its compute_performance summing in loss.py)
+            neighbours=self.neighbours if links is None else self.neighbours.about_models()
+            if facts.wraps or role == ENTRY or facts.has_training_step else Neighbours(),
         )
         for problem in facts.problems:
             context.report(problem.node, problem.code, problem.message, Severity.ERROR)

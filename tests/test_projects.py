@@ -388,6 +388,31 @@ def test_a_step_function_of_another_module_makes_the_loop_around_its_call_a_trai
     assert "loader.sampler.set_epoch(epoch)" in results["train.py"].output
 
 
+
+def test_a_count_normalised_loss_inside_the_wrapped_model_is_sharded_plainly(tmp_path: Path) -> None:
+    # rebar_detection's YOLOv3: Darknet's YOLO layers divide by the boxes' count inside forward,
+    # and the targets are one row per box: a scatter by rows paired boxes with another rank's images
+    write_project(tmp_path, {
+        "detmodel.py": (
+            "import torch\nimport torch.nn as nn\n\n\nclass Det(nn.Module):\n    def __init__(self):\n"
+            "        super().__init__()\n        self.conv = nn.Conv2d(1, 1, 1)\n\n"
+            "    def forward(self, x, targets):\n        out = self.conv(x)[:, 0]\n"
+            "        obj = torch.zeros_like(out, dtype=torch.bool)\n"
+            "        obj[targets[:, 0].long(), targets[:, 1].long(), targets[:, 2].long()] = True\n"
+            "        return (out ** 2 * obj).sum() / obj.sum(), out\n"
+        ),
+        "train.py": (
+            "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\nfrom detmodel import Det\n\n"
+            "loader = DataLoader([(torch.randn(1, 4, 4), torch.zeros(2, 3))] * 16, batch_size=8, shuffle=True)\n"
+            "model = Det()\nmodel = nn.DataParallel(model)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for epoch in range(2):\n    for imgs, targets in loader:\n        loss, _ = model(imgs, targets)\n"
+            "        opt.zero_grad()\n        loss.mean().backward()\n        opt.step()\n"
+        ),
+    })
+    train = convert_tree(tmp_path)["train.py"]
+    assert not train.error and "ddp_scattered" not in train.output and "DDP314" not in {d.code for d in train.diagnostics}
+    assert "sampler=DistributedSampler(" in train.output
+
 REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects
     "import functools\nfrom torch.nn.parallel.data_parallel import DataParallel\n\n\n"
     "class DataParallelWithCallback(DataParallel):\n    def replicate(self, module, device_ids):\n"

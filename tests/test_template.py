@@ -1759,3 +1759,11 @@ def test_a_wrapped_copy_let_go_is_freed(tmp_path):
     result = _torchrun(tmp_path, LET_GO)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [(tmp_path / f"alive{rank}").read_text() for rank in (0, 1)] == ["1", "1"]
+
+
+def test_a_scatter_of_tensors_of_different_lengths_stops_instead_of_pairing_rows_wrongly(monkeypatch):
+    # YOLO's targets: one row per box, beside the images; DataParallel cut both by rows
+    _as_rank(monkeypatch, 1, world=2)
+    with pytest.raises(ValueError, match="differ in length"):
+        template.ddp_scatter((torch.zeros(8, 3), torch.zeros(15, 6)))
+    assert [t.shape[0] for t in template.ddp_scatter((torch.zeros(8, 3), torch.zeros(8)))] == [4, 4]

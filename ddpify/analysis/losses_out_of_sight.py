@@ -124,10 +124,15 @@ RESHAPES = {
     "clone", "type", "long", "int", "expand", "repeat", "narrow", "split", "chunk", "to_dense", "requires_grad_",
 }
 
+# Builtins that only hold or regroup the batch's parts.
+CONTAINERS = {"map", "tuple", "list", "zip", "iter", "next", "dict", "enumerate"}
+
 
 def _reshapes(call: cst.Call) -> bool:
     """``x.view(-1, d)``, ``x.to(device)``, ``torch.cat((a, b))``, ``Variable(x)``: the data again."""
     if isinstance(call.func, cst.Attribute) and call.func.attr.value in RESHAPES:
         return True
     name = dotted(call.func) or ""
+    if name in CONTAINERS:
+        return True  # (hs-math-nlp's `map(lambda x: x.to(device), batch)`: what they hold is checked on its own)
     return name.split(".")[0] in ("torch", "np", "numpy") and name.rpartition(".")[2] in {"cat", "stack", "from_numpy", "tensor", "as_tensor", "autograd", "Variable"} or name == "Variable"

@@ -35,7 +35,10 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
 
     The same holds for a loop whose loss comes from ``coupled``, code out of this file's sight
     that couples the samples of the batch (a project loss normalised by a count of the batch's
-    content, DSFD's MultiBoxLoss): computed on the whole batch, it is DataParallel's."""
+    content, DSFD's MultiBoxLoss): computed on the whole batch, it is DataParallel's. Not where
+    that loss is the wrapped model itself (YOLOv3's Darknet, whose YOLO layers count the
+    boxes inside the forward): each rank's forward sees only its share either way, as each
+    replica's did, so a scatter restores nothing and plain sharding is as exact."""
     loop, parent_of = site.loop, facts.analyzer.scopes.parent
     if not isinstance(loop, cst.For) or site.regrouped:
         return ()
@@ -43,8 +46,10 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         call for call in calls_in(loop.body)
         if (dotted(call.func) or "").removesuffix(".forward") in facts.model_names and innermost_loop(call, parent_of) is loop
     ]
+    models = facts.model_names
     if calls and coupled and any(
-        dotted(call.func) in coupled and _in_the_step(call, loop, parent_of) and _a_loss(call, loop) for call in calls_in(loop.body)
+        dotted(call.func) in coupled and (dotted(call.func) or "").removesuffix(".forward") not in models
+        and _in_the_step(call, loop, parent_of) and _a_loss(call, loop) for call in calls_in(loop.body)
     ):
         return tuple(calls)
     if not site.loaders or not all(_own_batch_sampler(call) for call in site.loaders):

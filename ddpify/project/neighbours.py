@@ -109,6 +109,10 @@ class Neighbours:
     # `torch.sum(grads * grads)` over the batch), as bound here: a training loss that adds
     # one is scaled by the world size, as a sum written in the script is (DDP116)
     summing: frozenset[str] = frozenset()
+    # functions of those modules that return a tuple holding such a sum (attention-is-all-you-
+    # need's cal_performance: `loss, n_correct`, the loss `F.cross_entropy(..., reduction='sum')`),
+    # as bound here -> the sum's place in the tuple
+    summing_parts: dict[str, int] = field(default_factory=dict)
     # functions of those modules that return a mean over what one of their parameters selects
     # (GwcNet's model_loss(disp_ests, disp_gt, mask)), as bound here -> that parameter's position:
     # a training loss that calls one is weighted by its selection's share, as a masked mean
@@ -138,7 +142,7 @@ class Neighbours:
         DataParallel tests are the project's own business there: it converts those modules too."""
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
-            memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, selecting=self.selecting,
+            memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, summing_parts=self.summing_parts, selecting=self.selecting,
             count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
         )
 
@@ -227,6 +231,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     wrapping_calls: dict[str, tuple[str, ...]] = {}
     summing: set[str] = set()
     selecting: dict[str, int] = {}
+    summing_parts: dict[str, int] = {}
     pickers: set[str] = set()
     readers: set[str] = set()
     evaluators: set[str] = set()
@@ -250,6 +255,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_calls.update((f"{bound}.{name}", methods) for name, methods in summary.wrapping_calls.items())
         summing.update(f"{bound}.{name}" for name in summary.summing)
         selecting.update((f"{bound}.{name}", index) for name, index in summary.selecting.items())
+        summing_parts.update((f"{bound}.{name}", index) for name, index in summary.summing_parts.items())
         pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
         readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
         evaluators.update(f"{bound}.{name}" for name in summary.writing_evaluators)
@@ -276,7 +282,8 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
             for alias, sub in zip(node.names, submodules or [None] * len(node.names)):
                 if sub is not None:  # `from tools import utils`: `utils.torch_save_model(...)`
                     as_module(alias.asname or alias.name, _summary(sub))
-                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers), (selecting, summary.selecting)):
+                for found, kind in ((dp_classes, summary.dp_classes), (wrapping_calls, summary.wrapping_calls), (constructed, summary.constructor_loaders), (mutating, summary.mutating_writers), (selecting, summary.selecting),
+                                    (summing_parts, summary.summing_parts)):
                     _bind(found, kind, alias)
                 for names, kind in (
                     (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
@@ -352,7 +359,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
-        wrapping_calls=wrapping_calls, summing=frozenset(summing), selecting=selecting, device_pickers=frozenset(pickers),
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, selecting=selecting, device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
         writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
@@ -596,6 +603,7 @@ class ModuleSummary:
     # writes a submission CSV and reads it back) -> those methods
     evaluator_classes: dict[str, dict[str, tuple]] = field(default_factory=dict)
     selecting: dict[str, int] = field(default_factory=dict)  # see Neighbours
+    summing_parts: dict[str, int] = field(default_factory=dict)  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -820,7 +828,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
         # (and the wrapping classes it imports, which importers may take from here: OpenNRE's
         # framework/__init__.py `from .sentence_re import SentenceRE`)
         {**_imported(path, tree, lambda summary: summary.wrapping_calls), **_wrapping_definitions(tree, path)},
-        frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _returns_a_total_sum(node)),
+        frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and _summed_place(node) == -1),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "cuda.set_device(" in ast.unparse(node)),
         frozenset(node.name for node in tree.body if isinstance(node, ast.FunctionDef) and "torch.load(" in ast.unparse(node)),
         {node.name: params for node in tree.body if isinstance(node, ast.ClassDef) for params in [_constructor_loaders(node)] if params},
@@ -837,6 +845,10 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
              if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))},
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
         )),
+        summing_parts={
+            **_imported(path, tree, lambda summary: summary.summing_parts),
+            **{node.name: place for node in tree.body if isinstance(node, ast.FunctionDef) for place in [_summed_place(node)] if place is not None and place >= 0},
+        },
         selecting={
             **_imported(path, tree, lambda summary: summary.selecting),
             **{node.name: index for node in tree.body if isinstance(node, ast.FunctionDef) for index in [selecting_parameter(node)] if index is not None},
@@ -981,24 +993,44 @@ def _a_total_count(value: ast.AST) -> bool:
     return False
 
 
-def _returns_a_total_sum(function: ast.FunctionDef) -> bool:
-    """``return torch.sum(x)`` / ``return x.sum()`` (no dimension), or the name last bound to
-    one: a sum over everything, the batch among it."""
+def _summed_place(function: ast.FunctionDef) -> int | None:
+    """Where the function's one return holds a sum over everything: -1 for the value itself
+    (``return torch.sum(x)``, ``return x.sum()``, ``F.cross_entropy(..., reduction="sum")``, or
+    the name last bound to one), the place in a tuple it returns (cal_performance's ``return
+    loss, n_correct``), None for none."""
     returns = [node for node in ast.walk(function) if isinstance(node, ast.Return) and node.value is not None]
     if len(returns) != 1:
-        return False
+        return None
     value = returns[0].value
-    if isinstance(value, ast.Name):
-        bound = [node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)]
-        value = bound[-1] if bound else value
-    if not isinstance(value, ast.Call) or value.keywords:
+    if isinstance(value, ast.Tuple):
+        places = [place for place, element in enumerate(value.elts) if _a_total_sum(_last_bound(element, function))]
+        return places[0] if len(places) == 1 else None
+    return -1 if _a_total_sum(_last_bound(value, function)) else None
+
+
+def _last_bound(value: ast.expr, function: ast.FunctionDef) -> ast.expr:
+    """The value a returned name was bound to last (itself for anything else)."""
+    if not isinstance(value, ast.Name):
+        return value
+    bound = [node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)]
+    return bound[-1] if bound else value
+
+
+def _a_total_sum(value: ast.expr) -> bool:
+    """``x.sum()``, ``torch.sum(x)`` (no dimension), or a loss told to sum (``reduction="sum"``,
+    ``size_average=False``)."""
+    if not isinstance(value, ast.Call):
         return False
+    keywords = {k.arg: k.value for k in value.keywords}
+    if isinstance(keywords.get("reduction"), ast.Constant) and keywords["reduction"].value == "sum":
+        return True
+    if isinstance(keywords.get("size_average"), ast.Constant) and keywords["size_average"].value is False:
+        return True
     func = value.func
-    if isinstance(func, ast.Attribute) and func.attr == "sum":
-        total = not value.args if not (isinstance(func.value, ast.Name) and func.value.id == "torch") else len(value.args) == 1
-        return total
-    return False
+    if value.keywords or not (isinstance(func, ast.Attribute) and func.attr == "sum"):
+        return False
+    return not value.args if not (isinstance(func.value, ast.Name) and func.value.id == "torch") else len(value.args) == 1
 
 
 def _wrapping_definitions(tree: ast.Module, path: Path | None = None) -> dict[str, tuple[str, ...]]:

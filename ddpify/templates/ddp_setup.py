@@ -566,6 +566,12 @@ def ddp_scatter(item, each_one=False):
             return numpy.array_split(leaf, world, axis=dim)[rank]
         return leaf
 
+    sizes = {leaf.shape[dim] for leaf in ddp_leaves(item) if (torch.is_tensor(leaf) or type(leaf).__module__ == "numpy") and getattr(leaf, "ndim", 0) > dim}
+    if len(sizes) > 1:
+        # (YOLO's targets: one row per box, not per image; a cut by rows would pair boxes with
+        # another rank's images, which DataParallel did too and a single process never does)
+        raise ValueError(f"ddp_scatter: the batch's tensors differ in length along dimension {dim} ({sorted(sizes)}): "
+                         "they cannot all be cut by sample; shard this loader with a DistributedSampler by hand")
     return ddp_leaves(item, share)
 
 

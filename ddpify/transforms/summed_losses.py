@@ -47,7 +47,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, reaching_backward, without_moves
+from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, names_bound_in, reaching_backward, without_moves
 from ddpify.transforms.base import Transform, batch_size_arg, keyword_arg, positional_args
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
@@ -82,6 +82,8 @@ class SummedLossesTransform(Transform):
             self._scaled[value] = self.context.code(value)
         for call in self._project_sums():
             self._scaled[call] = self.context.code(call)
+        for name, call in self._project_sum_parts():
+            self._scaled[name] = self.context.code(call)
         for node in [node for node in self._scaled if self.context.on_the_whole_batch(node)]:
             del self._scaled[node]
         self._while_training = {node: self._model_of_shared(node) for node in self._scaled if self._shared_with_evaluation(node)}
@@ -377,6 +379,33 @@ class SummedLossesTransform(Transform):
                     found.append(expr)
         return found
 
+    def _project_sum_parts(self) -> list[tuple[cst.Name, cst.Call]]:
+        """The reads, in what a training step's backward() takes, of a name unpacked from the
+        place of a project function's returned tuple that holds a sum (hs-math-nlp's ``loss,
+        n_correct = compute_performance(pred, gold)``, its loss ``F.cross_entropy(...,
+        reduction="sum")``), with that call: scaled where read, the tuple cannot be."""
+        parts = self.context.neighbours.summing_parts
+        found: list[tuple[cst.Name, cst.Call]] = []
+        for loop in self.facts.training_steps if parts else ():
+            summed: dict[str, cst.Call] = {}
+            bound: dict[str, int] = {}
+            for node in walk(loop.body):
+                if not isinstance(node, (cst.Assign, cst.AugAssign)):
+                    continue
+                for name in names_bound_in(node):
+                    bound[name] = bound.get(name, 0) + 1
+                place = parts.get(dotted(node.value.func) or "") if isinstance(node.value, cst.Call) else None
+                target = node.targets[0].target if isinstance(node, cst.Assign) and len(node.targets) == 1 else None
+                if place is not None and isinstance(target, (cst.Tuple, cst.List)) and place < len(target.elements):
+                    element = target.elements[place].value
+                    if isinstance(element, cst.Name):
+                        summed[element.value] = node.value
+            # (a name bound again in the step is another value there: left alone)
+            summed = {name: call for name, call in summed.items() if bound.get(name) == 1}
+            reads = {id(n): n for expr in reaching_backward(loop, loop_origins(loop)) for n in walk(expr) if isinstance(n, cst.Name)}
+            found += [(n, summed[n.value]) for n in reads.values() if n.value in summed]
+        return found
+
     def _from_the_model(self, expr: cst.BaseExpression, depth: int = 0) -> bool:
         """Does ``expr`` call the wrapped model, or read a name bound from such a value in the
         training loop (StyTR-2's ``loss = loss_c + loss_s`` of ``out, loss_c, loss_s = network(...)``:
@@ -476,6 +505,9 @@ class SummedLossesTransform(Transform):
         return scaled
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        return self._scale(original_node, updated_node)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self._scale(original_node, updated_node)
 
     def leave_BinaryOperation(self, original_node, updated_node) -> cst.BaseExpression:
