@@ -413,6 +413,33 @@ def test_a_count_normalised_loss_inside_the_wrapped_model_is_sharded_plainly(tmp
     assert not train.error and "ddp_scattered" not in train.output and "DDP314" not in {d.code for d in train.diagnostics}
     assert "sampler=DistributedSampler(" in train.output
 
+
+@pytest.mark.parametrize("bound_first", [False, True])
+def test_a_model_module_imported_by_a_computed_name_is_followed_however_the_name_is_spelled(tmp_path: Path, bound_first: bool) -> None:
+    # BicycleGAN's models/__init__.py binds `model_filename = "models." + name + "_model"` first;
+    # CUT's passes the sum inline: either way the wrapping package is in reach (never "trains nothing")
+    imported = (
+        '    model_filename = "models." + name + "_model"\n    lib = importlib.import_module(model_filename)\n'
+        if bound_first else '    lib = importlib.import_module("models." + name + "_model")\n'
+    )
+    write_project(tmp_path, {
+        "models/__init__.py": f"import importlib\n\n\ndef create_model(name):\n{imported}    return lib.Model()\n",
+        "models/net.py": "import torch\n\n\ndef init_net(net):\n    return torch.nn.DataParallel(net)\n",
+        "models/tiny_model.py": (
+            "import torch\nfrom models.net import init_net\n\n\nclass Model:\n    def __init__(self):\n"
+            "        self.net = init_net(torch.nn.Linear(4, 1))\n        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)\n\n"
+            "    def optimize_parameters(self, x, y):\n        self.opt.zero_grad()\n"
+            "        ((self.net(x) - y) ** 2).mean().backward()\n        self.opt.step()\n"
+        ),
+        "train.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom models import create_model\n\n"
+            "if __name__ == '__main__':\n    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)\n"
+            "    model = create_model('tiny')\n    for x, y in loader:\n        model.optimize_parameters(x, y)\n"
+        ),
+    })
+    codes = {d.code for r in convert_tree(tmp_path).values() for d in r.diagnostics}
+    assert "DDP212" not in codes and "DDP211" in codes
+
 REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects
     "import functools\nfrom torch.nn.parallel.data_parallel import DataParallel\n\n\n"
     "class DataParallelWithCallback(DataParallel):\n    def replicate(self, module, device_ids):\n"

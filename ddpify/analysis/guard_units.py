@@ -28,6 +28,7 @@ from ddpify.analysis.tree import bound_names, calls_in, dotted, walk
 # Calls that look at a path on disk: a check of a folder before it is made.
 EXISTENCE_CHECKS = ("os.path.exists", "os.path.isdir", "os.path.isfile", "exists", "is_dir", "isdir")
 FOLDER_MAKERS = ("os.makedirs", "os.mkdir", "mkdir")
+REMOVERS = ("shutil.rmtree", "os.rmdir", "os.remove", "os.unlink", "rmtree")
 
 
 class GuardUnits:
@@ -43,9 +44,13 @@ class GuardUnits:
         self.unsafe_for_a_value = unsafe_for_a_value or unsafe  # (stricter: a value need not move)
         self.joined: set[cst.CSTNode] = set()  # statements guarded with the write below them
         self.folder_units: set[cst.CSTNode] = set()  # folder checks and the folder made after them
+        self.remade: set[cst.CSTNode] = set()  # among them, a folder removed and made again
         for node in walk(module):
             if isinstance(node, (cst.Module, cst.IndentedBlock)):
                 self._plan(list(node.body))
+
+    def removes_then_makes(self, statement: cst.CSTNode) -> bool:
+        return statement in self.remade
 
     def guarded(self, statement: cst.CSTNode) -> bool:
         return statement in self.joined or statement in self.folder_units
@@ -54,6 +59,9 @@ class GuardUnits:
         for index, statement in enumerate(statements):
             if index and self._checks_then_makes(statements[index - 1], statement):
                 self.folder_units.update((statements[index - 1], statement))
+            if index and self._removes_then_makes(statements[index - 1], statement):
+                self.folder_units.update((statements[index - 1], statement))
+                self.remade.update((statements[index - 1], statement))
             if self._checks_then_writes(statement):
                 self.folder_units.add(statement)
             if not self.guardable(statement):
@@ -167,6 +175,17 @@ class GuardUnits:
         made_paths = {path_code(call) for call in made} - {None}
         return bool(made_paths & {path_code(call) for call in tested})
 
+    def _removes_then_makes(self, remove: cst.BaseStatement, make: cst.BaseStatement) -> bool:
+        """``shutil.rmtree(d)`` right above ``os.makedirs(d, exist_ok=False)`` (the Two-Stage
+        SELD's fresh submission folder): one unit, rank 0's alone; made on every rank after
+        rank 0 made it, a maker that insists on a new folder would fail there."""
+        if not isinstance(remove, cst.SimpleStatementLine) or not isinstance(make, cst.SimpleStatementLine):
+            return False
+        made = [call for call in calls_in(make) if (dotted(call.func) or "").endswith(FOLDER_MAKERS)]
+        removed = [call for call in calls_in(remove) if (dotted(call.func) or "").endswith(REMOVERS)]
+        if not made or not removed or any(self.unsafe(call) for call in [*calls_in(remove), *calls_in(make)]):
+            return False
+        return bool(({path_code(call) for call in made} - {None}) & {path_code(call) for call in removed})
 
     def _checks_then_writes(self, statement: cst.BaseStatement) -> bool:
         """``if not os.path.exists(config_path): copyfile(example, config_path)`` (edge-connect):

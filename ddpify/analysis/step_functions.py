@@ -32,14 +32,15 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
     # (a function decorated to run without gradients never trains: PatchmatchNet's
     # `@make_nograd_func def test_sample(...)`, though it calls the shared process_sample)
     quiet = {function for function in functions if any(NO_GRAD_DECORATOR.search(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "") for d in function.decorators)}
-    trains = {function for function in functions if function not in quiet and any(is_training_call(call) for call in calls_in(function.body))}
+    calls_of = {function: calls_in(function.body) for function in functions}  # (walked once: a converted file has hundreds)
+    trains = {function for function in functions if function not in quiet and any(is_training_call(call) for call in calls_of[function])}
     switches = {function: _training_switch(function) for function in trains}
     grown = True
     while grown:
         grown = False
         for function in functions:
             if function not in trains and function not in quiet and any(
-                callee in trains and _trains_at(callee, call, switches) for call in calls_in(function.body) for callee in _callees(call, by_name)
+                callee in trains and _trains_at(callee, call, switches) for call in calls_of[function] for callee in _callees(call, by_name)
             ):
                 trains.add(function)
                 grown = True
@@ -50,18 +51,19 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
     }
     # (and the step functions' own names: PatchmatchNet hands `train_sample` on as a value)
     named |= {function.name.value for function in trains if function.name.value in by_name and len(by_name[function.name.value]) == 1}
-    return frozenset(named | _step_parameters(functions, by_name, trains))
+    return frozenset(named | _step_parameters(functions, by_name, trains, calls_of))
 
 
-def _step_parameters(functions: list[cst.FunctionDef], by_name: dict, trains: set) -> set[str]:
+def _step_parameters(functions: list[cst.FunctionDef], by_name: dict, trains: set, calls_of: dict) -> set[str]:
     """Parameters called as functions (PatchmatchNet's ``sample_function(model, sample, ...)``
     in process_samples) where a call passes a step function of the file for them
     (``process_samples(args, train_sample, ...)``): calling one is a training step there."""
     found = set()
+    every_call = [call for other in functions for call in calls_of[other]]
     for function in functions:
         params = [p.name.value for p in function.params.params]
-        called = {call.func.value for call in calls_in(function.body) if isinstance(call.func, cst.Name) and call.func.value in params}
-        for call in (c for other in functions for c in calls_in(other.body)):
+        called = {call.func.value for call in calls_of[function] if isinstance(call.func, cst.Name) and call.func.value in params}
+        for call in every_call if called else ():
             if function not in _callees(call, by_name):
                 continue
             positional = [a.value for a in call.args if a.keyword is None and not a.star]

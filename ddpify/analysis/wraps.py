@@ -112,6 +112,14 @@ class Wraps(Room):
                 return isinstance(parent.func, cst.Name) and parent.func.value in ("isinstance", "issubclass")
             if isinstance(parent, cst.Comparison):
                 return any(isinstance(t.operator, (cst.Is, cst.In, cst.IsNot, cst.NotIn, cst.Equal)) for t in parent.comparisons)
+            if isinstance(parent, cst.CompFor) and node is parent.iter:
+                # (UDAStrongBaseline's `any(isinstance(model, x) for x in [DataParallel, DistributedDataParallel])`)
+                comprehension = self.scopes.parent(parent)
+                tested = getattr(comprehension, "elt", None)
+                return tested is not None and any(
+                    isinstance(n, cst.Call) and isinstance(n.func, cst.Name) and n.func.value in ("isinstance", "issubclass")
+                    for n in walk(tested)
+                )
             node = parent
         return False
 

@@ -71,6 +71,12 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     except (SyntaxError, ValueError):
         return info
     package = info.name.split(".") if path.name == "__init__.py" else info.name.split(".")[:-1]
+    # (BicycleGAN's `model_filename = "models." + model_name + "_model"`, then
+    # `importlib.import_module(model_filename)`: the name a dynamic import is given)
+    strings = {
+        target.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+        for target in node.targets if isinstance(target, ast.Name) and isinstance(node.value, (ast.BinOp, ast.JoinedStr))
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             info.imports.update(alias.name for alias in node.names)
@@ -90,7 +96,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
                 info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
-        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node)):
+        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node, strings)):
             info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level, or parses its
     # arguments there and hands them to what it imports (hotpot's main.py: `train(config)`).
@@ -138,14 +144,17 @@ def _segments(source: str):
     return segment
 
 
-def _dynamic_import_prefix(call: ast.Call) -> str | None:
-    """``importlib.import_module("models." + name)`` (or an f-string, ``__import__``): the
-    module name's constant start, if it names a package ("models.")."""
+def _dynamic_import_prefix(call: ast.Call, strings: dict[str, ast.expr] | None = None) -> str | None:
+    """``importlib.import_module("models." + name)`` (or an f-string, ``__import__``, or a name
+    bound to one of those in ``strings``): the module name's constant start, if it names a
+    package ("models.")."""
     func = call.func
     called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
     if called not in ("import_module", "__import__") or not call.args:
         return None
     name = call.args[0]
+    if isinstance(name, ast.Name) and strings and name.id in strings:
+        name = strings[name.id]
     while isinstance(name, ast.BinOp) and isinstance(name.op, ast.Add):
         name = name.left
     if isinstance(name, ast.JoinedStr) and name.values:

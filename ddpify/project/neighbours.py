@@ -928,7 +928,8 @@ def normalised_by_a_count(definition: ast.AST) -> bool:
     }
 
     def counted(value: ast.AST) -> bool:
-        return _a_total_count(value) or isinstance(value, ast.Name) and value.id in counts
+        # (a denominator made of totals: RFNet's Dice `2 * num / (l + r + eps)` of `l = torch.sum(output)`)
+        return _a_total_count(value) or any(isinstance(node, ast.Name) and node.id in counts for node in ast.walk(value))
 
     return any(
         isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and counted(node.right) and not _scaled_to_one(node, definition)

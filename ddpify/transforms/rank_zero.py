@@ -180,7 +180,7 @@ from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, n
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.tree import calls_bound
 from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
-from ddpify.analysis.guard_units import EXISTENCE_CHECKS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
+from ddpify.analysis.guard_units import EXISTENCE_CHECKS, REMOVERS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Pair, Transform, append_arg, keyword, keyword_arg
@@ -1323,6 +1323,10 @@ class RankZeroTransform(Transform):
         comments = statements[0].leading_lines
         statements[0] = statements[0].with_changes(leading_lines=[])
         emitted = [cst.If(test=cst.parse_expression(self._rank_zero), body=cst.IndentedBlock(body=statements), leading_lines=comments)]
+        if barrier and self._removes_what_others_read(run):
+            # (bert_ner's `temp`: rank 0 writes it, every rank reads it, rank 0 removes it; the
+            # others must have read it first)
+            emitted = [cst.parse_statement("dist.barrier()").with_changes(leading_lines=comments), emitted[0].with_changes(leading_lines=[])]
         if any(writes) and barrier:
             # Nothing may read a file before rank 0 has finished writing it.
             emitted.append(cst.parse_statement("dist.barrier()"))
@@ -1336,6 +1340,18 @@ class RankZeroTransform(Transform):
         # The first emitted statement stands for the run's first original: set-up placed
         # before that original must come before the guard (it calls dist.get_rank()).
         return [(run[0][0] if index == 0 else None, statement) for index, statement in enumerate(emitted)]
+
+    def _removes_what_others_read(self, run: list[Pair]) -> bool:
+        """Does the run remove a path (os.remove, shutil.rmtree) that the function around it
+        also reads or writes outside the run, where other ranks may still be reading it?"""
+        originals = [original for original, _ in run if original is not None]
+        inside = {id(node) for original in originals for node in walk(original)}
+        removed = {path_code(call) for original in originals for call in calls_in(original) if (dotted(call.func) or "").endswith(REMOVERS)}
+        removed.discard(None)
+        if not removed:
+            return False
+        scope = self._function_of(originals[0])
+        return any(id(call) not in inside and path_code(call) in removed for call in calls_in(scope) if scope is not None)
 
     def _filled_in(self, run: list[Pair]) -> list[str]:
         """Names passed, in the run, to a project writer at a position it sets fields of."""
@@ -1354,7 +1370,8 @@ class RankZeroTransform(Transform):
         by every rank's evaluation; a run folder removed, then made again by every rank)."""
         after = "; the other ranks wait at a barrier" if barrier else ""
         if original in self._units.folder_units:
-            self.context.report(original, "DDP601", f"set-up on disk (an existence check and what is made after it) on rank 0 only{after}")
+            what = "a folder removed and made anew" if self._units.removes_then_makes(original) else "an existence check and what is made after it"
+            self.context.report(original, "DDP601", f"set-up on disk ({what}) on rank 0 only{after}")
             return True
         if original in self._units.joined:
             self.context.report(original, "DDP601", "computed only for the write below it: on rank 0 only, with that write")
