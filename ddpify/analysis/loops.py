@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.backward_pairs import backward_pairs
 from ddpify.analysis.facts import Context, EpochHook, Loop
 from ddpify.analysis.scopes import Room
 from ddpify.analysis.step_functions import backward_in_forward, loss_functions, step_functions
@@ -216,7 +217,8 @@ class TrainingLoops(Room):
             calls = calls_in(loop.body)
             backwards = [c for c in calls if is_backward(c)]
             forwards = [c for c in calls if dotted(c.func) in self.facts.model_names or c in through]
-            per_pass = backwards_per_pass(loop.body)
+            # (two passes through one forward that become one: transforms/merged_backwards.py)
+            per_pass = backwards_per_pass(loop.body) - sum(pair.joinable for pair in backward_pairs(loop, self.facts.model_names, self.scopes.parent))
             if forwards and per_pass > len(forwards):
                 model = dotted(forwards[0].func)
                 self.scopes.problem(

@@ -13,6 +13,7 @@ from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
 from ddpify.transforms.existing_ddp import ExistingDdpTransform
 from ddpify.transforms.imports import ImportsTransform
+from ddpify.transforms.merged_backwards import MergedBackwardsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
@@ -33,6 +34,7 @@ TRANSFORMS = (
     BatchLossesTransform,
     SummedLossesTransform,
     ReplicaOutputsTransform,
+    MergedBackwardsTransform,
     SelectedMeansTransform,
     SamplerTransform,
     BatchSizeTransform,
