@@ -2425,3 +2425,22 @@ def test_training_in_a_project_class_s_method_names_folder_mode_as_the_way(tmp_p
     project(tmp_path, {"solver.py": SOLVER, "train.py": SOLVER_TRAIN})
     result = convert_file(tmp_path / "train.py")
     assert result.error and "convert the folder" in result.error and "`solver`" in result.error, result.error
+
+
+def test_an_import_of_a_module_that_downloads_at_import_time_is_warned(tmp_path):
+    """ML-begin's data.py builds CIFAR10(download=True) at its top level: `from data import
+    trainloader` runs it on every rank at once, before any process group exists."""
+    data = (
+        "import torch\nimport torchvision\n\n"
+        "trainset = torchvision.datasets.CIFAR10(root='./data', train=True, download=True)\n"
+        "trainloader = torch.utils.data.DataLoader(trainset, batch_size=4, shuffle=True)\n"
+    )
+    train = (
+        "import torch\nimport torch.nn as nn\nfrom data import trainloader\n\n"
+        "net = nn.DataParallel(nn.Linear(4, 2))\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in trainloader:\n    loss = ((net(x) - y) ** 2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    )
+    project(tmp_path, {"data.py": data, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    warned = [d for d in result.diagnostics if d.code == "DDP607"]
+    assert not result.error and len(warned) == 1 and warned[0].line == 3 and "`data` downloads" in warned[0].message

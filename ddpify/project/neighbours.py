@@ -113,6 +113,10 @@ class Neighbours:
     # need's cal_performance: `loss, n_correct`, the loss `F.cross_entropy(..., reduction='sum')`),
     # as bound here -> the sum's place in the tuple
     summing_parts: dict[str, int] = field(default_factory=dict)
+    # modules imported here whose own top-level code downloads a dataset (ML-begin's data.py:
+    # `CIFAR10(root, download=True)` at import), as the import names them: every rank runs it
+    # at once, before the set-up (DDP607 warns at the import)
+    downloading_imports: frozenset[str] = frozenset()
     # functions of those modules that return a mean over what one of their parameters selects
     # (GwcNet's model_loss(disp_ests, disp_gt, mask)), as bound here -> that parameter's position:
     # a training loss that calls one is weighted by its selection's share, as a masked mean
@@ -232,6 +236,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     summing: set[str] = set()
     selecting: dict[str, int] = {}
     summing_parts: dict[str, int] = {}
+    downloading: set[str] = set()
     pickers: set[str] = set()
     readers: set[str] = set()
     evaluators: set[str] = set()
@@ -272,6 +277,8 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                         as_module(alias.asname or alias.name, _summary(sub))
                 continue
             summary = _summary(module)
+            if summary.downloads_at_import:
+                downloading.add("." * node.level + (node.module or ""))
             # `from drqa import reader`: names that are submodules of a package are modules too
             submodules = [_module_file([module.parent], alias.name, 0, module.parent) for alias in node.names] if module.name == "__init__.py" else []
             if summary.wraps or any(sub is not None and _summary(sub).wraps for sub in submodules) or _wraps_deeper(module, folders):
@@ -342,6 +349,8 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                 if module is None:
                     continue
                 summary = _summary(module)
+                if summary.downloads_at_import:
+                    downloading.add(alias.name)
                 if summary.wraps or _wraps_deeper(module, folders):
                     wrapping.append(alias.name)
                     files.append(module)
@@ -359,7 +368,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
-        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, selecting=selecting, device_pickers=frozenset(pickers),
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, downloading_imports=frozenset(downloading), selecting=selecting, device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
         writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
@@ -604,6 +613,7 @@ class ModuleSummary:
     evaluator_classes: dict[str, dict[str, tuple]] = field(default_factory=dict)
     selecting: dict[str, int] = field(default_factory=dict)  # see Neighbours
     summing_parts: dict[str, int] = field(default_factory=dict)  # see Neighbours
+    downloads_at_import: bool = False  # see Neighbours.downloading_imports
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -845,6 +855,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
              if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (normalised_by_a_count(node) or mines_the_batch(node))},
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
         )),
+        downloads_at_import=_downloads_at_import(tree),
         summing_parts={
             **_imported(path, tree, lambda summary: summary.summing_parts),
             **{node.name: place for node in tree.body if isinstance(node, ast.FunctionDef) for place in [_summed_place(node)] if place is not None and place >= 0},
@@ -992,6 +1003,18 @@ def _a_total_count(value: ast.AST) -> bool:
         if total and not (isinstance(root, ast.Name) and root.id == "self"):
             return True
     return False
+
+
+def _downloads_at_import(tree: ast.Module) -> bool:
+    """A statement of the module's own top level (not in a function, a class or the
+    ``__main__`` block) that calls something with ``download=True``."""
+    return any(
+        isinstance(statement, (ast.Assign, ast.AnnAssign, ast.Expr)) and any(
+            isinstance(node, ast.Call) and any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords)
+            for node in ast.walk(statement)
+        )
+        for statement in tree.body
+    )
 
 
 def _summed_place(function: ast.FunctionDef) -> int | None:

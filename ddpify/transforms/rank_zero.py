@@ -90,7 +90,9 @@ every rank gets rank 0's values, so the folder is made once and every rank names
     args = get_args()  ->  args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)
 
 DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
-ranks build it after rank 0 is done (no two processes write the same files)::
+ranks build it after rank 0 is done (no two processes write the same files) (a warning where
+it runs at import time: the script's own top level above its ``__main__`` block, or a project
+module's top level, imported here)::
 
     train_set = datasets.MNIST("data", train=True, download=True)
     # becomes
@@ -256,6 +258,29 @@ class RankZeroTransform(Transform):
         )
         self._plan_quiet_calls()
         self._plan_fetches()
+        self._warn_downloading_imports()
+
+    def _warn_downloading_imports(self) -> None:
+        """An import of a project module whose own top-level code downloads a dataset: it runs
+        on every rank at once, at import, before any process group exists (DDP607 can move no
+        barrier around it)."""
+        downloading = self.context.neighbours.downloading_imports
+        for statement in self.context.module.body if downloading else ():
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and small.module is not None or isinstance(small, cst.ImportFrom) and small.relative:
+                    names = ["." * len(small.relative) + (self.context.code(small.module) if small.module is not None else "")]
+                elif isinstance(small, cst.Import):
+                    names = [self.context.code(alias.name) for alias in small.names]
+                else:
+                    continue
+                for name in (n for n in names if n in downloading):
+                    self.context.report(
+                        small, "DDP607",
+                        f"`{name}` downloads a dataset at import (`download=True` in its top-level code): every rank "
+                        "runs it at once, before the set-up; download once before launching, or move it into a "
+                        "function called after the set-up",
+                        Severity.WARNING,
+                    )
 
     def _plan_quiet_calls(self) -> None:
         """Project functions out of sight that train or evaluate on every rank and write files
