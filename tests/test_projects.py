@@ -440,6 +440,18 @@ def test_a_model_module_imported_by_a_computed_name_is_followed_however_the_name
     codes = {d.code for r in convert_tree(tmp_path).values() for d in r.diagnostics}
     assert "DDP212" not in codes and "DDP211" in codes
 
+
+@pytest.mark.parametrize("made_a_mean", [False, True])
+def test_a_summed_loss_returned_in_a_tuple_is_scaled_unless_made_a_mean_first(tmp_path: Path, made_a_mean: bool) -> None:
+    # hs-math-nlp's compute_performance sums; a helper that then does `loss /= gold.numel()` returns a mean
+    source = FIXTURES / "projects" / "summed_loss_in_a_tuple"
+    files = {path.name: path.read_text() for path in source.glob("*.py")}
+    if made_a_mean:
+        files["loss.py"] = files["loss.py"].replace('reduction="sum")\n', 'reduction="sum")\n    loss /= gold.numel()\n')
+    write_project(tmp_path, files)
+    step = convert_tree(tmp_path)["model_process.py"]
+    assert ("(loss * ddp_world_size()).backward()" in step.output) is not made_a_mean
+
 REPLICATE = (  # vacancy/Synchronized-BatchNorm-PyTorch's replicate.py, vendored by many projects
     "import functools\nfrom torch.nn.parallel.data_parallel import DataParallel\n\n\n"
     "class DataParallelWithCallback(DataParallel):\n    def replicate(self, module, device_ids):\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.backward_pairs import backward_pairs
+from ddpify.analysis.backward_pairs import backward_pairs, wrapped_in_tuples
 from ddpify.analysis.facts import Context, EpochHook, Loop
 from ddpify.analysis.scopes import Room
 from ddpify.analysis.step_functions import backward_in_forward, loss_functions, step_functions
@@ -213,12 +213,13 @@ class TrainingLoops(Room):
             return
         # (StyleSpeech's `model.module.meta_learner_1(...)` runs through DDP's forward once converted)
         through = self.facts.forwards_around_ddp
+        models = self.facts.model_names | wrapped_in_tuples(self.scopes.module, [site.call for site in self.facts.wraps])
         for loop in self._training_loops:
             calls = calls_in(loop.body)
             backwards = [c for c in calls if is_backward(c)]
             forwards = [c for c in calls if dotted(c.func) in self.facts.model_names or c in through]
             # (two passes through one forward that become one: transforms/merged_backwards.py)
-            per_pass = backwards_per_pass(loop.body) - sum(pair.joinable for pair in backward_pairs(loop, self.facts.model_names, self.scopes.parent))
+            per_pass = backwards_per_pass(loop.body) - sum(pair.joinable for pair in backward_pairs(loop, models, self.scopes.parent))
             if forwards and per_pass > len(forwards):
                 model = dotted(forwards[0].func)
                 self.scopes.problem(

@@ -1036,6 +1036,8 @@ def _last_bound(value: ast.expr, function: ast.FunctionDef) -> ast.expr:
     """The value a returned name was bound to last (itself for anything else)."""
     if not isinstance(value, ast.Name):
         return value
+    if any(isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id == value.id for node in ast.walk(function)):
+        return value  # (`loss /= gold.numel()`: a sum made a mean, or anything else: not read as the sum)
     bound = [node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
              and any(isinstance(t, ast.Name) and t.id == value.id for t in node.targets)]
     return bound[-1] if bound else value
@@ -1049,6 +1051,8 @@ def _a_total_sum(value: ast.expr) -> bool:
     keywords = {k.arg: k.value for k in value.keywords}
     if isinstance(keywords.get("reduction"), ast.Constant) and keywords["reduction"].value == "sum":
         return True
+    if isinstance(keywords.get("reduce"), ast.Constant) and keywords["reduce"].value is False:
+        return False  # (no reduction at all)
     if isinstance(keywords.get("size_average"), ast.Constant) and keywords["size_average"].value is False:
         return True
     func = value.func

@@ -94,7 +94,8 @@ class MergedBackwardsTransform(Transform):
             return updated_node
         second = _term(updated_node)
         total = cst.BinaryOperation(self._first_terms[first], cst.Add(), second, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        kept = [arg for arg in updated_node.args if arg.keyword is not None and arg.keyword.value not in ("gradient", "retain_graph")]
+        # (the second's own retain_graph stays: a later pass may still need the graph)
+        kept = [arg for arg in updated_node.args if arg.keyword is not None and arg.keyword.value != "gradient"]
         return updated_node.with_changes(func=updated_node.func.with_changes(value=total), args=kept)
 
 

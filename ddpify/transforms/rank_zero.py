@@ -456,7 +456,7 @@ class RankZeroTransform(Transform):
         return self._would_guard_memo[key]
 
     def _would_guard_now(self, original: cst.BaseStatement) -> bool:
-        if self._under_rank_guard(original) or self._inside_guarded(original):
+        if self._under_rank_guard(original) or self._inside_guarded(original) or self._in_a_worker(original):
             return False
         if self._writes_file(original):
             return not any(self._reaches_model(call) for call in calls_in(original))
@@ -483,8 +483,13 @@ class RankZeroTransform(Transform):
         guarded = self._units.guarded(statement) or self._would_guard(statement)
         return guarded or self._inside_guarded(statement) or self._under_rank_guard(statement)
 
+    def _in_a_worker(self, original: cst.CSTNode) -> bool:
+        """In a Dataset's or Sampler's method (a DataLoader worker: no process group, and each
+        rank loads its own samples, so what it writes per sample is its own)."""
+        return in_data_loading(original, self.context.parent)
+
     def _guardable(self, original: cst.BaseStatement | None) -> bool:
-        if original is None or self._under_rank_guard(original) or self._inside_unit(original):
+        if original is None or self._under_rank_guard(original) or self._inside_unit(original) or self._in_a_worker(original):
             return False
         if self._inside_guarded(original):
             return False  # (a guard, and its barrier, inside a block rank 0 runs alone: AoANet's hang)
@@ -571,7 +576,7 @@ class RankZeroTransform(Transform):
             return self._export_unwrapped(original_node, updated_node)
         if self._hands_the_model(original_node, names) and self._rank_zero_alone(original_node):
             return self._handed_unwrapped(original_node, updated_node)
-        if self._opens_for_writing(original_node) and not self._rank_zero_alone(original_node):
+        if self._opens_for_writing(original_node) and not self._rank_zero_alone(original_node) and not self._in_a_worker(original_node):
             if isinstance(self.context.parent(original_node), cst.WithItem) and self._null_device_mode(original_node) is not None:
                 return self._with_file_on_rank_zero(original_node, updated_node)
             if not isinstance(self.context.parent(original_node), cst.WithItem) and not self._kept_handle(original_node):
