@@ -168,12 +168,9 @@ class GuardUnits:
         """``if os.path.exists(d): ...`` right above ``os.makedirs(d)`` (the same path)."""
         if not isinstance(check, cst.If) or not isinstance(make, cst.SimpleStatementLine):
             return False
-        made = [call for call in calls_in(make) if (dotted(call.func) or "").endswith(FOLDER_MAKERS)]
-        tested = [call for call in calls_in(check.test) if (dotted(call.func) or "").endswith(EXISTENCE_CHECKS)]
-        if not made or not tested or any(self.unsafe(call) for call in calls_in(check)):
+        if any(self.unsafe(call) for call in calls_in(check)):
             return False
-        made_paths = {path_code(call) for call in made} - {None}
-        return bool(made_paths & {path_code(call) for call in tested})
+        return _same_path(_calls_named(make, FOLDER_MAKERS), _calls_named(check.test, EXISTENCE_CHECKS))
 
     def _removes_then_makes(self, remove: cst.BaseStatement, make: cst.BaseStatement) -> bool:
         """``shutil.rmtree(d)`` right above ``os.makedirs(d, exist_ok=False)`` (the Two-Stage
@@ -181,11 +178,9 @@ class GuardUnits:
         rank 0 made it, a maker that insists on a new folder would fail there."""
         if not isinstance(remove, cst.SimpleStatementLine) or not isinstance(make, cst.SimpleStatementLine):
             return False
-        made = [call for call in calls_in(make) if (dotted(call.func) or "").endswith(FOLDER_MAKERS)]
-        removed = [call for call in calls_in(remove) if (dotted(call.func) or "").endswith(REMOVERS)]
-        if not made or not removed or any(self.unsafe(call) for call in [*calls_in(remove), *calls_in(make)]):
+        if any(self.unsafe(call) for call in [*calls_in(remove), *calls_in(make)]):
             return False
-        return bool(({path_code(call) for call in made} - {None}) & {path_code(call) for call in removed})
+        return _same_path(_calls_named(make, FOLDER_MAKERS), _calls_named(remove, REMOVERS))
 
     def _checks_then_writes(self, statement: cst.BaseStatement) -> bool:
         """``if not os.path.exists(config_path): copyfile(example, config_path)`` (edge-connect):
@@ -197,6 +192,15 @@ class GuardUnits:
             return False
         body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else ()
         return bool(body) and all(self.guardable(line) for line in body) and not any(self.unsafe(call) for call in calls_in(statement))
+
+
+def _calls_named(node: cst.CSTNode, endings: tuple[str, ...]) -> list[cst.Call]:
+    return [call for call in calls_in(node) if (dotted(call.func) or "").endswith(endings)]
+
+
+def _same_path(made: list[cst.Call], other: list[cst.Call]) -> bool:
+    """Does a folder maker make a path the other calls look at (or remove)?"""
+    return bool(({path_code(call) for call in made} - {None}) & {path_code(call) for call in other})
 
 
 def _binds(statement: cst.BaseStatement, name: str) -> bool:
