@@ -14,13 +14,14 @@ from libcst.metadata import GlobalScope, ScopeProvider
 
 from ddpify.analysis.facts import Context, Function
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import dotted, is_training_call
+from ddpify.analysis.tree import derived_from, dotted, is_training_call, iterator_of, walk
 
 
 class CallGraph(Room):
     def __init__(self, scopes) -> None:
         super().__init__(scopes)
         self._switches: dict[Function, tuple[cst.Param, bool] | None] = {}  # see trains_at
+        self._iterated: dict[Function, set[str]] = {}  # see iterated_arguments
 
     def call_sites(self, function: Function) -> list[tuple[cst.Call, Context]]:
         name = function.name.value
@@ -87,6 +88,47 @@ class CallGraph(Room):
         index = params.index(param)
         positional = [a for a in call.args if a.keyword is None and not a.star]
         return positional[index].value if index < len(positional) else None
+
+    def fed_by_a_drawing_loop(self, site, loops: list[cst.CSTNode]) -> cst.CSTNode | None:
+        """The loop among ``loops`` (loops that draw data) around every call of the site's
+        function, each passing for the parameter the site iterates what that loop drew."""
+        function = site.function
+        params = [p for p in function.params.params if isinstance(site.expr, cst.Name) and p.name.value == site.expr.value] if function else []
+        sites = self.call_sites(function) if params else []
+        hosts = set()
+        for call, _ in sites:
+            argument = self.argument_for(function, params[0], call)
+            host = next((loop for loop in loops if isinstance(loop, cst.For) and call in walk(loop.body)), None)
+            drawn = derived_from(set(_names(host.target)), host.body) if host is not None else set()
+            if argument is None or not set(_names(argument)) & drawn:
+                return None
+            hosts.add(host)
+        return hosts.pop() if len(hosts) == 1 else None
+
+    def sources_handed(self, call: cst.Call, context: Context | None) -> list[cst.BaseExpression]:
+        """The arguments of a call of this file's function that it iterates (see iterated_arguments)."""
+        function = self.callee(call, context)
+        return self.iterated_arguments(function, call) if function is not None else []
+
+    def iterated_arguments(self, function: Function, call: cst.Call) -> list[cst.BaseExpression]:
+        """The arguments of this call bound to parameters ``function`` iterates (``for x, y in
+        loader:``, ``enumerate(tqdm(loader))``, ``iter(loader)``): data sources it draws from
+        itself, handed on (thaw-slump's ``self.train_epoch(self.get_dataloader(key))`` in a loop
+        over the schedule's steps), not a batch."""
+        iterated = self._iterated.get(function)
+        if iterated is None:
+            iterated = self._iterated[function] = {
+                name for node in walk(function.body) for name in _drawn_names(
+                    node.iter if isinstance(node, cst.For) else iterator_of(node) if isinstance(node, cst.Call) else None
+                )
+            }
+        arguments = []
+        for param in function.params.params:
+            if param.name.value in iterated:
+                argument = self.argument_for(function, param, call)
+                if argument is not None:
+                    arguments.append(argument)
+        return arguments
 
     def trains_at(self, function: Function, call: cst.Call) -> bool:
         """Does this call of ``function`` train? Not when every backward()/step() in it sits
@@ -226,3 +268,31 @@ def _compared_with_literal(test: cst.BaseExpression) -> tuple[str, tuple[str, st
     if isinstance(target.operator, cst.NotEqual):
         return test.left.value, ("!=", literal.evaluated_value)
     return None
+
+
+def carried_names(call: cst.Call, handed: list[cst.BaseExpression], derived: set[str]) -> set[str]:
+    """The names a call's arguments carry to it, but for a loader the function iterates that the
+    drawn item only picks (``self.get_dataloader(key)``, ``self.loaders[key]``: chosen by the
+    schedule's step); the item itself, or what is made of it, is still a batch (``train(batchs)``,
+    ``train(self.prepare(batchs))``: a list of sub-batches the function iterates)."""
+    pickers = {id(arg): arg.func if isinstance(arg, cst.Call) else arg.value for arg in handed if isinstance(arg, (cst.Call, cst.Subscript))}
+    picked = [arg for arg in handed if id(arg) in pickers and "loader" in (dotted(pickers[id(arg)]) or "").lower()
+              and not {n.value for n in walk(pickers[id(arg)]) if isinstance(n, cst.Name)} & derived]
+    return {name.value for arg in call.args if not any(arg.value is other for other in picked) for name in walk(arg.value) if isinstance(name, cst.Name)}
+
+
+# Calls a loop sees a data source through (``enumerate(tqdm(loader))``).
+_PASS_THROUGH = {"enumerate", "zip", "iter", "tqdm", "trange", "islice", "cycle"}
+
+
+def _drawn_names(iterated: cst.BaseExpression | None) -> set[str]:
+    """The names a loop (or ``iter(...)``) draws from, seen through enumerate/zip/tqdm."""
+    if isinstance(iterated, cst.Name):
+        return {iterated.value}
+    if isinstance(iterated, cst.Call) and (dotted(iterated.func) or "").rpartition(".")[2] in _PASS_THROUGH:
+        return {name for arg in iterated.args if arg.keyword is None for name in _drawn_names(arg.value)}
+    return set()
+
+
+def _names(node: cst.CSTNode) -> list[str]:
+    return [name.value for name in walk(node) if isinstance(name, cst.Name)]

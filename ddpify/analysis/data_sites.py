@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
+from ddpify.analysis.calls import carried_names
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.loaders import ITERABLE_WRAPPERS
-from ddpify.analysis.tree import bound_names, calls_in, dotted, is_training_call, iterator_of, walk
+from ddpify.analysis.tree import bound_names, calls_in, derived_from, dotted, is_training_call, iterator_of, walk
 from ddpify.names import DATA_LOADER
 
 # Calls that count steps rather than draw data.
@@ -85,6 +86,19 @@ def data_sites(facts: Facts) -> list[DataSite]:
             else:
                 loaders = analyzer.loaders.loaders_for(expr, context, depth=0)
             sites.append(DataSite(loop, expr, tuple(loaders), context.function, regrouped))
+    return _regrouped_through_calls(sites, analyzer)
+
+
+def _regrouped_through_calls(sites: list[DataSite], analyzer) -> list[DataSite]:
+    """A parameter a function iterates, fed at every call by what a loop drawing data draws
+    (``for batchs in loader: self.train_step(self.prepare(batchs))``, whose loop runs over its
+    ``parts``): the loader's items are cut into the steps' batches, as ``for batch in batchs:``
+    in the loop itself; only the loader is sharded (sharding both would split each batch twice)."""
+    for site in list(sites):
+        host = analyzer.calls.fed_by_a_drawing_loop(site, [other.loop for other in sites if other is not site])
+        if host is not None:
+            sites.remove(site)
+            sites[:] = [DataSite(o.loop, o.expr, o.loaders, o.function, True) if o.loop is host else o for o in sites]
     return sites
 
 
@@ -136,17 +150,19 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
         return False  # (MEG: `for opt_adj, adj_generator in zip(optimizer_adj, adj_generators): opt_adj.step()`)
     derived = derived_from(targets, loop.body)
     calls = _own_calls(loop.body)
+    graph, context = facts.analyzer.calls, facts.contexts.get(loop)
     # (an object fed the batch by one method and trained by another: SRFBN's
     # `solver.feed_data(batch)`, then `solver.train_step()`)
+    carried = {id(call): carried_names(call, graph.sources_handed(call, context), derived) for call in calls}
     fed = {
-        dotted(call.func.value) for call in calls if isinstance(call.func, cst.Attribute)
-        and {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)} & derived
+        dotted(call.func.value) for call in calls if isinstance(call.func, cst.Attribute) and carried[id(call)] & derived
+        and not _handed_on(call, calls, facts, loop)
     } - {None}
     for call in calls:
         if is_training_call(call):
             return True
         if dotted(call.func) in facts.training_calls:
-            arguments = {name.value for arg in call.args for name in walk(arg.value) if isinstance(name, cst.Name)}
+            arguments = carried[id(call)]
             if (not targets and not isinstance(loop, cst.For)) or arguments & derived:
                 return True
             if any(isinstance(node, cst.Call) and dotted(node.func) == "next" for arg in call.args for node in walk(arg.value)):
@@ -156,6 +172,14 @@ def _draws_data(loop: cst.CSTNode, facts: Facts) -> bool:
             if isinstance(call.func, cst.Attribute) and dotted(call.func.value) in fed:
                 return True
     return False
+
+
+def _handed_on(call: cst.Call, calls: list[cst.Call], facts: Facts, loop: cst.CSTNode) -> bool:
+    """Is this call's result handed to a training call as a source it iterates
+    (``self.train_epoch(self.get_dataloader(key))``): it picks a loader, it is not fed a batch."""
+    graph, context = facts.analyzer.calls, facts.contexts.get(loop)
+    trained = [other for other in calls if other is not call and dotted(other.func) in facts.training_calls]
+    return any(call in walk(arg) for other in trained for arg in graph.sources_handed(other, context))
 
 
 # Methods called on a model or an optimizer, never on a batch.
@@ -210,25 +234,6 @@ def counted_steps(iterated: cst.BaseExpression) -> bool:
         return True
     wraps_one = name in ("list", "tuple", "iter", "enumerate", "reversed") or "tqdm" in name.lower()
     return wraps_one and bool(iterated.args) and counted_steps(iterated.args[0].value)
-
-
-def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
-    """``names`` and the names the body binds from them, through other such names
-    (DiffGAN-TTS: ``G_loss`` of ``Loss(model, batch, output)``, then ``model_update(model,
-    step, G_loss, opt)``: a step on the batch)."""
-    derived = set(names)
-    assignments = [node for node in walk(body) if isinstance(node, (cst.Assign, cst.AugAssign))]
-    grown = True
-    while grown:
-        grown = False
-        for node in assignments:
-            used = {n.value for n in walk(node.value) if isinstance(n, cst.Name)}
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            bound = {n.value for target in targets for n in walk(target) if isinstance(n, cst.Name)}
-            if used & derived and not bound <= derived:
-                derived |= bound
-                grown = True
-    return derived
 
 
 def _own_calls(node: cst.CSTNode) -> list[cst.Call]:

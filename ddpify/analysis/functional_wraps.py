@@ -22,6 +22,11 @@ the ``forward`` of a class of this file, on a part of ``self``, and every instan
 bound to a plain name outside any class (a part of a bigger model would be a DDP inside a
 DDP); otherwise the call stays refused (DDP004) with the reason. ``replicate`` and
 ``parallel_apply`` written by hand are refused as before.
+
+Where no gradient flows (``with torch.no_grad():``, a function decorated so), the call is
+the module's own whatever the module is (Dual-Path-RNN's validation
+``data_parallel(self.convtasnet, mix, device_ids=self.gpuid)``): ``facts.functional_calls``
+holds it with no class, and each rank evaluates its batch whole, as the one process did.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.scopes import Room
-from ddpify.analysis.tree import dotted, walk
+from ddpify.analysis.tree import dotted, walk, without_gradients
 
 FUNCTIONAL = {"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"}
 
@@ -50,6 +55,9 @@ class FunctionalWraps(Room):
             context = self.facts.contexts.get(call)
             if context is not None and context.cls is not None and context.cls.name.value in self.facts.dp_classes:
                 continue  # (a scattering DataParallel subclass's own steps: its wraps become DDP, the class unused)
+            if self._evaluates(call):
+                self.facts.functional_calls[call] = ""  # (no class: the module is called directly)
+                continue
             owner, reason = self._owner(call)
             if owner is None:
                 self._refuse(call, reason)
@@ -78,6 +86,16 @@ class FunctionalWraps(Room):
             f"DataParallel by function ({shown}()) has no DDP equivalent here: {reason}; wrap the model in DDP once "
             "where it is built and call it directly (by hand)",
         )
+
+    def _evaluates(self, call: cst.Call) -> bool:
+        """``data_parallel(module, inputs, device_ids)`` where no gradient flows (under
+        ``torch.no_grad()``, Dual-Path-RNN's validation): on one process it is ``module(inputs)``,
+        and each rank evaluates its batch whole, as DataParallel's one process did."""
+        if not self.scopes.qualified(call.func) & FUNCTIONAL or not without_gradients(call, self.scopes.parent, cst.Module([]).code_for_node):
+            return False
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        keywords_of_its_own = any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args)
+        return len(positional) >= 2 and not keywords_of_its_own and not any(arg.star for arg in call.args)
 
     def _owner(self, call: cst.Call) -> tuple[cst.ClassDef | None, str]:
         """The class whose ``forward`` makes this call on a part of ``self``."""

@@ -374,3 +374,22 @@ def statement_of(node: cst.CSTNode | None, parent_of) -> cst.BaseStatement | Non
     while node is not None and not isinstance(node, cst.BaseStatement):
         node = parent_of(node)
     return node
+
+
+def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
+    """``names`` and the names the body binds from them, through other such names
+    (DiffGAN-TTS: ``G_loss`` of ``Loss(model, batch, output)``, then ``model_update(model,
+    step, G_loss, opt)``: a step on the batch)."""
+    derived = set(names)
+    assignments = [node for node in walk(body) if isinstance(node, (cst.Assign, cst.AugAssign))]
+    grown = True
+    while grown:
+        grown = False
+        for node in assignments:
+            used = {n.value for n in walk(node.value) if isinstance(n, cst.Name)}
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            bound = {n.value for target in targets for n in walk(target) if isinstance(n, cst.Name)}
+            if used & derived and not bound <= derived:
+                derived |= bound
+                grown = True
+    return derived

@@ -1413,8 +1413,29 @@ def _used_only_under_a_switch(made: list[str], methods: dict[str, ast.FunctionDe
         # whatever the setting, it is used)
         if any((test, not in_body) in tests for test, in_body in tests):
             continue
+        if _made_where_used(attr, methods["__init__"], tests):
+            continue
         return attr, ast.unparse(tests[0][0].test)
     return None
+
+
+def _made_where_used(attr: str, init: ast.FunctionDef, uses: list[tuple[ast.If, bool]]) -> bool:
+    """Is the part made only under the very tests it is used under (cutmix's PyramidNet:
+    ``if dataset == 'cifar10': self.conv1 = ...`` in ``__init__``, ``if self.dataset ==
+    'cifar10': x = self.conv1(x)`` in forward)? Then it exists only where it trains."""
+    parents = {child: node for node in ast.walk(init) for child in ast.iter_child_nodes(node)}
+    made = [
+        _test_around(node, parents) for node in ast.walk(init) if isinstance(node, ast.Assign)
+        for target in node.targets if isinstance(target, ast.Attribute) and target.attr == attr
+        and isinstance(target.value, ast.Name) and target.value.id == "self"
+    ]
+    if not made or None in made:
+        return False
+
+    def setting(test: ast.If, in_body: bool) -> tuple[str, bool]:
+        return re.sub(r"\bself\.", "", ast.unparse(test.test)), in_body
+
+    return {setting(*test) for test in made} == {setting(*test) for test in uses}
 
 
 def _test_around(node: ast.AST, parents: dict) -> tuple[ast.If, bool] | None:

@@ -519,7 +519,7 @@ class SamplerTransform(Transform):
         code = self.context.code(original)
         self.context.add_import(*SAMPLER_IMPORT)
         per_process = self.context.options.per_process_batch
-        batch = "each process loads its own batch" if per_process else "each process loads its share of each batch"
+        batch = "each process loads its own batch" if per_process or site.regrouped else "each process loads its share of each batch"
         whole = site.loop in self.context.scattered_loops or site.regrouped and self._inner_loop(site) is not None
         if whole and site.regrouped:
             pass  # (reported where each step's batch is split: DDP406)
@@ -743,8 +743,19 @@ class SamplerTransform(Transform):
             sites = self.facts.step_call_sites.get(loop, [])
             if sites and all(self._inside(site, fed) for site in sites) and not _draws_data(loop):
                 continue  # a loop of a step function that only loops over batches call: it repeats that step
+            if self._cuts_a_drawn_item(loop, fed):
+                continue  # (each item of a sharded loader cut into the steps' batches: data_sites' regrouping)
             unfed.append(loop)
         return unfed
+
+    def _cuts_a_drawn_item(self, loop: cst.CSTNode, fed: set[cst.CSTNode]) -> bool:
+        """``for x, y in parts:`` in a function every call of which passes what a loop drawing
+        data drew (``self.train_step(self.prepare(batchs))``)."""
+        context = self.facts.contexts.get(loop)
+        if not isinstance(loop, cst.For) or context is None or context.function is None:
+            return False
+        site = DataSite(loop, loop.iter, (), context.function)
+        return self.facts.analyzer.calls.fed_by_a_drawing_loop(site, list(fed)) is not None
 
     def _serves_another_loop(self, loop: cst.CSTNode) -> bool:
         """A loop with a backward() that draws no data of its own for another loop's batch:

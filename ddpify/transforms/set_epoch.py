@@ -175,8 +175,17 @@ def _above(new: cst.BaseStatement, statement: cst.BaseStatement) -> tuple[cst.Ba
 def _rebinds(loop: cst.CSTNode, code: str) -> bool:
     """Is the loader (re)built inside the epoch loop (``train_loader = DataLoader(...)``)?"""
     module = cst.Module([])
+
+    def binds(target: cst.BaseExpression) -> bool:
+        # (`train_loader, test_loader = get_loader(args)`: pytorch-siamese-triplet)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return any(binds(element.value) for element in target.elements)
+        return module.code_for_node(target) == code
+
     return any(
-        isinstance(node, cst.Assign) and any(module.code_for_node(target.target) == code for target in node.targets)
+        isinstance(node, cst.Assign) and any(binds(target.target) for target in node.targets)
+        or isinstance(node, (cst.AnnAssign, cst.For)) and binds(node.target)
+        or isinstance(node, cst.WithItem) and node.asname is not None and binds(node.asname.name)
         for node in walk(loop.body)
     )
 

@@ -44,6 +44,12 @@ the bare model's keys, as the original's did::
     output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))   ->   output = self.main(input)
     netG = Generator(ngpu).to(device)   ->   netG = ddp_wrap(Generator(ngpu).to(device), keys_unwrapped=True)
 
+DDP137  DataParallel by function where no gradient flows (under ``torch.no_grad()``):
+the module is called directly, as one process computes it::
+
+    with torch.no_grad():
+        out = data_parallel(self.net, mix, device_ids=self.gpuid)   ->   out = self.net(mix)
+
 DDP130  a guard that is not about GPUs or devices chooses a model (``if checkpoint is None:``
 builds and wraps a new one, the ``else`` resumes a pickled one): the guard is left as it
 is, and every other path that goes on with a model wraps it too, so that every rank wraps
@@ -931,11 +937,19 @@ class WrapModelTransform(Transform):
         (a tuple of inputs, unpacked): the model built from the class is wrapped instead."""
         positional = [arg for arg in updated.args if arg.keyword is None and not arg.star]
         module, inputs = positional[0].value, positional[1].value
-        self.context.report(
-            original, "DDP136",
-            f"DataParallel by function in {self.facts.functional_calls[original]}.forward(): the part is called "
-            f"directly (`{self.context.code(original.args[0].value)}(...)`), the model built from the class is wrapped",
-        )
+        owner = self.facts.functional_calls[original]
+        if owner:
+            self.context.report(
+                original, "DDP136",
+                f"DataParallel by function in {owner}.forward(): the part is called "
+                f"directly (`{self.context.code(original.args[0].value)}(...)`), the model built from the class is wrapped",
+            )
+        else:
+            self.context.report(
+                original, "DDP137",
+                f"DataParallel by function where no gradient flows: `{self.context.code(original.args[0].value)}(...)` "
+                "is called directly, each process evaluating its batch whole",
+            )
         if isinstance(inputs, cst.Tuple):
             args = [cst.Arg(element.value) for element in inputs.elements]
         else:
