@@ -50,6 +50,9 @@ class WrapSite:
     # a model built here whose class's forward ran DataParallel by function (DCGAN's Generator):
     # the module is the construction itself, and its checkpoints keep the bare model's keys
     constructed: bool = False
+    # where that call ran, when not in the forward of the model's class: the method of a trainer
+    # whose part it ran (Dual-Path-RNN's `data_parallel(self.dualrnn, mix, ...)` in Trainer.train)
+    functional_in: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ bound to a plain name outside any class (a part of a bigger model would be a DDP
 DDP); otherwise the call stays refused (DDP004) with the reason. ``replicate`` and
 ``parallel_apply`` written by hand are refused as before.
 
+A trainer (a class that is not a model) that runs a part of its own so in one of its methods
+(Dual-Path-RNN's ``data_parallel(self.dualrnn, mix, device_ids=self.gpuid)`` in
+``Trainer.train``), the part built once by its constructor (``self.dualrnn =
+Dual_RNN.to(self.device)``), gets the wrap there (``WrapSite.functional_in``), and the call
+becomes the part's own.
+
 Where no gradient flows (``with torch.no_grad():``, a function decorated so), the call is
 the module's own whatever the module is (Dual-Path-RNN's validation
 ``data_parallel(self.convtasnet, mix, device_ids=self.gpuid)``): ``facts.functional_calls``
@@ -51,6 +57,7 @@ class FunctionalWraps(Room):
     def finish(self) -> None:
         """Decide, after the walk: wrap sites for the constructions, or DDP004 for each call."""
         classes: dict[cst.Call, cst.ClassDef] = {}
+        parts: dict[cst.Call, str] = {}  # a trainer's part, as its constructor builds it -> where it ran
         for call in self._calls:
             context = self.facts.contexts.get(call)
             if context is not None and context.cls is not None and context.cls.name.value in self.facts.dp_classes:
@@ -59,7 +66,12 @@ class FunctionalWraps(Room):
                 self.facts.functional_calls[call] = ""  # (no class: the module is called directly)
                 continue
             owner, reason = self._owner(call)
-            if owner is None:
+            built = self._trainer_part(call) if owner is None else None
+            if built is not None:
+                where = f"{self.facts.contexts[call].cls.name.value}.{self.facts.contexts[call].function.name.value}()"
+                self.facts.functional_calls[call] = where
+                parts.setdefault(built, where)
+            elif owner is None:
                 self._refuse(call, reason)
             else:
                 classes[call] = owner
@@ -78,6 +90,8 @@ class FunctionalWraps(Room):
         for made in constructions.values():
             for construction in made:
                 self.wraps.record_wrap(construction, constructed=True)
+        for construction, where in parts.items():
+            self.wraps.record_wrap(construction, constructed=True, functional_in=where)
 
     def _refuse(self, call: cst.Call, reason: str) -> None:
         shown = (dotted(call.func) or "data_parallel").rpartition(".")[2]
@@ -96,6 +110,31 @@ class FunctionalWraps(Room):
         positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
         keywords_of_its_own = any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args)
         return len(positional) >= 2 and not keywords_of_its_own and not any(arg.star for arg in call.args)
+
+    def _trainer_part(self, call: cst.Call) -> cst.Call | None:
+        """``data_parallel(self.dualrnn, mix, device_ids=self.gpuid)`` in a method of a class
+        that is not a model (Dual-Path-RNN's Trainer.train), on a part its constructor builds
+        once (``self.dualrnn = Dual_RNN.to(self.device)``): that construction is where the
+        wrap goes, and the call becomes the part's own."""
+        context = self.facts.contexts.get(call)
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        module = dotted(positional[0].value) if positional else None
+        if context is None or context.cls is None or context.function is None or len(positional) < 2 or not module:
+            return None
+        if any("Module" in (dotted(base.value) or "") for base in context.cls.bases) or not module.startswith("self.") or module.count(".") != 1:
+            return None  # (a DDP inside a model: refused)
+        if any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args):
+            return None
+        bound = [
+            node for node in walk(context.cls) if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign))
+            and any(dotted(target) == module for target in _targets(node))
+        ]
+        if len(bound) != 1 or not isinstance(bound[0], cst.Assign) or not isinstance(bound[0].value, cst.Call) or len(bound[0].targets) != 1:
+            return None
+        function = self.scopes.parent(bound[0])
+        while function is not None and not isinstance(function, (cst.FunctionDef, cst.ClassDef)):
+            function = self.scopes.parent(function)
+        return bound[0].value if isinstance(function, cst.FunctionDef) and function.name.value == "__init__" else None
 
     def _owner(self, call: cst.Call) -> tuple[cst.ClassDef | None, str]:
         """The class whose ``forward`` makes this call on a part of ``self``."""
@@ -145,3 +184,12 @@ def _outer(call: cst.Call, parent_of) -> cst.BaseExpression:
         if isinstance(grand, cst.Call) and grand.func is parent:
             return grand
     return call
+
+
+def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.Assign):
+        return [
+            part for target in node.targets
+            for part in ([element.value for element in target.target.elements] if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target])
+        ]
+    return [node.target]

@@ -135,7 +135,7 @@ class Wraps(Room):
         convert (this file's that only scatter, or a project module's)."""
         return self.facts.dp_classes.get(dotted(call.func) or "")
 
-    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False) -> None:
+    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False, functional_in: str = "") -> None:
         outer: cst.BaseExpression = call
         move = None
         parent = self.scopes.parent(call)
@@ -144,7 +144,7 @@ class Wraps(Room):
             if isinstance(grand, cst.Call) and grand.func is parent:
                 outer, move = grand, grand
         module = call if constructed else argument_in_slot(call, slot)
-        site = WrapSite(call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed)
+        site = WrapSite(call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed, functional_in=functional_in)
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
         for guard in site.guards:

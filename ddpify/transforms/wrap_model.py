@@ -44,6 +44,11 @@ the bare model's keys, as the original's did::
     output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))   ->   output = self.main(input)
     netG = Generator(ngpu).to(device)   ->   netG = ddp_wrap(Generator(ngpu).to(device), keys_unwrapped=True)
 
+The same for a trainer's part (Dual-Path-RNN's ``data_parallel(self.dualrnn, mix,
+device_ids=self.gpuid)`` in ``Trainer.train``): the part is wrapped where the trainer's
+constructor builds it (``self.dualrnn = ddp_wrap(Dual_RNN.to(self.device), keys_unwrapped=True)``)
+and called directly.
+
 DDP137  DataParallel by function where no gradient flows (under ``torch.no_grad()``):
 the module is called directly, as one process computes it::
 
@@ -938,7 +943,13 @@ class WrapModelTransform(Transform):
         positional = [arg for arg in updated.args if arg.keyword is None and not arg.star]
         module, inputs = positional[0].value, positional[1].value
         owner = self.facts.functional_calls[original]
-        if owner:
+        if owner.endswith("()"):
+            self.context.report(
+                original, "DDP136",
+                f"DataParallel by function in {owner}: the part is called directly "
+                f"(`{self.context.code(original.args[0].value)}(...)`), wrapped where the constructor builds it",
+            )
+        elif owner:
             self.context.report(
                 original, "DDP136",
                 f"DataParallel by function in {owner}.forward(): the part is called "
@@ -994,7 +1005,13 @@ class WrapModelTransform(Transform):
         if scatter_dim is not None:
             dropped = [name for name in dropped if name not in ("dim", f"argument {index + 4}")]
         note = f" (dropped {', '.join(dropped)}: GPUs are chosen on the launch line)" if dropped else ""
-        if site.constructed:
+        if site.functional_in:
+            self.context.report(
+                site.call, "DDP136",
+                f"{site.functional_in} ran this part DataParallel by function: the part built here is wrapped in "
+                "DistributedDataParallel instead, on this process's device, its checkpoints keeping the bare part's keys",
+            )
+        elif site.constructed:
             self.context.report(
                 site.call, "DDP136",
                 f"`{self.context.code(site.call.func)}` ran DataParallel by function in its forward: the model built "
