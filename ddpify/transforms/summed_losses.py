@@ -93,6 +93,8 @@ class SummedLossesTransform(Transform):
             del self._scaled[node]  # (the global count makes it DataParallel's: no factor on top)
         for node in [node for node in self._scaled if self._divided_by_a_batch_size_handed_in(node)]:
             del self._scaled[node]  # (DDP411 hands the function each process's share: a mean already)
+        for node in [node for node in self._scaled if self._made_a_mean_later(node)]:
+            del self._scaled[node]  # (each process's mean: DDP's average is the global batch's)
         self._counted_later = self._sums_divided_later()
         for node in [node for node in self._scaled if any(self._inside(node, value) for values in self._counted_later.values() for value in values)]:
             del self._scaled[node]
@@ -123,6 +125,34 @@ class SummedLossesTransform(Transform):
             if passed is not None and self.context.code(passed.value) in sizes:
                 return True
         return False
+
+    def _made_a_mean_later(self, node: cst.CSTNode) -> bool:
+        """``loss = criterion(out, y)`` summed, then ``(loss / x.size(0)).backward()`` or ``loss /=
+        len(x)``: every use that trains divides it by the length of the batch in hand, a mean of
+        each process's share, which DDP's average makes the global batch's (a factor on top made
+        every step N times DataParallel's). Reads of its value (``loss.item()``) do not train."""
+        statement = self.context.parent(node)
+        if not (isinstance(statement, cst.Assign) and statement.value is node and len(statement.targets) == 1 and isinstance(statement.targets[0].target, cst.Name)):
+            return False
+        name, function = statement.targets[0].target.value, self.context.parent(statement)
+        while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
+            function = self.context.parent(function)
+        divided = False
+        for use in walk(function) if function is not None else ():
+            if not isinstance(use, cst.Name) or use.value != name or use is statement.targets[0].target:
+                continue
+            parent = self.context.parent(use)
+            if isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.Divide) and parent.left is use and _this_batch(parent.right, self._batch_names):
+                divided = True
+            elif isinstance(parent, cst.AugAssign) and isinstance(parent.operator, cst.DivideAssign) and _this_batch(parent.value, self._batch_names):
+                divided = True
+            elif isinstance(parent, cst.AssignTarget):
+                value = self.context.parent(parent).value  # (bound again)
+                made_a_mean = isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and isinstance(value.left, cst.Name)
+                return divided or made_a_mean and value.left.value == name and _this_batch(value.right, self._batch_names)
+            elif not (isinstance(parent, cst.Attribute) and parent.value is use and parent.attr.value in ("item", "detach", "data", "cpu")):
+                return False
+        return divided
 
     # -- a sum over a count of the data: the count is the world's ----------------------------
 
