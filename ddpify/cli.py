@@ -106,7 +106,12 @@ def convert(
         _fail("--quiet and --verbose do not go together")
     results = _convert_paths(paths, files, options, jobs)
     view = View(quiet=quiet, verbose=verbose, links=_is_terminal(err=diff))
-    status = _worst(_report_conversion(result, diff, output, view) for result in results)
+    # (a project's refusal first: the files left untouched only because of it follow in one line each
+    # reason, not one block per file among the blockers)
+    held_back = [] if verbose else [result for result in results if _held_back(result)]
+    status = _worst(_report_conversion(result, diff, output, view) for result in results if result not in held_back)
+    if held_back:
+        status = _worst([status, _report_held_back(held_back, diff)])
     if status == EXIT_OK and exit_non_zero_on_change and not diff and any(r.changed and not r.error for r in results):
         status = EXIT_FINDINGS
     if verbose and not quiet:
@@ -176,6 +181,24 @@ def _convert_paths(paths: List[Path], files: list[Path], options: ConvertOptions
     alone = [file for file in files if file not in by_path]
     by_path.update((Path(r.path), r) for r in api.convert_files(alone, options, jobs))
     return [by_path[file] for file in files]
+
+
+def _held_back(result: FileResult) -> bool:
+    """Left untouched only because another file of the project was refused (DDP210)."""
+    return bool(result.error) and bool(result.diagnostics) and all(d.code == "DDP210" for d in result.diagnostics)
+
+
+def _report_held_back(results: list[FileResult], diff: bool) -> int:
+    say = (lambda text: typer.echo(text, err=True)) if diff else typer.echo
+    by_reason: dict[str, list[str]] = {}
+    for result in results:
+        for message in dict.fromkeys(d.message for d in result.diagnostics):
+            by_reason.setdefault(message, []).append(result.path)
+    for message, paths in by_reason.items():
+        shown = message.replace("this file", "these files") if len(paths) > 1 else message
+        say(f"{', '.join(paths)}: not converted (left untouched)")
+        say(f"  DDP210 {shown} [error]")
+    return EXIT_REFUSED
 
 
 def _report_conversion(result: FileResult, diff: bool, output: Path | None, view: View | None = None) -> int:

@@ -144,6 +144,30 @@ def test_quiet_says_one_line_per_file_and_why_a_file_was_refused(tmp_path):
     assert runner.invoke(app, ["convert", "-q", "-v", str(good)]).exit_code == 2
 
 
+def test_a_projects_refusal_comes_first_and_the_files_it_holds_back_share_one_line(tmp_path):
+    (tmp_path / "trainer.py").write_text(
+        "import torch\nfrom torch.nn.parallel import replicate, parallel_apply\n\n\ndef train(net, loader, opt):\n"
+        "    for x, y in loader:\n        out = parallel_apply(replicate(net, [0]), [x])[0]\n"
+        "        opt.zero_grad()\n        ((out - y) ** 2).mean().backward()\n        opt.step()\n"
+    )
+    (tmp_path / "utils.py").write_text("def log(message):\n    print(message)\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainer import train\nfrom utils import log\n\n"
+        "net = torch.nn.DataParallel(torch.nn.Linear(4, 1))\n"
+        "train(net, DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4), torch.optim.SGD(net.parameters(), 0.1))\n"
+        "log('done')\n"
+    )
+    result = runner.invoke(app, ["convert", "--diff", str(tmp_path)])
+    lines = result.output.splitlines()
+    assert result.exit_code == 3, result.output
+    refused = lines.index(f"{tmp_path / 'trainer.py'}: not converted (file left untouched)")
+    held = lines.index(f"{tmp_path / 'train.py'}, {tmp_path / 'utils.py'}: not converted (left untouched)")
+    assert refused < held and "DDP004" in lines[refused + 1] and "works together with these files" in lines[held + 1]
+    assert sum("DDP210" in line for line in lines) == 1
+    verbose = runner.invoke(app, ["convert", "--diff", "-v", str(tmp_path)])
+    assert sum(": DDP210 " in line for line in verbose.output.splitlines()) == 2  # (every file on its own)
+
+
 # -- check's output -----------------------------------------------------------------------------
 
 

@@ -1512,3 +1512,21 @@ def test_a_loss_handed_in_by_callers_out_of_sight_is_computed_on_the_whole_batch
     }
     _trains_alike(tmp_path, files, "train.py", "w.pt")
     assert "ddp_whole_batch(loss_fn" in (tmp_path / "trainer.py").read_text()
+
+
+def test_a_data_loader_built_in_the_call_to_a_project_trainer_is_sharded_there(tmp_path: Path) -> None:
+    # (refused before, DDP309: "what this call passes could not be traced to a DataLoader")
+    write_project(tmp_path, {
+        "trainer.py": (
+            "def train(net, loader, opt):\n    for x, y in loader:\n        opt.zero_grad()\n"
+            "        ((net(x) - y) ** 2).mean().backward()\n        opt.step()\n"
+        ),
+        "train.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainer import train\n\n"
+            "net = torch.nn.DataParallel(torch.nn.Linear(4, 1))\n"
+            "train(net, DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4), torch.optim.SGD(net.parameters(), 0.1))\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), render_report(results)
+    assert "train(net, ddp_shard(DataLoader(TensorDataset(" in results["train.py"].output

@@ -105,6 +105,25 @@ class CallGraph(Room):
             hosts.add(host)
         return hosts.pop() if len(hosts) == 1 else None
 
+    def kept_on_self(self, function: cst.FunctionDef, param: str) -> list[tuple[str, Context]]:
+        """A constructor's parameter kept as ``self.loader = loader``: the attribute, in every
+        method of its class (Dual-Path-RNN's Trainer validates on the loader it trains on)."""
+        owner = self.owner_class(function)
+        if owner is None or function.name.value != "__init__":
+            return []
+        return [
+            (dotted(target.target), Context(function, owner, ())) for node in walk(function.body) if isinstance(node, cst.Assign)
+            and isinstance(node.value, cst.Name) and node.value.value == param
+            for target in node.targets if (dotted(target.target) or "").startswith("self.") and dotted(target.target).count(".") == 1
+        ]
+
+    def constructors(self) -> list[Function]:
+        """The ``__init__`` of every class of this file."""
+        return [
+            node for cls in walk(self.scopes.module) if isinstance(cls, cst.ClassDef) for node in cls.body.body
+            if isinstance(node, cst.FunctionDef) and node.name.value == "__init__"
+        ]
+
     def sources_handed(self, call: cst.Call, context: Context | None) -> list[cst.BaseExpression]:
         """The arguments of a call of this file's function that it iterates (see iterated_arguments)."""
         function = self.callee(call, context)

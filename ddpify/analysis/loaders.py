@@ -144,6 +144,8 @@ class Loaders(Room):
         """The DataLoader calls that `expr` (read where `context` is) may be bound to."""
         if depth > 4:
             return []
+        if isinstance(expr, cst.Call) and expr in self.facts.loaders:
+            return [expr]  # (built where it is handed on: `train(net, DataLoader(...), opt)`)
         if isinstance(expr, cst.Attribute) and dotted(expr) and dotted(expr).startswith("self."):
             attribute = dotted(expr)[5:]
             found = list(self._attr_loaders.get(attribute, []))

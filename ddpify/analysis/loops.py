@@ -253,7 +253,9 @@ class TrainingLoops(Room):
         trainers |= set(self.facts.parameter_loaders or ())
         for site in self.facts.training_loaders:
             target, home = self._where_bound(site, contexts)
-            if target is None or home is None:
+            if target is None and site.foreign is None:
+                target, home = site.call, None  # (built where it is handed on)
+            elif target is None or home is None:
                 continue
             for target, home in self._handed_on(target, home):
                 self._find_side_passes(site, target, home, trainers)
@@ -283,20 +285,24 @@ class TrainingLoops(Room):
         iterated = [self.loaders.through_progress_variable(expr) for expr in self.loaders.iterated(loop.iter)]
         return any(dotted(expr) == target for expr in iterated)
 
-    def _handed_on(self, target: str, home: Context) -> list[tuple[str, Context]]:
+    def _handed_on(self, target: str | cst.Call, home: Context | None) -> list[tuple[str, Context]]:
         """The loader's binding, and the parameters of this file's functions it is handed to
-        (`train(model, tr_dataloader, ...)` -> `train_loader` in `def train(model, train_loader, ...)`)."""
-        bindings = [(target, home)]
-        for function in self.scopes.module_functions.values():
-            if function is home.function:
+        (`train(model, tr_dataloader, ...)` -> `train_loader` in `def train(model, train_loader, ...)`);
+        a DataLoader call handed on where it is built (`Trainer(net, DataLoader(...))`) has only those."""
+        bindings = [(target, home)] if isinstance(target, str) else []
+        for function in [*self.scopes.module_functions.values(), *self.calls.constructors()]:
+            if home is not None and function is home.function:
                 continue
             for call, context in self.calls.call_sites(function):
-                if not self._same_binding(target, home, context):
+                if isinstance(target, str) and not self._same_binding(target, home, context):
                     continue
                 for param in function.params.params:
-                    if dotted(self.calls.argument_for(function, param, call)) == target:
+                    argument = self.calls.argument_for(function, param, call)
+                    if argument is target or isinstance(target, str) and dotted(argument) == target:
                         bindings.append((param.name.value, Context(function, None, ())))
+                        bindings += self.calls.kept_on_self(function, param.name.value)
         return bindings
+
 
     def _where_bound(self, site, contexts: dict) -> tuple[str | None, Context | None]:
         """The name a training loader is bound to, and where: its DataLoader call's target, or

@@ -832,7 +832,7 @@ class SamplerTransform(Transform):
         if dataset is None:
             return "no dataset argument"
         if not isinstance(dataset, REPEATABLE) and self._assignment_statement(call) is None:
-            return "its dataset is built inside the call; assign the dataset to a variable first"
+            return "its dataset is built inside the call, and the call is not a statement of its own"
         return None
 
     def _assignment_statement(self, call: cst.Call) -> cst.SimpleStatementLine | None:
