@@ -1721,6 +1721,29 @@ def test_a_project_loss_that_counts_over_the_batch_keeps_the_batch_whole_and_spl
     assert converted == pytest.approx(expected, abs=1e-5)
 
 
+SELECTED_COUNT_LOSS = """import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MultiboxLoss(nn.Module):
+    def forward(self, predicted, labels, gt):
+        pos_mask = labels > 0
+        predicted = predicted[pos_mask, :].reshape(-1, 2)
+        gt = gt[pos_mask, :].reshape(-1, 2)
+        num_pos = gt.size(0)
+        return F.smooth_l1_loss(predicted, gt, reduction='sum') / num_pos
+"""
+
+
+def test_a_project_loss_divided_by_the_length_of_what_a_mask_picks_keeps_the_batch_whole(tmp_path):
+    # ULFD's MultiboxLoss: `num_pos = gt_locations.size(0)` of `gt_locations[pos_mask, :]`, a count
+    # of the batch's positives (each rank would divide by its share's: 4.7e-3 off after 4 steps)
+    train = MULTIBOX_TRAIN.replace("from multibox import MultiBoxLoss", "from multibox import MultiboxLoss as MultiBoxLoss")
+    project(tmp_path, {"multibox.py": SELECTED_COUNT_LOSS, "train.py": train})
+    result = convert_file(tmp_path / "train.py")
+    assert any(d.code == "DDP314" for d in result.diagnostics), result.diagnostics
+
+
 STEREO_LOSS = '''import torch.nn.functional as F
 
 

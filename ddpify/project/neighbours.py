@@ -933,8 +933,13 @@ def normalised_by_a_count(definition: ast.AST) -> bool:
     """A division by a total count of the inputs' content: ``loss_l /= N`` with ``N =
     num_pos.data.sum()`` (DSFD's MultiBoxLoss), ``valid.nelement() / valid.sum()`` (cc's
     photometric loss); not a per-sample count (``mask.sum(dim=1)``), nor a weight's (``self.``)."""
+    selections = {
+        target.id for node in ast.walk(definition) if isinstance(node, ast.Assign) and _a_selection(node.value)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
     counts = {
-        target.id for node in ast.walk(definition) if isinstance(node, ast.Assign) and _a_total_count(node.value)
+        target.id for node in ast.walk(definition) if isinstance(node, ast.Assign)
+        and (_a_total_count(node.value) or _a_length_of(node.value, selections))
         for target in node.targets if isinstance(target, ast.Name)
     }
 
@@ -947,6 +952,32 @@ def normalised_by_a_count(definition: ast.AST) -> bool:
         or isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div) and counted(node.value)
         for node in ast.walk(definition)
     )
+
+
+def _a_selection(value: ast.AST) -> bool:
+    """``gt_locations[pos_mask, :]`` (through ``.reshape(-1, 4)``, ``.view(...)``): the elements a
+    mask picks from the batch, as many as the batch's content holds."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in ("reshape", "view", "contiguous", "float"):
+        value = value.func.value
+    if not isinstance(value, ast.Subscript):
+        return False
+    index = value.slice.elts[0] if isinstance(value.slice, ast.Tuple) and value.slice.elts else value.slice
+    return isinstance(index, (ast.Name, ast.Compare)) and not (isinstance(index, ast.Name) and index.id.isupper())
+
+
+def _a_length_of(value: ast.AST, selections: set[str]) -> bool:
+    """``gt_locations.size(0)``, ``len(x)``, ``x.shape[0]`` of a selection (ULFD's MultiboxLoss:
+    ``num_pos = gt_locations.size(0)`` of ``gt_locations[pos_mask, :]``): a count of the batch's
+    content."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size" and value.args:
+        measured = value.func.value
+    elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "len" and value.args:
+        measured = value.args[0]
+    elif isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute) and value.value.attr == "shape":
+        measured = value.value.value
+    else:
+        return False
+    return isinstance(measured, ast.Name) and measured.id in selections
 
 
 def _scaled_to_one(division: ast.BinOp, definition: ast.AST) -> bool:
