@@ -106,7 +106,11 @@ def unused_outputs(module: cst.Module, facts: Facts) -> dict[str, str]:
     output get no gradient, and DDP stops at the next step ("Expected to have finished
     reduction"), so it must look for them (find_unused_parameters). Model name -> the
     assignment's code."""
-    found: dict[str, str] = {}
+    # (model, scope, outputs) -> positions some call reads, and the first call that drops one: a
+    # model called twice in a step that reads each output at one of the calls (BLINK's bi-encoder,
+    # `ctxt, _ = m(x, None)` then `_, cands = m(None, y)`) leaves no parameter idle
+    read_at: dict[tuple, set[int]] = {}
+    dropping: dict[tuple, cst.Assign] = {}
     for node in walk(module):
         if not isinstance(node, cst.Assign) or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
             continue
@@ -114,13 +118,22 @@ def unused_outputs(module: cst.Module, facts: Facts) -> dict[str, str]:
         target = node.targets[0].target
         if model is None or not isinstance(target, (cst.Tuple, cst.List)):
             continue
-        names = [element.value.value for element in target.elements if isinstance(element.value, cst.Name)]
         scope = _function_of(node, facts) or module
         if not any(isinstance(n, cst.Attribute) and n.attr.value == "backward" for n in walk(scope)):
             continue  # evaluation: no gradient is expected
         read = {n.value for n in walk(scope) if isinstance(n, cst.Name) and not _bound_by(n, target)}
-        if any(name == "_" or name not in read for name in names):
-            found.setdefault(model, cst.Module([]).code_for_node(node))
+        key = (model, id(scope), len(target.elements))
+        used = {
+            index for index, element in enumerate(target.elements)
+            if not (isinstance(element.value, cst.Name) and (element.value.value == "_" or element.value.value not in read))
+        }
+        read_at.setdefault(key, set()).update(used)
+        if len(used) < len(target.elements):
+            dropping.setdefault(key, node)
+    found: dict[str, str] = {}
+    for key, node in dropping.items():
+        if len(read_at[key]) < key[2]:
+            found.setdefault(key[0], cst.Module([]).code_for_node(node))
     return found
 
 
