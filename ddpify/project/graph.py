@@ -48,6 +48,9 @@ class ModuleInfo:
     def_words: dict[str, set[str]] = field(default_factory=dict)
     words: set[str] = field(default_factory=set)
     runs: bool = False  # a `__main__` block
+    # a `__main__` block read as a self-test: the names it calls (one of a project module's makes
+    # it a script after all: optml_gan's run.py calls `run_experiment(...)` of src/gridsearch.py)
+    self_test_calls: frozenset[str] = frozenset()
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
     # `importlib.import_module("models." + name)`: every project module under "models."
@@ -107,6 +110,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     defined = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     if info.runs and _self_test_only(tree, {node.name for node in defined}):
         info.runs = False
+        info.self_test_calls = _main_block_calls(tree)
     info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or _runs_an_object(tree.body) or (
         _wraps_at_top_level(tree.body) and any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body)
     )
@@ -193,6 +197,14 @@ def _self_test_only(tree: ast.Module, functions: set[str]) -> bool:
         if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(isinstance(n, (ast.For, ast.While)) for n in ast.walk(method))
     }
     return not named & looping
+
+
+def _main_block_calls(tree: ast.Module) -> frozenset[str]:
+    """The names the ``__main__`` block calls (``run_experiment``, the head of ``pkg.run(...)``)."""
+    return frozenset(
+        ast.unparse(node.func).split(".")[0] for block in tree.body if isinstance(block, ast.If) and _is_main_test(block.test)
+        for node in ast.walk(block) if isinstance(node, ast.Call)
+    )
 
 
 # A called name that says it trains (`train`, `train_model`, `fit`, `run`, `main`, `step`)
@@ -303,6 +315,8 @@ class Project:
                 for bound, (module, attribute) in info.bindings.items()
                 if self.in_project(module) and (module, attribute) != (name, None)
             }
+            if info.self_test_calls & info.imported_names:
+                info.runs = True
             self._read[name] = info
         return self._read[name]
 
