@@ -374,6 +374,8 @@ class SummedLossesTransform(Transform):
             return False
         if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
             return True
+        if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and self._over_stacked_batches(value.func.value):
+            return True
         if any(arg.keyword is not None and arg.keyword.value in ("reduction", "size_average", "reduce") for arg in value.args):
             return False
         if self.context.qualified(value.func) & MEAN_LOSSES:
@@ -382,6 +384,22 @@ class SummedLossesTransform(Transform):
         return len(made) == 1 and isinstance(made[0], cst.Call) and bool(self.context.qualified(made[0].func) & MEAN_LOSS_MODULES) and not any(
             arg.keyword is not None and arg.keyword.value in ("reduction", "size_average", "reduce") for arg in made[0].args
         )
+
+    def _over_stacked_batches(self, reshaped: cst.BaseExpression) -> bool:
+        """``out.view(len(outputs), -1)`` of ``out = torch.stack(outputs, 0)`` (adversarial-pose's
+        hourglass stacks): its rows are the stacked outputs, each holding the whole batch, so a
+        mean along them averages the batch and the sum after it runs over the stacks only."""
+        if not (isinstance(reshaped, cst.Call) and isinstance(reshaped.func, cst.Attribute) and reshaped.func.attr.value in ("view", "reshape")):
+            return False
+        if len(reshaped.args) != 2 or self.context.code(reshaped.args[1].value).replace(" ", "") != "-1":
+            return False
+        for name in walk(reshaped.func.value):
+            bound = self._bound_value(name) if isinstance(name, cst.Name) else None
+            if isinstance(bound, cst.Call) and "torch.stack" in self.context.qualified(bound.func):
+                dim = keyword_arg(bound, "dim") or (bound.args[1] if len(bound.args) > 1 and bound.args[1].keyword is None else None)
+                if dim is None or self.context.code(dim.value) == "0":
+                    return True
+        return False
 
     @property
     def _loss_bindings(self) -> dict[str, list[cst.Assign]]:
