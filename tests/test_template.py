@@ -1767,3 +1767,18 @@ def test_a_scatter_of_tensors_of_different_lengths_stops_instead_of_pairing_rows
     with pytest.raises(ValueError, match="differ in length"):
         template.ddp_scatter((torch.zeros(8, 3), torch.zeros(15, 6)))
     assert [t.shape[0] for t in template.ddp_scatter((torch.zeros(8, 3), torch.zeros(8)))] == [4, 4]
+
+
+def test_a_drawn_batch_splits_a_list_of_per_sample_arrays_by_sample(monkeypatch):
+    # object_relation_transformer's get_batch(): the rows of every caption (4 images x 5) beside
+    # `gts`, one array of captions per image (5 or 6): each rank takes its images' rows and gts
+    numpy = pytest.importorskip("numpy")
+    _as_rank(monkeypatch, 1, world=2)
+    monkeypatch.setattr(template, "ddp_alike", lambda batch: batch)
+    gts = [numpy.full((5 + i % 2, 3), i) for i in range(4)]
+    batch = {"feats": torch.arange(20).view(20, 1), "gts": gts, "bounds": {"wrapped": False}}
+    share = template.ddp_drawn(lambda: batch)
+    assert share["feats"].flatten().tolist() == list(range(10, 20))
+    assert [int(array[0, 0]) for array in share["gts"]] == [2, 3] and share["bounds"] == {"wrapped": False}
+    with pytest.raises(ValueError, match="differ in length"):  # (7 images' captions for 20 rows: not by sample)
+        template.ddp_drawn(lambda: {"feats": torch.zeros(20, 1), "gts": [numpy.zeros((5 + i % 2, 3)) for i in range(7)]})

@@ -539,10 +539,28 @@ def ddp_drawn(draw, *args, **kwargs):
     each rank has of its own after the first step, is rank 0's: ddp_alike), then this rank's
     share of it, as DataParallel's scatter split it."""
     batch = draw(*args, **kwargs)
-    return ddp_scatter(ddp_alike(batch)) if dist.get_world_size() > 1 else batch
+    if dist.get_world_size() == 1:
+        return batch
+    batch = ddp_alike(batch)
+    return ddp_scatter(batch, samples=ddp_sample_lists(batch))
 
 
-def ddp_scatter(item, each_one=False):
+def ddp_sample_lists(item):
+    """The lists (and tuples) in a drawn dict whose arrays are not as long as its own arrays
+    (or differ in length among themselves): one item per sample (object_relation_transformer's
+    ``gts``, each image's captions beside the rows of every caption), split as a sequence of
+    samples, not array by array."""
+    if not isinstance(item, dict):
+        return frozenset()
+    arrays = lambda values: [value for value in values if torch.is_tensor(value) or type(value).__module__ == "numpy"]
+    rows = {len(value) for value in arrays(item.values()) if getattr(value, "ndim", 0)}
+    return frozenset(
+        id(value) for value in item.values() if isinstance(value, (list, tuple)) and arrays(value)
+        and (len({len(part) for part in arrays(value)}) > 1 or not {len(part) for part in arrays(value)} <= rows)
+    )
+
+
+def ddp_scatter(item, each_one=False, samples=frozenset()):
     """This rank's share of a batch: every tensor (and numpy array) split along its first
     dimension, tuples, lists and dicts walked into (ddp_leaves), anything else whole, as
     DataParallel's scatter."""
@@ -564,15 +582,21 @@ def ddp_scatter(item, each_one=False):
             import numpy
 
             return numpy.array_split(leaf, world, axis=dim)[rank]
+        if id(leaf) in samples:  # (one item per sample: this rank's run of them)
+            size, larger = divmod(len(leaf), world)
+            start = rank * size + min(rank, larger)
+            return type(leaf)(leaf[start:start + size + (rank < larger)])
         return leaf
 
-    sizes = {leaf.shape[dim] for leaf in ddp_leaves(item) if (torch.is_tensor(leaf) or type(leaf).__module__ == "numpy") and getattr(leaf, "ndim", 0) > dim}
-    if len(sizes) > 1:
+    leaves = ddp_leaves(item, whole=samples)
+    sizes = {leaf.shape[dim] for leaf in leaves if (torch.is_tensor(leaf) or type(leaf).__module__ == "numpy") and getattr(leaf, "ndim", 0) > dim}
+    counts = {len(leaf) for leaf in leaves if id(leaf) in samples}
+    if len(sizes) > 1 or any(size % count or count % world for size in sizes for count in counts):
         # (YOLO's targets: one row per box, not per image; a cut by rows would pair boxes with
         # another rank's images, which DataParallel did too and a single process never does)
-        raise ValueError(f"ddp_scatter: the batch's tensors differ in length along dimension {dim} ({sorted(sizes)}): "
+        raise ValueError(f"ddp_scatter: the batch's tensors differ in length along dimension {dim} ({sorted(sizes | counts)}): "
                          "they cannot all be cut by sample; shard this loader with a DistributedSampler by hand")
-    return ddp_leaves(item, share)
+    return ddp_leaves(item, share, whole=samples)
 
 
 def ddp_resampled(loader, dataset, batch_size=None, sampler=None, batch_sampler=None, drop_last=False, **options):
@@ -1112,14 +1136,15 @@ def ddp_scattered(model, *args, **kwargs):
     return ddp_gathered(model(*ddp_scatter(args), **ddp_scatter(kwargs)))
 
 
-def ddp_leaves(item, change=None):
+def ddp_leaves(item, change=None, whole=frozenset()):
     """The tensors (and other leaves) inside tuples, lists and dicts, depth first; with
-    ``change``, the same structure with each leaf changed."""
+    ``change``, the same structure with each leaf changed. A list or tuple whose id is in
+    ``whole`` is a leaf."""
     if isinstance(item, dict):
-        items = {key: ddp_leaves(value, change) for key, value in item.items()}
+        items = {key: ddp_leaves(value, change, whole) for key, value in item.items()}
         return type(item)(items) if change else [leaf for value in items.values() for leaf in value]
-    if isinstance(item, (list, tuple)):
-        parts = [ddp_leaves(value, change) for value in item]
+    if isinstance(item, (list, tuple)) and id(item) not in whole:
+        parts = [ddp_leaves(value, change, whole) for value in item]
         if not change:
             return [leaf for part in parts for leaf in part]
         return type(item)(*parts) if hasattr(item, "_fields") else type(item)(parts)

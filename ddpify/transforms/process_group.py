@@ -74,6 +74,7 @@ TEMPLATE_NAMES = (
     "ddp_batch_share",
     "ddp_cut",
     "ddp_drawn",
+    "ddp_sample_lists",
     "ddp_scatter",
     "ddp_resampled",
     "ddp_rebuildable",
