@@ -29,6 +29,9 @@ model's outputs gathered instead, and the loop computes on the global batch::
 
     out = F.normalize(model(x), dim=1)   ->   out = F.normalize(ddp_gathered(model(x)), dim=1)
 
+and so does a product of two outputs of the wrapped model (two towers' in-batch negatives, BLINK's
+``ctxt @ cands.t()`` of ``ctxt, _ = model(x, None)`` and ``_, cands = model(None, y)``).
+
 A training loss computed out of sight (analysis/losses_out_of_sight.py: a callable the step takes
 as a parameter whose callers are in another module, reid-strong-baseline's ``loss_fn``; one made
 by a factory of another module, pytorch-semseg's ``get_loss_function(cfg)``, a partial whose
@@ -194,7 +197,7 @@ class BatchLossesTransform(Transform):
                     drawn = self._drawn_in(self._innermost_loop(node))
                     if drawn is not None and roots - drawn:
                         continue  # (the classes' weights compared with each other: alike on every rank)
-                    if len(roots) == 1 and None not in roots:
+                    if None not in roots and (len(roots) == 1 or self._outputs_of_the_model(roots, self._innermost_loop(node))):
                         model_calls = self._only_through_the_model(self._innermost_loop(node))
                         if model_calls:
                             self._gathered_outputs.update(model_calls)
@@ -218,6 +221,20 @@ class BatchLossesTransform(Transform):
                             "loss (`def contrastive_loss(out, ...)`): ddpify gives such a loss the whole global batch",
                         )
                         return
+
+    def _outputs_of_the_model(self, roots: set[str], loop: cst.CSTNode | None) -> bool:
+        """Is every name the product compares bound in the loop to what a wrapped model returns
+        (BLINK's two towers: `ctxt, _ = model(x, None)`, `_, cands = model(None, y)`, then
+        `ctxt @ cands.t()`): DataParallel compared the whole global batches of both."""
+        if loop is None:
+            return False
+        models = self._wrapped_names
+        made = {
+            name.value for node in walk(loop.body) if isinstance(node, cst.Assign)
+            and any(dotted(call.func) in models for call in calls_in(node.value))
+            for target in node.targets for name in walk(target.target) if isinstance(name, cst.Name)
+        }
+        return roots <= made
 
     def _innermost_loop(self, node: cst.CSTNode) -> cst.CSTNode | None:
         while node is not None and not isinstance(node, (cst.For, cst.While)):
