@@ -76,7 +76,7 @@ def data_sites(facts: Facts) -> list[DataSite]:
         for expr in found:
             if isinstance(expr, (cst.Name, cst.Attribute)):
                 expr = analyzer.loaders.through_progress_variable(expr)
-            if id(expr) in seen or _counts_steps(expr, analyzer) or part_of_a_model(expr, loop):
+            if id(expr) in seen or _counts_steps(expr, analyzer) or part_of_a_model(expr, loop) or _model_state(expr):
                 continue
             seen.add(id(expr))
             if isinstance(expr, cst.Call):
@@ -111,6 +111,17 @@ def _counts_steps(expr: cst.BaseExpression, analyzer) -> bool:
     assignments = list(scope[expr.value]) if scope is not None else []
     values = [analyzer.scopes.assigned_value(a.node) for a in assignments if getattr(a, "node", None) is not None]
     return bool(values) and len(values) == len(assignments) and all(index is None and counted_steps(value) for value, index in values)
+
+
+# What a model or an optimizer holds, never data (NAIC's `for param in criterion_center.parameters():`
+# that rescales the centre loss's gradients before its step).
+MODEL_STATE = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules", "children", "named_children", "state_dict"}
+
+
+def _model_state(expr: cst.BaseExpression) -> bool:
+    if isinstance(expr, cst.Attribute):
+        return expr.attr.value == "param_groups"
+    return isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in MODEL_STATE
 
 
 def part_of_a_model(expr: cst.BaseExpression, loop: cst.CSTNode) -> bool:
