@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, run_launched
-from ddpify.api import convert_file, convert_project
+from ddpify.api import convert_project
 from ddpify.diagnostics import FileResult
 
 # One worker runs this file whole: its module-scoped fixtures are shared by its tests.
@@ -1534,8 +1534,7 @@ def test_a_data_loader_built_in_the_call_to_a_project_trainer_is_sharded_there(t
 
 def test_a_main_block_that_calls_a_project_function_which_wraps_and_trains_is_the_entry(tmp_path: Path) -> None:
     # optml_gan: run.py's `__main__` calls `run_experiment(...)` of src/, which builds the wrapped
-    # model and trains; read as a self-test, folder mode found no entry (DDP202) and single-file
-    # mode said "nothing to convert"
+    # model and trains; read as a self-test, folder mode found no entry (DDP202)
     write_project(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/exp.py": (
@@ -1552,5 +1551,3 @@ def test_a_main_block_that_calls_a_project_function_which_wraps_and_trains_is_th
     results = convert_tree(tmp_path)
     assert not any(r.error for r in results.values()), render_report(results)
     assert any(d.code == "DDP204" for d in results["main.py"].diagnostics)
-    alone = convert_file(tmp_path / "main.py")
-    assert alone.error and any(d.code == "DDP214" for d in alone.diagnostics)

@@ -156,21 +156,11 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
     holds both), for a script that names no DataParallel itself but trains: a single-file
     conversion would miss the wrap."""
     trains_here = re.search(r"backward\(|optimi[sz]er|\.step\(", source) is not None
-    if not trains_here and not re.search(r"\btrain|^from\s+[\w.]+\s+import\s", source, re.MULTILINE):
+    if not trains_here and not re.search(r"\btrain", source):
         return None
     found = read_neighbours(path, source)
     if not found.wrapping_modules:
         return None
-    # (optml_gan's run.py: `from src.gridsearch import run_experiment`, then `run_experiment(...)` as a
-    # statement of its own, which builds the wrapped model and trains it; not `model = generate_model()`)
-    calls_what_wraps = any(
-        re.search(rf"^\s*{re.escape(name)}\s*\(", source, re.MULTILINE)
-        for module in found.wrapping_modules
-        for names in re.findall(rf"^\s*from\s+{re.escape(module)}\s+import\s+\(?([\w\s,]+)", source, re.MULTILINE)
-        for name in re.findall(r"\w+", names) if name != "as"
-    )
-    if calls_what_wraps:
-        trains_here = True
     # (TransUNet's train.py trains nothing itself: it calls trainer.py's trainer_synapse(),
     # which wraps and trains; an evaluation script that calls neither is not refused)
     # (SR3's sr.py: `for _, train_data in enumerate(train_loader): diffusion.optimize_parameters()`,
