@@ -108,8 +108,7 @@ class FunctionalWraps(Room):
         if not self.scopes.qualified(call.func) & FUNCTIONAL or not without_gradients(call, self.scopes.parent, cst.Module([]).code_for_node):
             return False
         positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-        keywords_of_its_own = any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args)
-        return len(positional) >= 2 and not keywords_of_its_own and not any(arg.star for arg in call.args)
+        return len(positional) >= 2 and not _keywords_of_its_own(call) and not any(arg.star for arg in call.args)
 
     def _trainer_part(self, call: cst.Call) -> cst.Call | None:
         """``data_parallel(self.dualrnn, mix, device_ids=self.gpuid)`` in a method of a class
@@ -123,7 +122,7 @@ class FunctionalWraps(Room):
             return None
         if any("Module" in (dotted(base.value) or "") for base in context.cls.bases) or not module.startswith("self.") or module.count(".") != 1:
             return None  # (a DDP inside a model: refused)
-        if any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args):
+        if _keywords_of_its_own(call):
             return None
         bound = [
             node for node in walk(context.cls) if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign))
@@ -149,7 +148,7 @@ class FunctionalWraps(Room):
         owner = context.cls if context is not None else None
         if function is None or owner is None or function.name.value != "forward":
             return None, "it is not in the forward() of a model class of this file"
-        if any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args):
+        if _keywords_of_its_own(call):
             return None, "it passes the part keyword arguments of its own"
         return owner, ""
 
@@ -184,6 +183,11 @@ def _outer(call: cst.Call, parent_of) -> cst.BaseExpression:
         if isinstance(grand, cst.Call) and grand.func is parent:
             return grand
     return call
+
+def _keywords_of_its_own(call: cst.Call) -> bool:
+    """Keywords ``data_parallel()`` hands the part (``module_kwargs``), beside its own device
+    arguments: the part's call could not be written from them alone."""
+    return any(arg.keyword is not None and arg.keyword.value not in ("device_ids", "output_device", "dim") for arg in call.args)
 
 
 def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
