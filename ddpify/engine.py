@@ -102,7 +102,7 @@ class FileConversion:
         except cst.ParserSyntaxError as error:
             self.module = _without_async_keywords(source)
             if self.module is None:
-                self.failed = _refused(path, source, [_parse_error(source, error)])
+                self.failed = _refused(path, source, [parse_error(source, error)])
                 return
             self.source = source = self.module.code
         self.wrapper = cst.MetadataWrapper(self.module, unsafe_skip_copy=True)
@@ -378,7 +378,7 @@ def _without_async_keywords(source: str) -> cst.Module | None:
         return None
 
 
-def _parse_error(source: str, error: cst.ParserSyntaxError) -> Diagnostic:
+def parse_error(source: str, error: cst.ParserSyntaxError) -> Diagnostic:
     """Python's own position and words where it has them (libcst's line can be one late)."""
     line, column, message = error.raw_line, error.raw_column + 1, error.message
     try:

@@ -1551,3 +1551,20 @@ def test_a_main_block_that_calls_a_project_function_which_wraps_and_trains_is_th
     results = convert_tree(tmp_path)
     assert not any(r.error for r in results.values()), render_report(results)
     assert any(d.code == "DDP204" for d in results["main.py"].diagnostics)
+
+
+def test_a_training_script_that_does_not_parse_is_named_with_its_parse_error(tmp_path: Path) -> None:
+    # (pytorch-PersonReID: merge-conflict markers in train.py; folder mode said it trained nothing)
+    script = (
+        "import torch\nfrom models import build\n<<<<<<< HEAD\nlr = 0.1\n=======\nlr = 0.2\n>>>>>>> other\n\n"
+        "def main():\n    model = build()\n    opt = torch.optim.SGD(model.parameters(), lr)\n"
+        "    model(torch.ones(1, 2)).sum().backward()\n    opt.step()\n\n\nif __name__ == '__main__':\n    main()\n"
+    )
+    models = "import torch.nn as nn\n\ndef build():\n    return nn.DataParallel(nn.Linear(2, 2))\n"
+    write_project(tmp_path, {"train.py": script, "models.py": models, "tools/py2.py": "print 'x'\nif __name__ == '__main__':\n    pass\n"})
+    results = convert_tree(tmp_path)
+    assert [(d.code, d.line) for d in results["train.py"].diagnostics] == [("DDP001", 3)]
+    assert [d.code for d in results["models.py"].diagnostics] == ["DDP210"]
+    assert "train.py does not parse" in results["models.py"].diagnostics[0].message
+    assert not any(result.changed for result in results.values())
+    assert not results["tools/py2.py"].diagnostics  # a script ddpify has no business with is passed over

@@ -53,6 +53,7 @@ class ModuleInfo:
     self_test_calls: frozenset[str] = frozenset()
     wraps: bool = False  # says DataParallel
     trains: bool = False  # calls .backward() or .step()
+    parses: bool = True  # False: Python cannot read it (a merge-conflict marker, Python 2)
     # `importlib.import_module("models." + name)`: every project module under "models."
     dynamic_prefixes: set[str] = field(default_factory=set)
     star_modules: list[str] = field(default_factory=list)  # `from .util import *`: what it re-exports
@@ -72,6 +73,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
     try:
         tree = parse_source(source)
     except (SyntaxError, ValueError):
+        info.parses = False
         return info
     package = info.name.split(".") if path.name == "__init__.py" else info.name.split(".")[:-1]
     # (BicycleGAN's `model_filename = "models." + model_name + "_model"`, then

@@ -26,6 +26,8 @@ from ddpify.project.verdicts import (
     _leave_unused_subclasses,
     _left_for_evaluation,
     _refusal,
+    unreadable_result,
+    _refusal,
     _refuse_together,
     _wraps,
 )
@@ -88,6 +90,8 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     files = open_files(list(sources), jobs)
     try:
         candidates = project.candidates()
+        if _unreadable_first(candidates, results, root, options):
+            return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
         run = ProjectConversion(project, options, results)
         run.files = files
         run.load(run.likely_conversions(candidates))
@@ -110,6 +114,24 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     if not options.allow_partial:
         _leave_all_if_refused(results, root)
     return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
+
+
+def _unreadable_first(candidates: list[ModuleInfo], results: dict[Path, FileResult], root: Path, options: ConvertOptions) -> bool:
+    """A script or DataParallel module Python cannot read (a merge-conflict marker, Python 2)
+    is refused with its parse error, never judged to train nothing; what it may import cannot
+    be known, so the project's other DataParallel files wait for it (unless partial output is
+    allowed). True if that settled the project."""
+    unreadable = [info for info in candidates if not info.parses and (info.wraps or info.trains) and info.path not in results]
+    for info in unreadable:
+        results[info.path] = unreadable_result(info)
+    if not unreadable or options.allow_partial:
+        return False
+    name = unreadable[0].path.relative_to(root) if unreadable[0].path.is_relative_to(root) else unreadable[0].path
+    reason = f"{name} does not parse, so what it takes from this file cannot be known, and a project converts whole or not at all"
+    for info in candidates:
+        if info.path not in results and info.wraps:
+            results[info.path] = _refusal(FileResult(str(info.path), info.source, info.source), "DDP210", reason)
+    return True
 
 
 class ProjectConversion:

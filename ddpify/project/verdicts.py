@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+import libcst as cst
+
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words
 
@@ -123,12 +125,26 @@ def _refusal(result: FileResult, code: str, reason: str) -> FileResult:
 
 
 def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
+    if not entry.parses:  # (pytorch-PersonReID: merge-conflict markers; it was said to train nothing)
+        return unreadable_result(entry)
     reason = (
         "uses the project's DataParallel models but trains nothing (no backward() here or in the project "
         "functions it calls): left as it is; it runs as one process, the converted modules allow that"
     )
     diagnostic = Diagnostic(1, 1, "DDP212", reason, Severity.WARNING)
     return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,))
+
+
+def unreadable_result(entry: ModuleInfo) -> FileResult:
+    """What single-file mode says of a file that does not parse (DDP001, Python's position)."""
+    from ddpify.engine import parse_error  # (the engine imports project mode)
+
+    try:
+        cst.parse_module(entry.source)
+        diagnostic = Diagnostic(1, 1, "DDP001", "cannot parse", Severity.ERROR)
+    except cst.ParserSyntaxError as error:
+        diagnostic = parse_error(entry.source, error)
+    return FileResult(str(entry.path), entry.source, entry.source, (diagnostic,), None, f"not converted: {diagnostic.message}")
 
 
 def _wraps(result: FileResult) -> bool:

@@ -637,11 +637,14 @@ class BatchLossesTransform(Transform):
         instances = self._instances(definitions)
         found: dict[str, tuple[cst.ClassDef | cst.FunctionDef, list[cst.Call]]] = {}
         for loop in self.facts.training_steps:
+            handed = self._handed_instances(loop, definitions)
             for call in calls_in(loop.body):
                 name = dotted(call.func) or ""
-                target = definitions.get(name) or definitions.get(instances.get(name, ""))
+                target = definitions.get(name) or definitions.get(handed.get(name) or instances.get(name, ""))
                 if target is None or self._evaluates(call, name):
                     continue
+                if isinstance(target, cst.ClassDef) and name == target.name.value:
+                    continue  # (`train(..., TripletLoss(0.3))`: the instance is made, its calls are the step's)
                 pattern = LOSS_CLASS if isinstance(target, cst.ClassDef) else LOSS_FUNCTION
                 # (or a function or class of any name given the model's outputs: HCL's `criterion(out_1,
                 # out_2, ...)`, KD-Zoo's relational `RKD(...)`)
@@ -649,6 +652,28 @@ class BatchLossesTransform(Transform):
                 if pattern.search(target.name.value) or handed_outputs:
                     found.setdefault(target.name.value, (target, []))[1].append(call)
         return found
+
+    def _handed_instances(self, loop: cst.CSTNode, definitions: dict) -> dict[str, str]:
+        """The parameters of the function around ``loop`` that its callers in this file hand an
+        instance of a class of this file (``criterion`` of ``def train(..., criterion)`` called as
+        ``train(..., TripletLoss(0.3))`` or with ``criterion = TripletLoss()``) -> that class."""
+        function = self.context.parent(loop)
+        while function is not None and not isinstance(function, cst.FunctionDef):
+            function = self.context.parent(function)
+        if function is None or isinstance(self.context.parent(self.context.parent(function)), cst.ClassDef):
+            return {}
+        params = [param.name.value for param in function.params.params]
+        instances, handed = self._instances(definitions), {}
+        for call in calls_in(self.context.module):
+            if dotted(call.func) != function.name.value:
+                continue
+            for index, arg in enumerate(call.args):
+                param = arg.keyword.value if arg.keyword else params[index] if index < len(params) else None
+                made = dotted(arg.value.func) if isinstance(arg.value, cst.Call) else None
+                cls = made if isinstance(definitions.get(made or ""), cst.ClassDef) else instances.get(dotted(arg.value) or "")
+                if param is not None and cls is not None:
+                    handed[param] = cls
+        return handed
 
     def _instances(self, definitions: dict) -> dict[str, str]:
         """``criterion`` / ``self.criterion`` -> ``TripletLoss`` for ``criterion = TripletLoss(...)``."""
