@@ -23,7 +23,7 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import ParentNodeProvider, ScopeProvider
 
-from ddpify.analysis.tree import bound_names, calls_in, dotted, walk
+from ddpify.analysis.tree import bound_names, calls_in, dotted, names_bound_in, walk
 
 # Calls that look at a path on disk: a check of a folder before it is made.
 EXISTENCE_CHECKS = ("os.path.exists", "os.path.isdir", "os.path.isfile", "exists", "is_dir", "isdir")
@@ -43,6 +43,7 @@ class GuardUnits:
         self.unsafe = unsafe
         self.unsafe_for_a_value = unsafe_for_a_value or unsafe  # (stricter: a value need not move)
         self.joined: set[cst.CSTNode] = set()  # statements guarded with the write below them
+        self.followers: set[cst.CSTNode] = set()  # statements guarded with the write above them (its file's close())
         self.folder_units: set[cst.CSTNode] = set()  # folder checks and the folder made after them
         self.remade: set[cst.CSTNode] = set()  # among them, a folder removed and made again
         for node in walk(module):
@@ -53,7 +54,7 @@ class GuardUnits:
         return statement in self.remade
 
     def guarded(self, statement: cst.CSTNode) -> bool:
-        return statement in self.joined or statement in self.folder_units
+        return statement in self.joined or statement in self.folder_units or statement in self.followers
 
     def _plan(self, statements: list[cst.BaseStatement]) -> None:
         for index, statement in enumerate(statements):
@@ -72,6 +73,23 @@ class GuardUnits:
                 unit.append(statements[before])
                 self.joined.add(statements[before])
                 before -= 1
+            bound = names_bound_in(statement)
+            for after in statements[index + 1:]:
+                if not self._uses_only(after, bound):
+                    break
+                self.followers.add(after)
+
+    def _uses_only(self, statement: cst.BaseStatement, bound: set[str]) -> bool:
+        """``the_file.close()`` right after the guarded ``with open(...) as the_file:``: calls of
+        what the guarded statement bound, as statements (reid: on rank 1 the name was never bound)."""
+        if not isinstance(statement, cst.SimpleStatementLine):
+            return False
+        return all(
+            isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+            and isinstance(small.value.func, cst.Attribute) and dotted(small.value.func.value) in bound
+            and not any(self.unsafe(call) for call in calls_in(small.value))
+            for small in statement.body
+        )
 
     def _feeds_only(self, statement: cst.BaseStatement, unit: list[cst.BaseStatement]) -> bool:
         """``name = value`` whose every later read is inside ``unit``, computed without the

@@ -132,6 +132,11 @@ another made the folder takes the other branch)::
 
     if os.path.exists(out_dir):   ->   if ddp_from_rank_zero(os.path.exists(out_dir)):
 
+So is an assert that the path is not there yet (NAIC's ``assert osp.exists(save_dir) == False``
+before a Logger, run on rank 0 alone, makes the folder)::
+
+    assert not os.path.exists(d)   ->   assert ddp_from_rank_zero(not os.path.exists(d))
+
 DDP623  a write of what the model computes (FastGAN's ``save_image(netG(fixed_noise)[0], path)``):
 the model's forward is collective, so every rank computes the value, into a name of its own, and
 only the write runs on rank 0::
@@ -753,13 +758,21 @@ class RankZeroTransform(Transform):
             return updated_node
         return self._test_from_rank_zero(original_node, updated_node)
 
-    def _test_from_rank_zero(self, original_node: cst.If | cst.While, updated_node: cst.If | cst.While) -> cst.CSTNode:
+    def leave_Assert(self, original_node: cst.Assert, updated_node: cst.Assert) -> cst.Assert:
+        # (NAIC: `assert osp.exists(config.save_dir) == False`, then a Logger that rank 0 alone
+        # runs makes the folder: rank 1, checking after it, failed 2 runs in 5)
+        if not _says_absent(original_node.test) or not self._existence_probe(original_node):
+            return updated_node
+        return self._test_from_rank_zero(original_node, updated_node)
+
+    def _test_from_rank_zero(self, original_node: cst.If | cst.While | cst.Assert, updated_node: cst.If | cst.While | cst.Assert) -> cst.CSTNode:
         self.context.use_helper("ddp_from_rank_zero")
+        taken = "stops or goes on with it" if isinstance(original_node, cst.Assert) else "takes its branch"
         self.context.report(
             original_node.test,
             "DDP622",
             f"`{self.context.code(original_node.test)}` is decided by rank 0 before any rank writes, and every rank "
-            "takes its branch (a rank that checked after another made the folder would take the other branch)",
+            f"{taken} (a rank that checked after another made the folder would take the other branch)",
         )
         return updated_node.with_changes(test=cst.Call(cst.Name("ddp_from_rank_zero"), [cst.Arg(updated_node.test)]))
 
@@ -769,7 +782,7 @@ class RankZeroTransform(Transform):
             return self._decided_once(check)
         return isinstance(check, cst.While) and self._existence_probe(check) and self._probes_a_shared_name(check)
 
-    def _existence_probe(self, check: cst.If | cst.While) -> bool:
+    def _existence_probe(self, check: cst.If | cst.While | cst.Assert) -> bool:
         """A test of whether paths exist only, on every rank's path after the set-up, not
         guarded itself. A `while` over one is a probe for a free name (``while
         os.path.exists(f"{out}_{i}"): i += 1``): a rank that probes after another made the
@@ -1406,6 +1419,9 @@ class RankZeroTransform(Transform):
         if original in self._units.joined:
             self.context.report(original, "DDP601", "computed only for the write below it: on rank 0 only, with that write")
             return False
+        if original in self._units.followers:
+            self.context.report(original, "DDP601", "uses what the write above it made: on rank 0 only, with that write")
+            return False
         if isinstance(original, cst.With):
             self.context.report(original, "DDP601", f"file written by rank 0 only (`with open(...)` block){after}")
             return True
@@ -1728,6 +1744,18 @@ def _leaves_loop(branch: cst.CSTNode) -> bool:
             return True
         if not isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             stack.extend(node.children)
+    return False
+
+
+def _says_absent(test: cst.BaseExpression) -> bool:
+    """``not exists(p)``, ``exists(p) == False``, ``exists(p) is False``: the path must not be there
+    yet (a run folder this run is about to make)."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return isinstance(test.expression, cst.Call)
+    if isinstance(test, cst.Comparison) and isinstance(test.left, cst.Call) and len(test.comparisons) == 1:
+        target = test.comparisons[0]
+        negated = isinstance(target.operator, (cst.Equal, cst.Is)) and dotted(target.comparator) == "False"
+        return negated or isinstance(target.operator, (cst.NotEqual, cst.IsNot)) and dotted(target.comparator) == "True"
     return False
 
 

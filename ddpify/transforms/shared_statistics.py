@@ -1,4 +1,4 @@
-"""DDP810: a training statistic a decision reads is averaged across ranks where it is computed.
+"""DDP810-DDP811: a training statistic a decision or the next losses read is averaged across ranks where it is computed.
 
 DataParallel's running loss (``loss_sum += loss.item()``) added up the global batch's; each DDP
 rank adds up its own share's. A value computed from it that a test reads decided on rank 0's
@@ -16,6 +16,14 @@ all-reduce every rank runs)::
     if min_avg_loss > avg_loss:            if min_avg_loss > avg_loss:
         save_checkpoint(model)                 save_checkpoint(model)
 
+DDP811  a loss's number that the next losses are computed from (a controller: BEGAN's balance term,
+``real = getValue(loss_d_real)``, then ``kt = kt + lambda_k * (gamma * real - fake)`` and the next
+step's ``loss_d = loss_d_real - kt * loss_d_fake``) is its mean across ranks where it is made:
+DataParallel fed back the global batch's value; each rank's own would give every rank its own
+``kt``, and their gradients, averaged by DDP, would belong to no one loss::
+
+    real = getValue(loss_d_real)   ->   real = ddp_mean(getValue(loss_d_real))
+
 Only where every rank computes it (conditions on counters and settings, no exception handler,
 no rank guard), in the script itself (an imported module's callers are out of sight), and never
 for a loss that backward() takes (its gradient is DDP's to average).
@@ -27,7 +35,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.tree import own_nodes
+from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching_backward
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
 from ddpify.transforms.base import Transform
 
@@ -39,6 +47,7 @@ class SharedStatisticsTransform(Transform):
         super().__init__(context)
         self._averaged: dict[cst.Assign, str] = {}  # assignment -> the name it binds
         self._numbers: set[cst.Assign] = set()  # of those, a loss's number (`last = loss.item()`)
+        self._controls: set[cst.Assign] = set()  # of those, numbers the next steps' losses read (BEGAN's kt)
 
     def check(self) -> None:
         if self.context.rank_read_at_run_time or not self.facts.training_loops:
@@ -49,15 +58,19 @@ class SharedStatisticsTransform(Transform):
             scope = self._scope_of(loop)
             added_up = _added_up(loop, derived)
             tested, differentiated = _tested_names(scope), _differentiated(scope)
+            fed_back = _read_by_the_losses(loop)
             for node in own_nodes(scope):
                 number = _loss_number_bound(node, derived)
                 name = _statistic_bound(node, added_up) or number
-                if name is None or name not in tested or name in differentiated or differentiated & added_up:
+                if name is None or name in differentiated or differentiated & added_up:
                     continue
-                if self._every_rank_computes(node):
+                controls = number is not None and bool(derived_from({name}, loop.body) & fed_back)
+                if (name in tested or controls) and self._every_rank_computes(node):
                     self._averaged[node] = name
                     if number:
                         self._numbers.add(node)
+                    if controls:
+                        self._controls.add(node)
         self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
 
     def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
@@ -85,6 +98,15 @@ class SharedStatisticsTransform(Transform):
         if name is None:
             return updated_node
         self.context.use_helper("ddp_mean")
+        if original_node in self._controls:
+            self.context.report(
+                original_node,
+                "DDP811",
+                f"`{name}` is a loss of this rank and what the training's losses are computed from is made from it (a "
+                "controller: BEGAN's kt): it is the mean across ranks, the global batch's value DataParallel fed back, "
+                "so every rank trains with the same one",
+            )
+            return updated_node.with_changes(value=cst.Call(cst.Name("ddp_mean"), [cst.Arg(updated_node.value)]))
         self.context.report(
             original_node,
             "DDP810",
@@ -122,14 +144,33 @@ def _statistic_bound(node: cst.CSTNode, added_up: set[str]) -> str | None:
 
 
 def _loss_number_bound(node: cst.CSTNode, derived: frozenset[str]) -> str | None:
-    """``last_loss = loss.item()``: one name bound to the number a loss holds."""
+    """``last_loss = loss.item()``: one name bound to the number a loss holds (also
+    ``float(loss)``, ``loss.detach().item()``, a helper's ``getValue(loss)``)."""
     if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
         return None
     value = node.value
-    if not (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute) and value.func.attr.value == "item"):
+    if not isinstance(value, cst.Call):
         return None
-    owner = value.func.value
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" and not value.args:
+        owner = value.func.value
+        while isinstance(owner, cst.Call) and not owner.args and isinstance(owner.func, cst.Attribute) and owner.func.attr.value in NUMBER_MOVES:
+            owner = owner.func.value
+    elif isinstance(value.func, cst.Name) and len(value.args) == 1 and not value.args[0].keyword and not constructs(value):
+        owner = value.args[0].value  # (adversarial-pose's `loss_d_real_ = getValue(loss_d_real)`)
+    else:
+        return None
     return node.targets[0].target.value if isinstance(owner, cst.Name) and is_loss(owner.value, derived) else None
+
+
+# what a number is read through (``loss.detach().cpu().item()``)
+NUMBER_MOVES = frozenset({"detach", "cpu", "float", "double", "clone"})
+
+
+def _read_by_the_losses(loop: cst.CSTNode) -> set[str]:
+    """The names what the loop's backward() calls take is computed from, through the loop's
+    assignments (``loss_d = loss_d_real - kt * loss_d_fake``: ``kt``, read before this step
+    makes it again)."""
+    return {n.value for expr in reaching_backward(loop, loop_origins(loop)) for n in walk(expr) if isinstance(n, cst.Name)}
 
 
 def _tested_names(scope: cst.CSTNode) -> set[str]:
