@@ -170,6 +170,7 @@ class SummedLossesTransform(Transform):
             for node in (node for expr in reaching_backward(loop, origins) for node in walk(expr)):
                 if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide) and same_path_on_every_rank(node, self.context.parent):
                     left = origins.get(node.left.value, [node.left])[-1] if isinstance(node.left, cst.Name) else node.left
+                    left = _scaled_sum(left, self.context.qualified) or left  # (`2.0 * torch.sum(...) / n`)
                     if _a_sum(left, self.context.qualified) and not _this_batch(node.right, self._batch_names):
                         right = origins.get(node.right.value, [node.right])[-1] if isinstance(node.right, cst.Name) else node.right
                         if _a_count(right, self.context.qualified):
@@ -615,10 +616,17 @@ def _over_parts(comprehension: cst.BaseComp | cst.DictComp) -> bool:
 
 
 def _unconverted(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``n.float()``, ``m.mean().item()``: the value inside its conversions."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
-        value = value.func.value
-    return value
+    """``n.float()``, ``m.mean().item()``, ``(torch.sum(mask).cpu().data).item()``, ``float(n)``:
+    the value inside its conversions to a number, a device or a detached tensor."""
+    while True:
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
+            value = value.func.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("float", "int") and len(value.args) == 1:
+            value = value.args[0].value
+        elif isinstance(value, cst.Attribute) and value.attr.value == "data":
+            value = value.value  # (InverseRendering's `.cpu().data`)
+        else:
+            return value
 
 
 def _counted_value(value: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression | None:
@@ -631,6 +639,16 @@ def _counted_value(value: cst.BaseExpression, origins: dict[str, list[cst.BaseEx
     return value
 
 
+def _scaled_sum(value: cst.BaseExpression, qualified) -> cst.BaseExpression | None:
+    """The sum in a product of it and constants (``2.0 * torch.sum(err * mask)``)."""
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply)):
+        return None
+    for factor, other in ((value.left, value.right), (value.right, value.left)):
+        if isinstance(other, (cst.Integer, cst.Float)):
+            return factor if _a_sum(factor, qualified) else _scaled_sum(factor, qualified)
+    return None
+
+
 def _a_sum(value: cst.BaseExpression, qualified) -> bool:
     """``x.sum()`` / ``torch.sum(x)``: a sum over everything."""
     if not isinstance(value, cst.Call):
@@ -640,20 +658,13 @@ def _a_sum(value: cst.BaseExpression, qualified) -> bool:
     return "torch.sum" in qualified(value.func) and len(value.args) == 1
 
 
-COUNT_WRAPPERS = ("float", "double", "item", "long", "int", "detach")
+COUNT_WRAPPERS = ("float", "double", "item", "long", "int", "detach", "cpu", "cuda", "clone")
 
 
 def _a_count(value: cst.BaseExpression, qualified) -> bool:
     """A count over the batch's data: ``torch.sum(mask)``, ``(y != pad).sum()``,
     ``mask.count_nonzero()``, ``.float()`` or ``.item()`` of one."""
-    while isinstance(value, cst.Call):
-        func = value.func
-        if isinstance(func, cst.Attribute) and func.attr.value in COUNT_WRAPPERS and not value.args:
-            value = func.value
-        elif isinstance(func, cst.Name) and func.value in ("float", "int") and len(value.args) == 1:
-            value = value.args[0].value
-        else:
-            break
+    value = _unconverted(value)
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "count_nonzero":
