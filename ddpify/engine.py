@@ -13,6 +13,7 @@ import libcst (a third of a second on its own).
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, replace
 
 import libcst as cst
@@ -362,7 +363,7 @@ def launch_command(path: str, context: ConversionContext) -> str:
         nproc = str(len(visible.split(",")))
     else:
         nproc = "gpu"  # torchrun: one process per visible GPU, as DataParallel used them all
-    prefix = f"CUDA_VISIBLE_DEVICES={visible} " if visible else ""
+    prefix = f"CUDA_VISIBLE_DEVICES={shlex.quote(visible)} " if visible else ""
     return f"{prefix}torchrun --standalone --nproc-per-node={nproc} {path}"
 
 

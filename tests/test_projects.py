@@ -1568,3 +1568,24 @@ def test_a_training_script_that_does_not_parse_is_named_with_its_parse_error(tmp
     assert "train.py does not parse" in results["models.py"].diagnostics[0].message
     assert not any(result.changed for result in results.values())
     assert not results["tools/py2.py"].diagnostics  # a script ddpify has no business with is passed over
+
+
+def test_a_script_whose_main_call_sits_outside_its_main_block_is_an_entry(tmp_path: Path) -> None:
+    # (reid: `main(parser.parse_args())` below a `__main__` block that only parses the arguments;
+    # folder mode read the script as a library and refused the project with DDP304)
+    helpers = (
+        "import torch\n\n\ndef train(loader, model, opt):\n    for x, y in loader:\n"
+        "        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+    )
+    script = (
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from helpers import *\n\n\ndef main(args):\n    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))\n"
+        "    loader = DataLoader(data, batch_size=8, shuffle=True)\n    model = nn.DataParallel(nn.Linear(4, 1))\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(args.epochs):\n"
+        "        train(loader, model, opt)\n\n\nif __name__ == '__main__':\n    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--epochs', type=int, default=2)\n\nmain(parser.parse_args())\n"
+    )
+    write_project(tmp_path, {"helpers.py": helpers, "train.py": script})
+    result = convert_tree(tmp_path)["train.py"]
+    assert result.changed and not result.error
+    assert {"DDP101", "DDP301", "DDP501"} <= {d.code for d in result.diagnostics}

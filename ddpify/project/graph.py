@@ -114,6 +114,8 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
         info.runs = False
         info.self_test_calls = _main_block_calls(tree)
     info.runs = info.runs or _loops_at_top_level(tree.body) or _runs_imported_code(tree.body, set(info.bindings)) or _runs_an_object(tree.body) or (
+        _runs_its_own_training(tree.body, {node.name: node for node in defined})
+    ) or (
         _wraps_at_top_level(tree.body) and any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) for node in tree.body)
     )
     segment = _segments(source)
@@ -229,6 +231,20 @@ def _runs_imported_code(body: list[ast.stmt], imported: set[str]) -> bool:
         and node.value.func.id in imported
         for node in statements
     )
+
+
+def _runs_its_own_training(body: list[ast.stmt], defined: dict[str, ast.FunctionDef]) -> bool:
+    """A call at the top level (or in a top-level ``if``) of a function of this module that wraps
+    or trains: reid's ``main(parser.parse_args())``, left outside the ``__main__`` block that only
+    parses the arguments, runs at import as a flat script's code does (single-file mode reads it so)."""
+    statements = [node for top in body if isinstance(top, ast.If) for node in ast.walk(top)] + list(body)
+    for node in statements:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+            function = defined.get(node.value.func.id)
+            text = ast.unparse(function) if function is not None else ""
+            if function is not None and (mentions_data_parallel(text) or _trains(text)):
+                return True
+    return False
 
 
 def _runs_an_object(body: list[ast.stmt]) -> bool:

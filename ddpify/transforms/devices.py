@@ -379,6 +379,7 @@ class DevicesTransform(Transform):
         value, literal = found
         value = " ".join(value.split())  # an expression over several lines, on one comment line
         if literal:
+            value = value.replace(" ", "")  # (ArcFace_pytorch's '0, 1': `CUDA_VISIBLE_DEVICES=0, 1 torchrun` runs `1`)
             self.context.visible_devices = value
             how = f"choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ..."
         else:

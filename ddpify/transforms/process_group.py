@@ -282,8 +282,9 @@ class ProcessGroupTransform(Transform):
             self.context.report(
                 self.facts.wraps[0].call if self.facts.wraps else self.context.module,
                 "DDP202",
-                "no entry point (module-level code or an `if __name__ == \"__main__\":` block): "
-                "call ddp_setup() from the script that runs this module",
+                "no entry point (module-level code or an `if __name__ == \"__main__\":` block), and no script that "
+                "imports this module was converted with it: import it from the script you launch and convert the "
+                "folder that holds both (`ddpify convert DIR`)",
                 Severity.ERROR,
             )
         self._report_conflicts()
