@@ -1782,3 +1782,34 @@ def test_a_drawn_batch_splits_a_list_of_per_sample_arrays_by_sample(monkeypatch)
     assert [int(array[0, 0]) for array in share["gts"]] == [2, 3] and share["bounds"] == {"wrapped": False}
     with pytest.raises(ValueError, match="differ in length"):  # (7 images' captions for 20 rows: not by sample)
         template.ddp_drawn(lambda: {"feats": torch.zeros(20, 1), "gts": [numpy.zeros((5 + i % 2, 3)) for i in range(7)]})
+
+
+FROZEN_WRAP = """
+import torch
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+import torch.distributed as dist
+
+ddp_setup()
+torch.manual_seed(0)
+encoder = torch.nn.Linear(6, 4)
+for p in encoder.parameters():
+    p.requires_grad = False
+encoder = ddp_wrap(encoder)  # nothing to train: no DDP is built
+decoder = torch.nn.Linear(4, 3)  # DataParallel never wrapped it
+optimizer = torch.optim.SGD(decoder.parameters(), lr=0.5)
+x = torch.randn(4, 6) + dist.get_rank()  # each rank's own share
+decoder(encoder(x)).sum().backward()
+optimizer.step()
+weights = decoder.weight.detach().clone()
+dist.all_reduce(weights)
+assert torch.allclose(weights / 2, decoder.weight), "the ranks trained apart"
+open(f"trained{dist.get_rank()}", "w").close()
+"""
+
+
+def test_a_module_trained_beside_a_frozen_wrap_is_averaged_at_its_step(tmp_path):
+    # (neural-image-captioning: a frozen encoder wrapped, the decoder beside it; no DDP model
+    # was built, so no optimizer hook was there to average the decoder's gradients)
+    result = _torchrun(tmp_path, FROZEN_WRAP)
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in tmp_path.glob("trained*")) == ["trained0", "trained1"]

@@ -11,8 +11,6 @@ import ast
 import re
 from pathlib import Path
 
-import libcst as cst
-
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
 from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words
 
@@ -137,6 +135,8 @@ def _left_for_evaluation(entry: ModuleInfo) -> FileResult:
 
 def unreadable_result(entry: ModuleInfo) -> FileResult:
     """What single-file mode says of a file that does not parse (DDP001, Python's position)."""
+    import libcst as cst  # (only here: a check or a no-op convert never imports libcst)
+
     from ddpify.engine import parse_error  # (the engine imports project mode)
 
     try:

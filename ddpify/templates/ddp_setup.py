@@ -807,6 +807,8 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
         # nothing to train (DDP refuses it: DCSR's loss ModuleList): what DataParallel gave, its
         # `.module` and `module.` keys, run in this process
         module = ddp_held(module)
+    if dist.is_initialized():
+        DdpModel.watch_steps()
     return module
 
 
@@ -821,20 +823,13 @@ class DdpModel(DistributedDataParallel):
     ddp_made = 0  # models made (ddp_index; named apart from the model's own attributes)
     live = None  # every wrapped model (weakly)
     started = set()  # weights outside DDP that start as rank 0's (see late_parameters)
+    late_done = set()  # optimizers whose late gradients were averaged after backward() (ddp_late_gradients)
 
     def __init__(self, module, **options):
-        import atexit
         import weakref
 
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
         super().__init__(module, **options)
-        if DdpModel.live is None:
-            DdpModel.live = weakref.WeakSet()
-            atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
-            atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
-            atexit.register(register_optimizer_step_pre_hook(DdpModel.idle_parameters).remove)
-            atexit.register(register_optimizer_step_pre_hook(DdpModel.bypassed).remove)
+        DdpModel.watch_steps()
         DdpModel.made.append(weakref.ref(self))
         DdpModel.unchecked.append(weakref.ref(self))
         self.ddp_index, DdpModel.ddp_made = DdpModel.ddp_made, DdpModel.ddp_made + 1  # (the order every rank made its models in)
@@ -862,6 +857,22 @@ class DdpModel(DistributedDataParallel):
             if "Expected to have finished reduction" not in str(error) or not self.ddp_find_idle():
                 raise
             return super().forward(*args, **kwargs)
+
+    @staticmethod
+    def watch_steps():
+        """The optimizer hooks, once, from the first wrap (also one that built no DDP: a frozen
+        encoder's, beside a decoder DataParallel never wrapped, whose gradients they average)."""
+        import atexit
+        import weakref
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        if DdpModel.live is None:
+            DdpModel.live = weakref.WeakSet()
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.first_step).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.late_parameters).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.idle_parameters).remove)
+            atexit.register(register_optimizer_step_pre_hook(DdpModel.bypassed).remove)
 
     @staticmethod
     def bypassed(optimizer, args, kwargs):
@@ -924,6 +935,14 @@ class DdpModel(DistributedDataParallel):
 
     @staticmethod
     def late_parameters(optimizer, args, kwargs):
+        """(an optimizer whose late gradients ddp_late_gradients averaged after this backward: done)"""
+        if id(optimizer) in DdpModel.late_done:
+            DdpModel.late_done.discard(id(optimizer))
+            return
+        DdpModel.average_late(optimizer)
+
+    @staticmethod
+    def average_late(optimizer):
         """Gradients an optimizer is about to apply that no DDP averages: parameters unfrozen
         after the wrap (SiamDW's step function unfreezes backbone blocks every few epochs), a
         search's or a loss's own weights (PC-DARTS' architecture tensors, ProxyGML's proxies).
@@ -932,6 +951,7 @@ class DdpModel(DistributedDataParallel):
         averaged before each step, as DDP does for its own."""
         if dist.get_world_size() == 1:
             return
+        DdpModel.watch_steps()  # (ddp_late_gradients before any wrap's)
         models = list(DdpModel.live)
         averaged = set().union(*(model.ddp_averaged for model in models))
         weights = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and id(p) not in averaged]
@@ -998,6 +1018,16 @@ class DdpModel(DistributedDataParallel):
         if state_dict and not any(key.startswith("module.") for key in state_dict):
             return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
         return super().load_state_dict(state_dict, strict=strict, **kwargs)
+
+
+def ddp_late_gradients(*optimizers):
+    """The gradients these optimizers will apply that no DDP averages (a module DataParallel
+    never wrapped, weights unfrozen after the wrap), averaged now, right after backward(): what
+    reads them before the step (a gradient clip, a test of their norm) sees the global batch's,
+    as under DataParallel; the step then leaves them as they are. Every rank calls it."""
+    for optimizer in optimizers:
+        DdpModel.average_late(optimizer)
+        DdpModel.late_done.add(id(optimizer))
 
 
 def ddp_average_gradients(weights):

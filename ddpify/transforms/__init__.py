@@ -13,6 +13,7 @@ from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
 from ddpify.transforms.existing_ddp import ExistingDdpTransform
 from ddpify.transforms.imports import ImportsTransform
+from ddpify.transforms.late_gradients import LateGradientsTransform
 from ddpify.transforms.merged_backwards import MergedBackwardsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
@@ -40,6 +41,7 @@ TRANSFORMS = (
     BatchSizeTransform,
     SetEpochTransform,
     NoSyncTransform,
+    LateGradientsTransform,
     DecisionsTransform,
     RankZeroTransform,
     SharedStatisticsTransform,  # (after RankZero's check: never where rank 0 runs alone; RankZero's prints read what it averaged)

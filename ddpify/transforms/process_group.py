@@ -89,6 +89,7 @@ TEMPLATE_NAMES = (
     "ddp_device",
     "ddp_wrap",
     "DdpModel",
+    "ddp_late_gradients",
     "ddp_average_gradients",
     "ddp_alone",
     "ddp_held",

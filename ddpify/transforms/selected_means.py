@@ -9,7 +9,8 @@ different update). Weighted by its count over the mean count across ranks, each 
 is its share's sum over the mean count, and DDP's average is the global mean again.
 
 DDP135  a mean-reduced loss of masked elements (``x[mask]``, ``x.masked_select(mask)``, a loss with
-``ignore_index``) that backward() takes is weighted by its selection's share::
+``ignore_index``, the tokens of ``pack_padded_sequence(...).data``) that backward() takes is weighted
+by its selection's share::
 
     mask = target < opt.maxdisp
     loss = F.smooth_l1_loss(disp[mask], target[mask])
@@ -18,6 +19,10 @@ DDP135  a mean-reduced loss of masked elements (``x[mask]``, ``x.masked_select(m
 
     criterion = nn.CrossEntropyLoss(ignore_index=255)
     loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), y != 255)
+
+    scores = pack_padded_sequence(scores, lengths, batch_first=True).data
+    targets = pack_padded_sequence(targets, lengths, batch_first=True).data
+    loss = criterion(scores, targets)   ->   loss = ddp_selected_mean(criterion(scores, targets), targets)
 
 Only what backward() takes, where every rank computes it (the count's mean is a collective);
 a metric averaged so is left as it is.
@@ -46,6 +51,19 @@ MEAN_LOSS_MODULES = {
 IGNORING = {"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.nn.CrossEntropyLoss", "torch.nn.NLLLoss"}
 # What a mask is made of: a comparison, a logical test, or a tensor said to be boolean.
 MASK_METHODS = {"bool", "ne", "eq", "gt", "lt", "ge", "le", "isfinite", "logical_and", "logical_or", "logical_not", "detach", "detach_"}
+
+
+def _packed(value: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> bool:
+    """``pack_padded_sequence(scores, lengths, batch_first=True).data`` (or ``[0]``), itself or
+    last bound to the name: the tokens of every sequence, as many as the batch's lengths add up
+    to (a captioning decoder's words), not a row per sample."""
+    if isinstance(value, cst.Name) and origins.get(value.value):
+        value = origins[value.value][-1]
+    if isinstance(value, cst.Attribute) and value.attr.value == "data":
+        value = value.value
+    elif isinstance(value, cst.Subscript):
+        value = value.value
+    return isinstance(value, cst.Call) and (dotted(value.func) or "").endswith("pack_padded_sequence")
 
 
 class SelectedMeansTransform(Transform):
@@ -107,6 +125,8 @@ class SelectedMeansTransform(Transform):
             mask = _mask_of(node)
             if mask is not None and self._a_mask(mask, origins):
                 return self.context.code(mask)
+        if _packed(positional[0], origins) and len(positional) > 1:
+            return self.context.code(positional[1])  # (its elements are the batch's tokens: counted by numel)
         mask = self._rebound_selection(positional[0], call) if isinstance(positional[0], cst.Name) else None
         return self.context.code(mask) if mask is not None and self._a_mask(mask, origins) else None
 
