@@ -121,7 +121,7 @@ class FileConversion:
         """The DataParallel subclasses of the project modules this file imports whose wraps
         convert (Wave-U-Net's `model_utils.DataParallel`, CPM's `BalancedDataParallel`), as
         bound here; read only for a file that calls a class named so."""
-        if not re.search(r"\w+DataParallel\w*\(|\.DataParallel\(", self.source):
+        if not re.search(r"\w*DataParallel\w*\(", self.source):  # (also `DataParallelWithCallback(`)
             return {}
         return self.neighbours.dp_classes
 

@@ -53,7 +53,8 @@ WRITE_MODES = "wax+"
 # Names in an `if` test that show the code below is already limited to one rank.
 RANK_WORDS = ("rank", "main_process", "is_master", "is_main")
 # Names of DataParallel variants end so (`CustomDataParallel`; PyTorch-Encoding's two classes).
-VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion")
+# (Synchronized-BatchNorm-PyTorch's `DataParallelWithCallback`, vendored by SPADE, TFPnP and many GANs)
+VARIANT_ENDINGS = ("DataParallel", "DataParallelModel", "DataParallelCriterion", "DataParallelWithCallback")
 # Methods that make a class a fork of DataParallel (its own batch splitting across GPUs).
 DATA_PARALLEL_METHODS = {"scatter", "gather", "replicate", "parallel_apply"}
 
@@ -93,7 +94,7 @@ def names_data_parallel_variant(source: str) -> bool:
     offset = text.find("DataParallel")
     while offset != -1:
         end = offset + len("DataParallel")
-        for ending in ("", "Model", "Criterion"):
+        for ending in ("", "Model", "Criterion", "WithCallback"):
             after = text[end + len(ending) : end + len(ending) + 1]
             if text.startswith(ending, end) and not (after.isidentifier() or after.isdigit()):
                 return True

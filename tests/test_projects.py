@@ -1589,3 +1589,33 @@ def test_a_script_whose_main_call_sits_outside_its_main_block_is_an_entry(tmp_pa
     result = convert_tree(tmp_path)["train.py"]
     assert result.changed and not result.error
     assert {"DDP101", "DDP301", "DDP501"} <= {d.code for d in result.diagnostics}
+
+
+def test_a_vendored_data_parallel_with_callback_becomes_ddp_with_torch_sync_batchnorm(tmp_path: Path) -> None:
+    # (TFPnP, SPADE: Synchronized-BatchNorm-PyTorch's DataParallelWithCallback, imported through
+    # its package's __init__, or bound to another name after a star import)
+    replicate = (
+        "from torch.nn.parallel.data_parallel import DataParallel\n\n\ndef execute_replication_callbacks(modules):\n"
+        "    for module in modules:\n        pass\n\n\nclass DataParallelWithCallback(DataParallel):\n"
+        "    def replicate(self, module, device_ids):\n        modules = super(DataParallelWithCallback, self).replicate(module, device_ids)\n"
+        "        execute_replication_callbacks(modules)\n        return modules\n"
+    )
+    script = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom nets import *\n"
+        "from sync_batchnorm import DataParallelWithCallback\n\nDataParallel = DataParallelWithCallback\n\n\ndef main():\n"
+        "    net = DataParallel(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)))\n"
+        "    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "    for x, y in DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 8)), batch_size=8):\n"
+        "        loss = ((net(x) - y) ** 2).mean()\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    write_project(tmp_path, {
+        "sync_batchnorm/__init__.py": "from .replicate import DataParallelWithCallback\n",
+        "sync_batchnorm/replicate.py": replicate, "nets.py": "import torch\n", "train.py": script,
+    })
+    results = convert_tree(tmp_path)
+    result = results["train.py"]
+    assert result.changed and not result.error, [d.message for d in result.diagnostics]
+    assert "DDP129" in {d.code for d in result.diagnostics}
+    assert "ddp_wrap(torch.nn.SyncBatchNorm.convert_sync_batchnorm(" in result.output
+    assert not any(r.error for r in results.values())

@@ -53,6 +53,8 @@ class WrapSite:
     # where that call ran, when not in the forward of the model's class: the method of a trainer
     # whose part it ran (Dual-Path-RNN's `data_parallel(self.dualrnn, mix, ...)` in Trainer.train)
     functional_in: str = ""
+    # a DataParallel subclass whose replicas synchronised BatchNorm (DataParallelWithCallback)
+    sync_bn: bool = False
 
 
 @dataclass(frozen=True)

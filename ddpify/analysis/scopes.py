@@ -9,6 +9,8 @@ imports).
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import libcst as cst
@@ -101,9 +103,12 @@ class Scopes:
         scope = self.get_metadata(ScopeProvider, name, None)
         return list(scope[name.value]) if scope is not None else []
 
-    def qualified(self, node: cst.CSTNode) -> set[str]:
+    def qualified(self, node: cst.CSTNode, depth: int = 0) -> set[str]:
         reexports = self.facts.reexports
         names = {through_reexports(q.name, reexports) for q in self.get_metadata(QualifiedNameProvider, node, set())}
+        alias = module_aliases(self.module).get(node.value) if isinstance(node, cst.Name) and self.module is not None and depth < 3 else None
+        if alias is not None and names <= {node.value}:
+            return self.qualified(alias, depth + 1)
         if names or not self.facts.star_imports:
             return names
         return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None))
@@ -173,3 +178,20 @@ class Scopes:
             if isinstance(getattr(assignment, "node", None), cst.FunctionDef):
                 return assignment.node
         return None
+
+
+@functools.lru_cache(maxsize=8)
+def module_aliases(module: cst.Module) -> dict[str, cst.BaseExpression]:
+    """Module-level names bound once, to another name: TFPnP's ``DataParallel = nn.DataParallel``
+    after a star import (read as what it names, not as the star import's)."""
+    bound: dict[str, list[cst.BaseExpression]] = {}
+    for statement in module.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if isinstance(target.target, cst.Name):
+                        bound.setdefault(target.target.value, []).append(small.value)
+    return {
+        name: values[0] for name, values in bound.items()
+        if len(values) == 1 and isinstance(values[0], (cst.Name, cst.Attribute)) and dotted(values[0]) != name
+    }

@@ -115,7 +115,7 @@ class Analyzer(cst.CSTVisitor):
         if names & DATA_PARALLEL or self.wraps.subclass_called(node):
             self.wraps.record_wrap(node)
         elif (plan := self.wraps.planned_subclass(node)) is not None:
-            self.wraps.record_wrap(node, (plan.index, plan.keyword))
+            self.wraps.record_wrap(node, (plan.index, plan.keyword), sync_bn=plan.sync_bn)
         elif names & DATA_PARALLEL_FUNCTION:
             self.functional.record(node)
         elif names & DATA_LOADER:

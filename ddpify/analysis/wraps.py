@@ -17,7 +17,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
 from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, own_nodes, walk
-from ddpify.analysis.scopes import Room, star_imported_torch
+from ddpify.analysis.scopes import Room, module_aliases, star_imported_torch
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
@@ -133,9 +133,13 @@ class Wraps(Room):
     def planned_subclass(self, call: cst.Call) -> SubclassPlan | None:
         """``BalancedDataParallel(gpu0_bsz, model)``: a DataParallel subclass whose wraps
         convert (this file's that only scatter, or a project module's)."""
-        return self.facts.dp_classes.get(dotted(call.func) or "")
+        name = dotted(call.func) or ""
+        alias = module_aliases(self.scopes.module).get(name) if self.scopes.module is not None else None
+        return self.facts.dp_classes.get(name) or (self.facts.dp_classes.get(dotted(alias) or "") if alias is not None else None)
 
-    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False, functional_in: str = "") -> None:
+    def record_wrap(
+        self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False, functional_in: str = "", sync_bn: bool = False
+    ) -> None:
         outer: cst.BaseExpression = call
         move = None
         parent = self.scopes.parent(call)
@@ -144,7 +148,10 @@ class Wraps(Room):
             if isinstance(grand, cst.Call) and grand.func is parent:
                 outer, move = grand, grand
         module = call if constructed else argument_in_slot(call, slot)
-        site = WrapSite(call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed, functional_in=functional_in)
+        site = WrapSite(
+            call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed,
+            functional_in=functional_in, sync_bn=sync_bn,
+        )
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
         for guard in site.guards:

@@ -40,15 +40,22 @@ class SubclassPlan:
     forwarding: bool  # attribute forwarding only (else: scattering only)
     index: int  # the model's position among the call's arguments
     keyword: str  # and its keyword
+    # its replicate() runs Synchronized-BatchNorm's callbacks (DataParallelWithCallback): DDP's
+    # counterpart is torch's SyncBatchNorm, converted into the model inside the wrap
+    sync_bn: bool = False
 
 
 def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     """The plan for a class that subclasses DataParallel, or why it cannot convert."""
     methods = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    sync_bn = False
     for name, method in methods.items():
         if name == "replicate" and not _only_calls(method, {"super", "replicate"}):
-            # (Synchronized-BatchNorm's DataParallelWithCallback: callbacks that sync BatchNorm)
-            return "does more than copy the model in replicate() (synchronised BatchNorm callbacks)"
+            # (Synchronized-BatchNorm's DataParallelWithCallback: `execute_replication_callbacks(modules)`
+            # syncs BatchNorm over the replicas; under DDP, torch's SyncBatchNorm does)
+            if not _only_calls(method, {"super", "replicate", *_callbacks(method)}) or not _callbacks(method):
+                return "does more than copy the model in replicate()"
+            sync_bn = True
         if name in FORWARDING or name in SCATTERING:
             continue
         if name == "forward" and _only_plumbing(method):
@@ -59,7 +66,12 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     slot = _module_slot(methods.get("__init__"))
     if slot is None:
         return "passes no model on to DataParallel's constructor that can be told"
-    return SubclassPlan(set(methods) <= FORWARDING, *slot)
+    return SubclassPlan(set(methods) <= FORWARDING, *slot, sync_bn=sync_bn)
+
+
+def _callbacks(method: ast.FunctionDef) -> set[str]:
+    """The replication callbacks a replicate() runs (``execute_replication_callbacks``)."""
+    return {name for node in ast.walk(method) if isinstance(node, ast.Call) and "callback" in (name := call_name(node) or "")}
 
 
 def call_name(call: ast.Call) -> str | None:

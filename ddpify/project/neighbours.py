@@ -834,7 +834,9 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
     banks |= frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.memory_banks, "")))
     return ModuleSummary(
         frozenset(writers), frozenset(classes), aliases, wraps, freezing, pairwise, trainers, {**_imported_idle_parts(path, tree), **idle_parts(tree, _imported_idle_parts(path, tree))}, trainer_classes,
-        writing, banks, names, _dp_classes(tree, aliases),
+        # (and the subclasses it imports: Synchronized-BatchNorm's sync_batchnorm/__init__.py
+        # `from .replicate import DataParallelWithCallback`)
+        writing, banks, names, {**_imported(path, tree, lambda summary: summary.dp_classes), **_dp_classes(tree, aliases)},
         # (and the wrapping classes it imports, which importers may take from here: OpenNRE's
         # framework/__init__.py `from .sentence_re import SentenceRE`)
         {**_imported(path, tree, lambda summary: summary.wrapping_calls), **_wrapping_definitions(tree, path)},

@@ -18,7 +18,7 @@ from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
 from ddpify.analysis import Facts, star_imported_torch
-from ddpify.analysis.scopes import through_reexports
+from ddpify.analysis.scopes import module_aliases, through_reexports
 from ddpify.analysis.data_sites import data_sites
 from ddpify.analysis.scatter_points import scattered_at_the_model
 from ddpify.analysis.settled import SettledNames
@@ -222,9 +222,13 @@ class ConversionContext:
         except KeyError:
             return None
 
-    def qualified(self, node: cst.CSTNode) -> set[str]:
+    def qualified(self, node: cst.CSTNode, depth: int = 0) -> set[str]:
         reexports = self.facts.reexports
         names = {through_reexports(q.name, reexports) for q in self.metadata.get_metadata(QualifiedNameProvider, node, set())}
+        alias = module_aliases(self.module).get(node.value) if isinstance(node, cst.Name) and depth < 3 else None
+        if alias is not None and names <= {node.value}:
+            # (TFPnP's `DataParallel = nn.DataParallel` at the top of the module, after a star import)
+            return self.qualified(alias, depth + 1)
         if not names and isinstance(node, cst.Name) and node.value in self.facts.reexports:
             return {self.facts.reexports[node.value]}  # bound by a star import of a project module
         if names or not self.facts.star_imports:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.tree import dotted, walk
 from ddpify.transforms.base import Block, Transform, is_header, is_import
 
 DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
@@ -46,15 +47,6 @@ class ImportsTransform(Transform):
     def _is_data_parallel(self, module: cst.ImportFrom, alias: cst.ImportAlias) -> bool:
         return self.context.code(module.module) in DP_MODULES and self.context.code(alias.name) == "DataParallel"
 
-    def leave_ImportFrom(self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom) -> cst.ImportFrom:
-        if original_node.module is None or isinstance(original_node.names, cst.ImportStar) or self.facts.existing_ddp:
-            return updated_node
-        kept = [alias for alias in updated_node.names if not self._is_data_parallel(original_node, alias)]
-        if len(kept) in (0, len(updated_node.names)):
-            return updated_node  # nothing to drop, or the whole statement goes (edit_block)
-        kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return updated_node.with_changes(names=kept)
-
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         if not self.facts.existing_ddp:  # there, the DataParallel branch stays as it was
             block = self._drop_data_parallel_imports(block)
@@ -74,28 +66,43 @@ class ImportsTransform(Transform):
         return [*block[:at], *[(None, s) for s in statements], *rest]
 
     def _drop_data_parallel_imports(self, block: Block) -> Block:
+        """``from torch.nn import DataParallel`` goes where the converted block no longer names
+        it (a DataParallel subclass left in a project module still does: its import stays)."""
+        used = {
+            node.value for _, updated in block if updated is not None and not is_import(updated)
+            for node in walk(updated) if isinstance(node, cst.Name)
+        }
         kept: Block = []
         carried: list[cst.EmptyLine] = []
         for original, updated in block:
-            if self._only_data_parallel(original):
+            dropped = self._data_parallel_aliases(original, used)
+            if dropped and len(dropped) == len(updated.body[0].names):
                 carried += list(updated.leading_lines)
                 continue
+            if dropped:
+                gone = {_bound(alias) for alias in dropped}
+                names = [alias for alias in updated.body[0].names if not (self.context.code(alias.name) == "DataParallel" and _bound(alias) in gone)]
+                names[-1] = names[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                updated = updated.with_changes(body=[updated.body[0].with_changes(names=names)])
             if carried:
                 updated = updated.with_changes(leading_lines=[*carried, *updated.leading_lines])
                 carried = []
             kept.append((original, updated))
         return kept
 
-    def _only_data_parallel(self, statement: cst.BaseStatement | None) -> bool:
+    def _data_parallel_aliases(self, statement: cst.BaseStatement | None, used: set[str]) -> list[cst.ImportAlias]:
+        """The aliases of a `from torch... import DataParallel` line whose names the block no longer uses."""
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-            return False
+            return []
         small = statement.body[0]
-        return (
-            isinstance(small, cst.ImportFrom)
-            and small.module is not None
-            and not isinstance(small.names, cst.ImportStar)
-            and all(self._is_data_parallel(small, alias) for alias in small.names)
-        )
+        if not isinstance(small, cst.ImportFrom) or small.module is None or isinstance(small.names, cst.ImportStar):
+            return []
+        return [alias for alias in small.names if self._is_data_parallel(small, alias) and _bound(alias) not in used]
+
+
+def _bound(alias: cst.ImportAlias) -> str:
+    """The name an import alias binds (`DataParallel`, or its `as` name)."""
+    return _alias(alias) or dotted(alias.name) or ""
 
 
 def _alias(alias: cst.ImportAlias) -> str | None:

@@ -157,6 +157,11 @@ opens for writing are private copies that only that rank reads back (``ddp_quiet
 
 Converting the folder (``ddpify convert DIR``) guards those writes where they are instead.
 
+DDP625  (warning) not guarded: a script's module-level write that runs at import, before the
+process group is set up (in ``main()``): no rank is known there yet, and every rank runs it at once
+(EXTD's ``os.system("python3 bbox_setup.py build_ext --inplace")``): run it once before launching,
+or move it into the ``__main__`` block.
+
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
 before the guard, and only where every rank surely reaches it (conditions on loop
@@ -221,7 +226,10 @@ OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codec
 PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary", "to_json_file", "to_csv")
 # Shell commands that write files (a copy of the code into the run folder).
 SHELL_CALLS = {"os.system", "subprocess.getstatusoutput", "subprocess.getoutput", "subprocess.call", "subprocess.run", "subprocess.check_call"}
-SHELL_WRITES = re.compile(r"\s*(cp|mv|rm|mkdir|rsync|tar|zip|ln|touch|scp)\b")
+# Shell commands that only look (a GPU listing, a date, a commit id); any other command may write
+# (a copy, an in-place build: EXTD's `python3 bbox_setup.py build_ext --inplace`, run by every
+# rank at once into one build folder): once, on rank 0, the others waiting.
+SHELL_READS = re.compile(r"\s*(nvidia-smi|ls|echo|cat|hostname|pwd|date|which|whoami|df|free|uname|nproc|sleep|git\s+(rev-parse|log|status|describe|diff))\b")
 # A method that writes what it is called on to a file, given the path.
 SAVE_METHOD = re.compile(r"^save(_(weights|checkpoint|model|network|networks|state|ckpt|image|images|fig))?$|^savefig$")
 # Libraries that read and write images, arrays, audio and tables: their functions named to
@@ -337,7 +345,7 @@ class RankZeroTransform(Transform):
             return call
         if isinstance(call.func, cst.Attribute) and call.func.attr.value in PATH_WRITES:
             return call
-        if self.context.qualified(call.func) & SHELL_CALLS and call.args and SHELL_WRITES.match(self._literal_start(call.args[0].value)):
+        if self.context.qualified(call.func) & SHELL_CALLS and call.args and self._shell_writes(call.args[0].value):
             return call  # `os.system("cp -r ...")`, Chexpert's subprocess.getstatusoutput('cp -R ...')
         if isinstance(call.func, cst.Attribute) and SAVE_METHOD.match(call.func.attr.value) and call.args \
                 and call.func.attr.value not in self._methods_here:
@@ -346,6 +354,16 @@ class RankZeroTransform(Transform):
             # model's own methods are reached through DdpModel)
             return call
         return None
+
+    def _shell_writes(self, command: cst.BaseExpression) -> bool:
+        """A command that may write: any but those that only look; an argument list's first
+        word (``["python", "setup.py", ...]``) read as the command."""
+        if isinstance(command, (cst.List, cst.Tuple)):
+            words = [self._literal_start(element.value) for element in command.elements]
+            start = " ".join(words[:2])
+        else:
+            start = self._literal_start(command)
+        return bool(start.strip()) and not SHELL_READS.match(start)
 
     def _literal_start(self, value: cst.BaseExpression) -> str:
         """The literal text a command starts with (a string, an f-string, a `+` or `%` of one)."""
@@ -463,6 +481,8 @@ class RankZeroTransform(Transform):
     def _would_guard_now(self, original: cst.BaseStatement) -> bool:
         if self._under_rank_guard(original) or self._inside_guarded(original) or self._in_a_worker(original):
             return False
+        if self._before_setup(original):
+            return False
         if self._writes_file(original):
             return not any(self._reaches_model(call) for call in calls_in(original))
         if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
@@ -498,6 +518,9 @@ class RankZeroTransform(Transform):
             return False
         if self._inside_guarded(original):
             return False  # (a guard, and its barrier, inside a block rank 0 runs alone: AoANet's hang)
+        if self._before_setup(original):
+            self._report_before_setup(original)
+            return False
         if self._writes_file(original):
             if all(self._null_device_mode(item.item) is not None for item in original.items):
                 return not any(self._reaches_model(call) for call in calls_in(original))  # (else the null device: _with_file_on_rank_zero)
@@ -511,6 +534,26 @@ class RankZeroTransform(Transform):
             self._report_inline(original, calls)
             return False
         return self._safe_to_guard(original)
+
+    def _before_setup(self, original: cst.BaseStatement) -> bool:
+        """A script's module-level statement that runs before the process group is set up (the
+        set-up opens ``main()``, called from the ``__main__`` block): no rank is known yet."""
+        return (
+            not self.context.is_library and self.facts.setup_anchor is not None
+            and self.context.at_module_level(original)
+            and not runs_after_setup(original, self.facts, self.context.parent)
+        )
+
+    def _report_before_setup(self, original: cst.BaseStatement) -> None:
+        if not isinstance(original, cst.SimpleStatementLine) or not any(self._side_effect(small) for small in original.body):
+            return
+        self.context.report(
+            original,
+            "DDP625",
+            "runs at import, before the process group is set up, so on every rank at once (EXTD's in-place "
+            "extension build): run it once before launching, or move it into the `__main__` block",
+            Severity.WARNING,
+        )
 
     def _inside_unit(self, original: cst.CSTNode) -> bool:
         """Below a statement that rank 0 does as a whole (a check and the writes under it)."""

@@ -977,7 +977,7 @@ class WrapModelTransform(Transform):
                 site.call, "DDP110", f"`{name}` may come from a checkpoint that pickled a wrapped model: its module is wrapped"
             )
             module = cst.parse_expression(f'getattr({name}, "module", {name})')
-        if site.target in self.sync_bn_targets:
+        if site.target in self.sync_bn_targets or site.sync_bn:
             # DataParallel's sync-BN only ever ran on GPUs; SyncBatchNorm fails on CPU modules.
             shown = self.context.code(module)
             module = cst.parse_expression(
@@ -1159,12 +1159,16 @@ class WrapModelTransform(Transform):
 
     def _report_planned_subclass(self, site: WrapSite) -> None:
         name = dotted(site.call.func) or ""
-        plan = self.facts.dp_classes.get(name)
+        plan = self.facts.analyzer.wraps.planned_subclass(site.call)
         if plan is None:
             return
+        name = next((known for known, found in self.facts.dp_classes.items() if found is plan), name)
         what = (
             "only answers for the wrapped model's attributes, as the DDP wrapper does"
             if plan.forwarding
+            else "synchronises BatchNorm over its replicas (replication callbacks): under DDP torch's SyncBatchNorm "
+            "does, converted into the model on GPUs (DataParallel's ran on GPUs only)"
+            if plan.sync_bn
             else "only changes how one process splits each batch over its GPUs (scatter): under DDP each process holds "
             "its own share and nothing is gathered"
         )
