@@ -823,7 +823,7 @@ class DdpModel(DistributedDataParallel):
     ddp_made = 0  # models made (ddp_index; named apart from the model's own attributes)
     live = None  # every wrapped model (weakly)
     started = set()  # weights outside DDP that start as rank 0's (see late_parameters)
-    late_done = set()  # optimizers whose late gradients were averaged after backward() (ddp_late_gradients)
+    late_done = set()  # optimizers whose late gradients were averaged right after backward() already
 
     def __init__(self, module, **options):
         import weakref
@@ -935,7 +935,7 @@ class DdpModel(DistributedDataParallel):
 
     @staticmethod
     def late_parameters(optimizer, args, kwargs):
-        """(an optimizer whose late gradients ddp_late_gradients averaged after this backward: done)"""
+        """(an optimizer whose late gradients were averaged right after this backward: done)"""
         if id(optimizer) in DdpModel.late_done:
             DdpModel.late_done.discard(id(optimizer))
             return
@@ -951,7 +951,7 @@ class DdpModel(DistributedDataParallel):
         averaged before each step, as DDP does for its own."""
         if dist.get_world_size() == 1:
             return
-        DdpModel.watch_steps()  # (ddp_late_gradients before any wrap's)
+        DdpModel.watch_steps()  # (called right after backward() before any wrap's)
         models = list(DdpModel.live)
         averaged = set().union(*(model.ddp_averaged for model in models))
         weights = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad and id(p) not in averaged]
