@@ -68,6 +68,12 @@ class DataParallelWithCallback(DataParallel):
 '''
 
 
-def test_a_replicate_that_synchronises_batchnorm_is_refused():
-    # Synchronized-BatchNorm-PyTorch: converted as plain DDP, BatchNorm would stop being synchronised
-    assert "synchronised BatchNorm" in plan_from_code(SYNC_BN_CALLBACKS)
+def test_a_replicate_that_synchronises_batchnorm_converts_with_torch_sync_batchnorm():
+    # Synchronized-BatchNorm-PyTorch: its replicas' BatchNorm callbacks are torch's SyncBatchNorm under DDP
+    plan = plan_from_code(SYNC_BN_CALLBACKS)
+    assert isinstance(plan, SubclassPlan) and plan.sync_bn
+
+
+def test_a_replicate_that_does_more_than_its_callbacks_is_refused():
+    busy = SYNC_BN_CALLBACKS.replace("        return modules", "        log_replicas(modules)\n        return modules")
+    assert "does more than copy the model in replicate()" in plan_from_code(busy)

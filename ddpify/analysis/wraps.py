@@ -137,9 +137,7 @@ class Wraps(Room):
         alias = module_aliases(self.scopes.module).get(name) if self.scopes.module is not None else None
         return self.facts.dp_classes.get(name) or (self.facts.dp_classes.get(dotted(alias) or "") if alias is not None else None)
 
-    def record_wrap(
-        self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False, functional_in: str = "", sync_bn: bool = False
-    ) -> None:
+    def record_wrap(self, call: cst.Call, slot: tuple[int, str] = (0, "module"), constructed: bool = False, functional_in: str = "", sync_bn: bool = False) -> None:
         outer: cst.BaseExpression = call
         move = None
         parent = self.scopes.parent(call)
@@ -148,10 +146,8 @@ class Wraps(Room):
             if isinstance(grand, cst.Call) and grand.func is parent:
                 outer, move = grand, grand
         module = call if constructed else argument_in_slot(call, slot)
-        site = WrapSite(
-            call, outer, move, module, self.scopes.assigned_name(outer), module_slot=slot, constructed=constructed,
-            functional_in=functional_in, sync_bn=sync_bn,
-        )
+        named = dict(module_slot=slot, constructed=constructed, functional_in=functional_in, sync_bn=sync_bn)
+        site = WrapSite(call, outer, move, module, self.scopes.assigned_name(outer), **named)
         site.device_count = self._literal_device_count(call)
         site.guards = self._enclosing_ifs(call)
         for guard in site.guards:

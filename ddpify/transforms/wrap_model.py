@@ -142,6 +142,15 @@ wrap becomes DDP wherever the class takes the model; the class is left unused::
 
     model = BalancedDataParallel(args.gpu0_bsz, model, dim=0)   ->   model = ddp_wrap(model)
 
+Synchronized-BatchNorm-PyTorch's ``DataParallelWithCallback`` (vendored by SPADE, TFPnP and many
+GANs: its ``replicate()`` runs the callbacks that sync BatchNorm over the replicas) becomes DDP
+with torch's SyncBatchNorm converted into the model on GPUs, as DDP107 does for
+``patch_replication_callback``, also where a module-level alias names it (``DataParallel =
+DataParallelWithCallback``) or its package's ``__init__`` re-exports it::
+
+    net = DataParallelWithCallback(net)   ->   net = ddp_wrap(torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+                                                              if torch.cuda.is_available() else net)
+
 A subclass with its own ``gather`` or a ``forward`` that computes is refused (DDP004/DDP122).
 
 DDP125  parameters are frozen or unfrozen after the wrap (``param.requires_grad = epoch >
