@@ -25,7 +25,7 @@ OTHER_CODES = {
     "where the name comes from: import it from torch in that file (`import torch.nn as nn`) and convert again, or "
     "convert the folder so the module is read.",
     "DDP014": "DDP014  (warning) the script's own DDP path (pytorch/examples' --multiprocessing-distributed, a "
-    "--distributed flag) trains on DataLoaders built here with no DistributedSampler anywhere (EfficientDet.Pytorch): "
+    "--distributed flag) trains on DataLoaders built here, or by a project function (qa-hard-em), with no DistributedSampler anywhere in the script or the project modules it imports (EfficientDet.Pytorch): "
     "under its switch every rank would train on all the data. That path is not taken: its DataParallel path is "
     "converted like any other (sampler, batch share, rank-0 writes), and the launch line runs it without the switch.",
     "DDP015": "DDP015  `.cuda(async=True)` and other `async=` keywords (Python before 3.7, where `async` became a "

@@ -30,6 +30,7 @@ from ddpify.project.neighbours import (
     async_keywords_renamed,
     device_picked_elsewhere,
     named_elsewhere,
+    imports_distributed_sampling,
     read_neighbours,
     wrapped_by_a_call,
     wrapped_elsewhere,
@@ -290,7 +291,11 @@ def _own_path_unsharded(context: ConversionContext) -> bool:
     anywhere (EfficientDet.Pytorch: every rank trained on all the data): that path is not
     taken; the DataParallel one is converted, and the report says so (DDP014)."""
     facts = context.facts
-    if not (facts.fed_loops or _draws_from_a_loader_made_in_place(context)) or any(_samples(node) for node in walk(context.module)):
+    if any(_samples(node) for node in walk(context.module)):
+        return False
+    # (qa-hard-em: a loader a project function builds with a RandomSampler, on every path)
+    out_of_sight = any(isinstance(loop, cst.For) for loop in facts.training_loops) and not imports_distributed_sampling(context.path, context.module.code)
+    if not (facts.fed_loops or _draws_from_a_loader_made_in_place(context) or out_of_sight):
         return False
     context.report(
         facts.distributed_uses[0],

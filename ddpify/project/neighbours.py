@@ -1789,6 +1789,28 @@ def _calls_imported_training(path: str, source: str, trainable: set[str]) -> boo
     return False
 
 
+def imports_distributed_sampling(path: str, source: str) -> bool:
+    """Does a project module this script imports name a distributed sampler (a loader builder
+    whose own DDP path shards: `DistributedSampler`, mmdet's `DistributedGroupSampler`)?"""
+    script = Path(path)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return True  # (unread: assume it may)
+    if not script.is_file():
+        return True
+    folders = search_folders(script.parent, tree)
+    for node in tree.body:
+        names = [(node.module or "", node.level)] if isinstance(node, ast.ImportFrom) else (
+            [(alias.name, 0) for alias in node.names] if isinstance(node, ast.Import) else []
+        )
+        for dotted_name, level in names:
+            found = _module_file(folders, dotted_name, level, script.parent)
+            if found is not None and re.search(r"Distributed\w*Sampler", found.read_text(errors="replace")):
+                return True
+    return False
+
+
 def wrapped_elsewhere(path: str, source: str) -> FileResult | None:
     """Single-file mode: a script that trains a model a module it imports wraps in
     DataParallel (MedicalNet's generate_model, DrQA's model.parallelize()) is refused: this

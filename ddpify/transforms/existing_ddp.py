@@ -164,12 +164,13 @@ class ExistingDdpTransform(Transform):
             return
         anchor = self.facts.distributed_uses[0]
         self._report_apex_ddp(anchor)
+        # (qa-hard-em: the loaders come from a project function; the path still needs CUDA)
+        self._report_cuda_only(anchor)
         if not self.facts.loaders:
             return
         if not self._divides_batch_size() and not self._batch_per_gpu():
             self._report_per_process_batch(anchor)
         self._plan_set_epoch(anchor)
-        self._report_cuda_only(anchor)
         self._eval_samplers = self._evaluation_samplers()
 
     def _divides_batch_size(self) -> bool:
