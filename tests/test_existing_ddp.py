@@ -111,3 +111,51 @@ def test_writes_outside_the_own_paths_guards_run_on_rank_zero_and_its_dataparall
     single = run_launched([sys.executable, "train.py"], attempts=1, cwd=tmp_path, env=env, timeout=300)
     assert single.returncode == 0, single.stderr
     assert (tmp_path / "log.txt").read_text() == "epoch 0\nepoch 1\n", "the DataParallel path, with no group, writes"
+
+
+OWN_PATH_OUT_OF_SIGHT = '''import argparse
+import torch
+import torch.nn as nn
+from proj import get_loader
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    n_gpu = torch.cuda.device_count()
+    if args.local_rank != -1:
+        torch.distributed.init_process_group(backend="nccl")
+    loader = get_loader(4)
+    model = nn.Linear(1, 1)
+    if args.local_rank != -1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
+    elif n_gpu > 1:
+        model = torch.nn.DataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.parametrize("sampler, taken", [("RandomSampler(ds)", False), ("DistributedSampler(ds) if dist.is_initialized() else None", True)])
+def test_an_own_path_training_on_a_project_loader_is_taken_only_where_that_loader_may_shard(tmp_path, sampler, taken):
+    # (qa-hard-em: prepro.get_dataloader sampled at random on every path: every rank trained on all the data)
+    (tmp_path / "proj.py").write_text(
+        f"import torch.distributed as dist\nfrom torch.utils.data import DataLoader, {sampler.split('(')[0]}, TensorDataset\n\n\n"
+        f"def get_loader(bs):\n    ds = TensorDataset()\n    return DataLoader(ds, sampler={sampler}, batch_size=bs)\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(OWN_PATH_OUT_OF_SIGHT)
+    result = convert_source(OWN_PATH_OUT_OF_SIGHT, path=str(script))
+    codes = {d.code for d in result.diagnostics}
+    assert ("DDP006" in codes) is taken
+    assert ("DDP014" in codes) is not taken
+    assert ("ddp_shard(loader)" in result.output) is not taken
