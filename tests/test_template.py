@@ -1813,3 +1813,19 @@ def test_a_module_trained_beside_a_frozen_wrap_is_averaged_at_its_step(tmp_path)
     result = _torchrun(tmp_path, FROZEN_WRAP)
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.glob("trained*")) == ["trained0", "trained1"]
+
+
+def test_sum_of_a_numpy_count_is_reduced_as_a_number(monkeypatch):
+    # (ST-GCN: `correct += np.sum(pred == y)`, printed as the sum across ranks; it was rank 0's own)
+    np = pytest.importorskip("numpy")
+
+    def doubled(tensor):
+        tensor *= 2  # as if another rank held the same value
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", doubled)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    total = template.ddp_sum(np.int64(3))
+    assert total == 6 and isinstance(total, np.int64)
+    assert template.ddp_mean(np.float32(1.5)) == 1.5
+    assert template.ddp_sum(np.array([1.0, 2.0])).tolist() == [2.0, 4.0]

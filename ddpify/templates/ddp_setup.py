@@ -1229,6 +1229,10 @@ def ddp_sum(value, mean=False):
     own. Reduced on this process's device: NCCL has no CPU path."""
     if isinstance(value, (dict, list, tuple)):
         return ddp_entries(value, mean)
+    if type(value).__module__ == "numpy" and getattr(getattr(value, "dtype", None), "kind", "") in ("i", "u", "f"):
+        # (ST-GCN's `correct += np.sum(pred == y)`: a numpy count, summed as a number is)
+        total = ddp_sum(torch.as_tensor(value), mean)
+        return total.numpy() if value.shape else total.item() if mean else type(value)(total.item())
     if not torch.is_tensor(value) and (not isinstance(value, (int, float)) or isinstance(value, bool)):
         return value
     total = (value.detach() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)).to(ddp_device(), copy=True)

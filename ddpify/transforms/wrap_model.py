@@ -880,6 +880,16 @@ class WrapModelTransform(Transform):
             for guard in site.guards
         )
 
+    def _moved_in_a_widened_guard(self, site: WrapSite, module: cst.Call) -> bool:
+        """The wrapped model moved to a GPU in the wrap's own argument (``model.cuda()``,
+        ``model.to(device)``), under a guard that now lets every rank through."""
+        if not isinstance(module.func, cst.Attribute) or module.func.attr.value not in ("cuda", "to"):
+            return False
+        named = [arg for arg in module.args if arg.keyword is None or arg.keyword.value == "device"]
+        if module.func.attr.value == "to" and (len(module.args) != 1 or len(named) != 1 or self._a_dtype(named[0].value)):
+            return False
+        return (module.func.attr.value != "cuda" or len(module.args) <= 1) and any(guard.node in self.guard_rewrites for guard in site.guards)
+
     def _a_dtype(self, value: cst.BaseExpression) -> bool:
         """``torch.float16``, ``torch.half``: a cast, not a move."""
         return any(name.startswith("torch.") and name[6:] in DTYPES for name in self.context.qualified(value))
@@ -986,6 +996,10 @@ class WrapModelTransform(Transform):
                 site.call, "DDP110", f"`{name}` may come from a checkpoint that pickled a wrapped model: its module is wrapped"
             )
             module = cst.parse_expression(f'getattr({name}, "module", {name})')
+        if isinstance(module, cst.Call) and self._moved_in_a_widened_guard(site, module):
+            # `if args.use_dataParallel: model = nn.DataParallel(model.cuda())` (xuanzebi's NER): the
+            # wrap now also runs on CPU-only ranks; ddp_wrap moves the model to this process's device
+            module = module.func.value
         if site.target in self.sync_bn_targets or site.sync_bn:
             # DataParallel's sync-BN only ever ran on GPUs; SyncBatchNorm fails on CPU modules.
             shown = self.context.code(module)
