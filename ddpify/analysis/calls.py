@@ -93,7 +93,9 @@ class CallGraph(Room):
         """The loop among ``loops`` (loops that draw data) around every call of the site's
         function, each passing for the parameter the site iterates what that loop drew."""
         function = site.function
-        params = [p for p in function.params.params if isinstance(site.expr, cst.Name) and p.name.value == site.expr.value] if function else []
+        # (or a part of it: degradation-model's `for x in data['LQs']:`, `data` a batch the loop drew)
+        root = _root_of_parts(site.expr)
+        params = [p for p in function.params.params if root is not None and p.name.value == root] if function else []
         sites = self.call_sites(function) if params else []
         hosts = set()
         for call, _ in sites:
@@ -315,3 +317,10 @@ def _drawn_names(iterated: cst.BaseExpression | None) -> set[str]:
 
 def _names(node: cst.CSTNode) -> list[str]:
     return [name.value for name in walk(node) if isinstance(name, cst.Name)]
+
+
+def _root_of_parts(expr: cst.BaseExpression) -> str | None:
+    """``data`` of ``data``, ``data['LQs']``, ``batch.frames``: the name a part is taken from."""
+    while isinstance(expr, (cst.Subscript, cst.Attribute)):
+        expr = expr.value
+    return expr.value if isinstance(expr, cst.Name) else None

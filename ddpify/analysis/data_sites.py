@@ -98,7 +98,10 @@ def _regrouped_through_calls(sites: list[DataSite], analyzer) -> list[DataSite]:
         host = analyzer.calls.fed_by_a_drawing_loop(site, [other.loop for other in sites if other is not site])
         if host is not None:
             sites.remove(site)
-            sites[:] = [DataSite(o.loop, o.expr, o.loaders, o.function, True) if o.loop is host else o for o in sites]
+            if isinstance(site.expr, cst.Name):
+                sites[:] = [DataSite(o.loop, o.expr, o.loaders, o.function, True) if o.loop is host else o for o in sites]
+            # (else a part of the drawn batch, degradation-model's `data['LQs']`: collated, each of its
+            # items holds the whole batch; the loader is sharded as it is)
     return sites
 
 
