@@ -2467,3 +2467,26 @@ def test_an_import_of_a_module_that_downloads_at_import_time_is_warned(tmp_path)
     result = convert_file(tmp_path / "train.py")
     warned = [d for d in result.diagnostics if d.code == "DDP607"]
     assert not result.error and len(warned) == 1 and warned[0].line == 3 and "`data` downloads" in warned[0].message
+
+
+def test_a_loss_module_the_script_reaches_through_a_computed_sys_path_is_read(tmp_path: Path) -> None:
+    # (Fine-grained-Re-Identification: `parentdir = os.path.dirname(os.getcwd())`, appended to
+    # sys.path; its triplet loss in ../loss was taken for a library's: each rank mined its share)
+    (tmp_path / "loss").mkdir()
+    (tmp_path / "loss" / "__init__.py").write_text("from .triplet import TripletLoss\n")
+    (tmp_path / "loss" / "triplet.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass TripletLoss(nn.Module):\n    def forward(self, x, y):\n"
+        "        d = torch.cdist(x, x)\n        return d.mean()\n"
+    )
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "train.py"
+    script.write_text(
+        "import os, sys\ncurrentdir = os.getcwd()\nparentdir = os.path.dirname(currentdir)\nsys.path.append(parentdir)\n"
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom loss import TripletLoss\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 3))\ncriterion = TripletLoss()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(TensorDataset(torch.randn(8, 4), torch.arange(8)), batch_size=4):\n"
+        "    loss = criterion(model(x), y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    )
+    result = convert_file(script)
+    assert "DDP117" in {d.code for d in result.diagnostics}
+    assert "ddp_whole_batch(criterion, model(x), y)" in result.output

@@ -516,6 +516,14 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
                 part for arg in node.args if isinstance(arg, ast.Call)
                 for part in arg.args if isinstance(part, ast.Constant) and isinstance(part.value, str)
             ]
+            bound = {
+                top.targets[0].id: top.value for top in tree.body
+                if isinstance(top, ast.Assign) and len(top.targets) == 1 and isinstance(top.targets[0], ast.Name)
+            }
+            for arg in node.args:
+                computed = _computed_folder(arg, folder, bound)
+                if computed is not None and computed.is_dir() and computed not in found:
+                    found.append(computed)  # (Fine-grained-Re-Identification's `dirname(os.getcwd())`)
             for constant in literal:
                 # A relative path is relative to where the script is run from: its folder, or
                 # the repository root above it (`sys.path.insert(0, '.')` in
@@ -551,6 +559,27 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
     if root is not None and root not in found:
         found.append(root)
     return found + [extra for extra in _SCRIPT_FOLDERS if extra not in found]
+
+
+def _computed_folder(expr: ast.expr, folder: Path, bound: dict[str, ast.expr], depth: int = 0) -> Path | None:
+    """The folder ``os.path.dirname(os.getcwd())``, ``dirname(dirname(abspath(__file__)))``
+    names (also through module-level names bound to them), the script run from its own
+    folder; None for anything else."""
+    name = ast.unparse(expr.func).rpartition(".")[2] if isinstance(expr, ast.Call) else None
+    if depth > 8:
+        return None
+    if name == "getcwd" and not expr.args:
+        return folder.resolve()
+    if isinstance(expr, ast.Name):
+        if expr.id == "__file__":
+            return (folder / "__file__").resolve()
+        return _computed_folder(bound[expr.id], folder, bound, depth + 1) if expr.id in bound else None
+    if name in ("abspath", "realpath", "normpath", "Path") and len(expr.args) == 1:
+        return _computed_folder(expr.args[0], folder, bound, depth + 1)
+    if name == "dirname" and len(expr.args) == 1 or isinstance(expr, ast.Attribute) and expr.attr == "parent":
+        inner = _computed_folder(expr.args[0] if name == "dirname" else expr.value, folder, bound, depth + 1)
+        return inner.parent if inner is not None else None
+    return None
 
 
 def _joined_folders(folder: Path, tree: ast.AST, upward: bool = False) -> list[Path]:
