@@ -134,6 +134,8 @@ def test_a_wrapping_module_no_script_imports_is_refused_without_a_traceback(tmp_
     result = convert_tree(tmp_path)["factory.py"]
     assert result.error and not result.changed
     assert [d.code for d in result.diagnostics] == ["DDP202"]
+    # (folder mode never tells the user to run folder mode: Progressive-GAN, reid)
+    assert "ddpify convert DIR" not in result.diagnostics[0].message and "no script of this folder" in result.diagnostics[0].message
 
 
 def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path) -> None:

@@ -113,7 +113,31 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         files.close()
     if not options.allow_partial:
         _leave_all_if_refused(results, root)
-    return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
+    return [_said_in_folder_mode(results.get(path) or FileResult(str(path), source, source)) for path, source in sources.items()]
+
+
+FOLDER_ADVICE = "ddpify convert DIR"
+
+
+def _said_in_folder_mode(result: FileResult) -> FileResult:
+    """Single-file advice ("convert the folder that holds both") said of a file in folder mode
+    points nowhere (reid, the speech-enhancement trainer): it says what folder mode could not follow."""
+    if not any(FOLDER_ADVICE in d.message for d in result.diagnostics):
+        return result
+    note = (
+        " (this is folder mode already: the module that does it is outside this folder, or reached in a way "
+        "ddpify does not follow, such as importlib with a name read from a configuration or a path added at run time)"
+    )
+    alone = (
+        "no entry point (module-level code or an `if __name__ == \"__main__\":` block), and no script of this folder "
+        "imports it in a way ddpify follows (importlib with a name read from a configuration is not): import it by "
+        "name from the script you launch and convert the folder again"
+    )
+    diagnostics = tuple(
+        replace(d, message=alone if d.code == "DDP202" else d.message + note) if FOLDER_ADVICE in d.message else d
+        for d in result.diagnostics
+    )
+    return replace(result, diagnostics=diagnostics)
 
 
 def _unreadable_first(candidates: list[ModuleInfo], results: dict[Path, FileResult], root: Path, options: ConvertOptions) -> bool:
