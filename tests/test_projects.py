@@ -1619,3 +1619,41 @@ def test_a_vendored_data_parallel_with_callback_becomes_ddp_with_torch_sync_batc
     assert "DDP129" in {d.code for d in result.diagnostics}
     assert "ddp_wrap(torch.nn.SyncBatchNorm.convert_sync_batchnorm(" in result.output
     assert not any(r.error for r in results.values())
+
+
+def test_a_trainer_imported_by_a_name_read_from_a_configuration_is_linked_to_its_script(tmp_path: Path) -> None:
+    # (the speech-enhancement CRN: `importlib.import_module(cfg["module"])` in util/utils.py picks
+    # the trainer; folder mode never linked train.py to trainer/, and refused the wrap with DDP202)
+    write_project(tmp_path, {
+        "util/__init__.py": "",
+        "util/utils.py": (
+            "import importlib\n\n\ndef initialize_config(cfg, pass_args=True):\n"
+            "    cls = getattr(importlib.import_module(cfg['module']), cfg['main'])\n"
+            "    return cls(**cfg.get('args', {})) if pass_args else cls\n"
+        ),
+        "trainer/__init__.py": "",
+        "trainer/base.py": (
+            "import torch\n\n\nclass BaseTrainer:\n    def __init__(self, model, optimizer):\n        self.model = model\n"
+            "        if torch.cuda.device_count() > 1:\n            self.model = torch.nn.DataParallel(self.model)\n"
+            "        self.optimizer = optimizer\n\n    def train(self):\n        for epoch in range(2):\n"
+            "            self._train_epoch(epoch)\n"
+        ),
+        "trainer/t.py": (
+            "import torch\nfrom trainer.base import BaseTrainer\n\n\nclass Trainer(BaseTrainer):\n"
+            "    def __init__(self, model, optimizer, loader):\n        super().__init__(model, optimizer)\n        self.loader = loader\n\n"
+            "    def _train_epoch(self, epoch):\n        for x, y in self.loader:\n            self.optimizer.zero_grad()\n"
+            "            loss = torch.nn.functional.mse_loss(self.model(x), y)\n            loss.backward()\n            self.optimizer.step()\n"
+        ),
+        "train.py": (
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom util.utils import initialize_config\n\n\n"
+            "def main(config):\n    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=8)\n"
+            "    model = torch.nn.Linear(4, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "    trainer_class = initialize_config(config['trainer'], pass_args=False)\n"
+            "    trainer_class(model=model, optimizer=opt, loader=loader).train()\n\n\n"
+            "if __name__ == '__main__':\n    main({'trainer': {'module': 'trainer.t', 'main': 'Trainer'}})\n"
+        ),
+    })
+    results = convert_tree(tmp_path)
+    assert not any(result.error for result in results.values())
+    assert results["train.py"].changed and results["trainer/base.py"].changed
+    assert "DDP101" in {d.code for d in results["trainer/base.py"].diagnostics}

@@ -101,7 +101,7 @@ def read_module(root: Path, path: Path, source: str) -> ModuleInfo:
                 info.bindings[alias.asname or alias.name] = (module, alias.name)
         elif isinstance(node, ast.If) and _is_main_test(node.test):
             info.runs = True
-        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node, strings)):
+        elif isinstance(node, ast.Call) and (prefix := _dynamic_import_prefix(node, strings)) is not None:
             info.dynamic_prefixes.add(prefix)
     # A flat script (no `__main__` block) runs its loops at the top level, or parses its
     # arguments there and hands them to what it imports (hotpot's main.py: `train(config)`).
@@ -169,6 +169,10 @@ def _dynamic_import_prefix(call: ast.Call, strings: dict[str, ast.expr] | None =
         name = name.values[0]
     if isinstance(name, ast.Constant) and isinstance(name.value, str) and "." in name.value:
         return name.value[: name.value.rindex(".") + 1]
+    if not isinstance(name, ast.Constant):
+        # (the speech-enhancement trainer's `importlib.import_module(cfg["module"])`: a name read
+        # from a configuration may be any module of the project that trains or wraps)
+        return ""
     return None
 
 
@@ -325,7 +329,9 @@ class Project:
             path = self.paths[name]
             info = read_module(self.root, path, self.sources[path])
             self._follow_search_path(info)
-            info.imports |= {other for other in self.paths for prefix in info.dynamic_prefixes if other.startswith(prefix)}
+            info.imports |= {other for other in self.paths for prefix in info.dynamic_prefixes if prefix and other.startswith(prefix)}
+            if "" in info.dynamic_prefixes:
+                info.imports |= {other for other, path in self.paths.items() if _trains(self.sources[path]) or mentions_data_parallel(self.sources[path])}
             info.imports = {other for other in info.imports if other in self.paths and other != name}
             # Only names bound from the project's own modules (calls through them may train).
             info.imported_names = {
