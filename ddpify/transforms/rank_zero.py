@@ -1505,7 +1505,7 @@ class RankZeroTransform(Transform):
             where = "the callers of this imported module's function are not in sight"
         elif self._guarded_above(original):
             where = "only rank 0 runs this line"
-        elif not self._same_path_on_every_rank(original):
+        elif not self._same_path_on_every_rank(original) and not self._settled_path(original):
             where = "this line's conditions may differ between ranks"
         if where:
             self.context.report(
@@ -1649,6 +1649,21 @@ class RankZeroTransform(Transform):
         if not hasattr(self, "_derived"):
             self._derived = _loss_derived(self.context.module)
         return self._derived
+
+    def _settled_path(self, node: cst.CSTNode) -> bool:
+        """Every test around the line, in its function and at each call of it, reads only names
+        alike on every rank (i3d's `if phase == 'val':` of `for phase in ['train', 'val']:`, a
+        counter every rank counts alike): every rank prints there, so a collective may too."""
+        settled = self.context.settled
+        decided = lambda test_owner: settled is not None and settled.uniform(test_owner.test, test_owner)  # noqa: E731
+        if not same_path_on_every_rank(node, self.context.parent, decided):
+            return False
+        function = node
+        while function is not None and not isinstance(function, cst.FunctionDef):
+            function = self.context.parent(function)
+        return function is None or all(
+            same_path_on_every_rank(call, self.context.parent, decided) for call, _ in self.facts.analyzer.calls.call_sites(function)
+        )
 
     def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
         """Within its function, and, for a function of this file, at each of its calls
