@@ -378,6 +378,14 @@ def _quoted_apart(string: cst.FormattedString) -> cst.FormattedString:
 # -- small helpers for editing call arguments -------------------------------------------------
 
 
+def builds_torch_optimizer(call: cst.Call, qualified) -> bool:
+    """``torch.optim.Adam(...)`` (not a scheduler): ``qualified`` is ConversionContext.qualified."""
+    return any(
+        name.startswith("torch.optim.") and ".lr_scheduler." not in name and name.count(".") == 2
+        for name in qualified(call.func)
+    )
+
+
 def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == name:

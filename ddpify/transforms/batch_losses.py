@@ -101,7 +101,7 @@ from ddpify.analysis.losses_out_of_sight import losses_out_of_sight
 from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.names import MATRIX_PRODUCTS
 from ddpify.project.neighbours import mines_the_batch, normalised_by_a_count
-from ddpify.transforms.base import Transform, keyword
+from ddpify.transforms.base import Transform, builds_torch_optimizer, keyword
 
 LOSS_CLASS = re.compile(r"Loss|Criterion|Triplet|Contrast|NCE|Memory", re.IGNORECASE)
 LOSS_FUNCTION = re.compile(r"loss|triplet|contrast", re.IGNORECASE)
@@ -588,10 +588,7 @@ class BatchLossesTransform(Transform):
         return self._class_instances
 
     def _builds_optimizer(self, call: cst.Call) -> bool:
-        if any(
-            name.startswith("torch.optim.") and ".lr_scheduler." not in name and name.count(".") == 2
-            for name in self.context.qualified(call.func)
-        ):
+        if builds_torch_optimizer(call, self.context.qualified):
             return True
         # (an optimizer class looked up in the configuration, given parameter groups:
         # proxynca_pp's `config['opt']['type']([{'params': ...}, ...])`)

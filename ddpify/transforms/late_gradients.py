@@ -22,7 +22,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.tree import calls_in, dotted, is_backward, walk
-from ddpify.transforms.base import Block, Transform
+from ddpify.transforms.base import Block, Transform, builds_torch_optimizer
 
 # what reads or changes gradients between backward() and the step
 GRADIENT_READERS = ("clip", "unscale_", "grad_norm")
@@ -73,7 +73,7 @@ class LateGradientsTransform(Transform):
         }
         found = {}
         for node in walk(self.context.module):
-            if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and self._builds_optimizer(node.value)):
+            if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and builds_torch_optimizer(node.value, self.context.qualified)):
                 continue
             trained = [
                 dotted(call.func.value) for call in calls_in(node.value)
@@ -85,12 +85,6 @@ class LateGradientsTransform(Transform):
                 found.update((_last(dotted(target.target) or ""), unwrapped[0]) for target in node.targets)
         found.pop("", None)
         return found
-
-    def _builds_optimizer(self, call: cst.Call) -> bool:
-        return any(
-            name.startswith("torch.optim.") and ".lr_scheduler." not in name and name.count(".") == 2
-            for name in self.context.qualified(call.func)
-        )
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         if not any(original in self._after for original, _ in block):

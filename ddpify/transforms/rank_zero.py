@@ -257,7 +257,7 @@ class RankZeroTransform(Transform):
     def check(self) -> None:
         # Decided on the original tree before anything is rewritten: the blocks that go under
         # one guard, and the rank-0-only objects whose values would leave it.
-        self._paths_of_functions: dict[cst.FunctionDef, bool] = {}  # does every caller run it on every rank?
+        self._paths_of_functions: dict[tuple, bool] = {}  # (function, with settled tests) -> does every caller run it on every rank?
         self._units = GuardUnits(
             self.context.module, self.context.metadata, self._would_guard, self._reaches_model, self._may_run_model_for_a_value
         )
@@ -1655,33 +1655,26 @@ class RankZeroTransform(Transform):
         alike on every rank (i3d's `if phase == 'val':` of `for phase in ['train', 'val']:`, a
         counter every rank counts alike): every rank prints there, so a collective may too."""
         settled = self.context.settled
-        decided = lambda test_owner: settled is not None and settled.uniform(test_owner.test, test_owner)  # noqa: E731
-        if not same_path_on_every_rank(node, self.context.parent, decided):
-            return False
-        function = node
-        while function is not None and not isinstance(function, cst.FunctionDef):
-            function = self.context.parent(function)
-        return function is None or all(
-            same_path_on_every_rank(call, self.context.parent, decided) for call, _ in self.facts.analyzer.calls.call_sites(function)
-        )
+        return self._same_path_on_every_rank(node, lambda owner: settled is not None and settled.uniform(owner.test, owner))
 
-    def _same_path_on_every_rank(self, node: cst.CSTNode) -> bool:
+    def _same_path_on_every_rank(self, node: cst.CSTNode, decided=None) -> bool:
         """Within its function, and, for a function of this file, at each of its calls
         (DeepCubeA's copy_files, called under `if last_loss < loss_thresh:`, a value of each
-        rank's own: a barrier inside it waits for ranks that never come)."""
-        if not same_path_on_every_rank(node, self.context.parent):
+        rank's own: a barrier inside it waits for ranks that never come). ``decided``: tests
+        taken alike on every rank besides those same_path_on_every_rank knows."""
+        if not same_path_on_every_rank(node, self.context.parent, decided):
             return False
         function = node
         while function is not None and not isinstance(function, cst.FunctionDef):
             function = self.context.parent(function)
         if function is None:
             return True
-        seen = self._paths_of_functions
-        if function not in seen:
-            seen[function] = True  # (a function that calls itself)
+        seen, key = self._paths_of_functions, (function, decided is not None)
+        if key not in seen:
+            seen[key] = True  # (a function that calls itself)
             calls = [call for call, _ in self.facts.analyzer.calls.call_sites(function)]
-            seen[function] = all(self._same_path_on_every_rank(call) for call in calls)
-        return seen[function]
+            seen[key] = all(self._same_path_on_every_rank(call, decided) for call in calls)
+        return seen[key]
 
 
 def _listed(names: list[str]) -> str:

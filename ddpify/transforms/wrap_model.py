@@ -867,12 +867,7 @@ class WrapModelTransform(Transform):
         ``.to(self.device)`` of ``self.device = torch.cuda.current_device()`` beside it) ran under
         a guard that tested for CUDA (a GPU count above one among them), and that guard now lets
         every rank through: the device it names may exist only where CUDA does."""
-        if not isinstance(updated.func, cst.Attribute) or updated.func.attr.value not in ("cuda", "to"):
-            return False
-        named = [arg for arg in updated.args if arg.keyword is None or arg.keyword.value == "device"]
-        if updated.func.attr.value == "to" and (len(updated.args) != 1 or len(named) != 1 or self._a_dtype(named[0].value)):
-            return False
-        if updated.func.attr.value == "cuda" and len(updated.args) > 1:
+        if not self._a_device_move(updated):
             return False
         return any(
             guard.node in self.guard_rewrites and re.search(r"cuda|gpu|device", self.context.code(guard.node.test), re.IGNORECASE)
@@ -883,12 +878,16 @@ class WrapModelTransform(Transform):
     def _moved_in_a_widened_guard(self, site: WrapSite, module: cst.Call) -> bool:
         """The wrapped model moved to a GPU in the wrap's own argument (``model.cuda()``,
         ``model.to(device)``), under a guard that now lets every rank through."""
-        if not isinstance(module.func, cst.Attribute) or module.func.attr.value not in ("cuda", "to"):
+        return self._a_device_move(module) and any(guard.node in self.guard_rewrites for guard in site.guards)
+
+    def _a_device_move(self, call: cst.Call) -> bool:
+        """``x.cuda()``, ``x.cuda(device)``, ``x.to(device)``: a move, not a cast."""
+        if not isinstance(call.func, cst.Attribute) or call.func.attr.value not in ("cuda", "to"):
             return False
-        named = [arg for arg in module.args if arg.keyword is None or arg.keyword.value == "device"]
-        if module.func.attr.value == "to" and (len(module.args) != 1 or len(named) != 1 or self._a_dtype(named[0].value)):
-            return False
-        return (module.func.attr.value != "cuda" or len(module.args) <= 1) and any(guard.node in self.guard_rewrites for guard in site.guards)
+        if call.func.attr.value == "cuda":
+            return len(call.args) <= 1
+        named = [arg for arg in call.args if arg.keyword is None or arg.keyword.value == "device"]
+        return len(call.args) == 1 and len(named) == 1 and not self._a_dtype(named[0].value)
 
     def _a_dtype(self, value: cst.BaseExpression) -> bool:
         """``torch.float16``, ``torch.half``: a cast, not a move."""
