@@ -593,3 +593,20 @@ def test_world_of_one_needs_no_ddp_wrap():
     found = verdicts(report)
     assert found["process group and DDP model on every rank"] == "PASS"
     assert found["every trained parameter is inside a DDP module"] == "SKIP"
+
+
+def test_a_world_without_ddp_passes_only_when_its_trained_weights_were_kept_together():
+    # A wrap whose module trains nothing (a frozen encoder) builds no DDP; the decoder trained
+    # beside it had its gradients averaged by the converted script's optimizer hooks, which the
+    # cross-rank weight checks after the steps show. One rank without DDP, or ranks apart, fail.
+    group = {"backend": "gloo", "rank": 0, "world_size": 2, "local_rank": 0}
+
+    def report(ddp_models, diverged=None):
+        return {"process_group": group, "ddp_models": ddp_models, "steps": 4, "sync_checks": 3, "diverged": diverged}
+
+    outcome = checks.LaunchOutcome(2, 0, False, 0.0, "")
+    kept = checks.process_group_and_ddp(outcome, {0: report(0), 1: report(0)})
+    assert kept.passed and "no DDP model" in kept.reason and "3 check(s)" in kept.reason, kept.reason
+    apart = {"step": 2, "optimizer": 0, "apart": [1], "mine": None}
+    assert not checks.process_group_and_ddp(outcome, {0: report(0, apart), 1: report(0, apart)}).passed
+    assert not checks.process_group_and_ddp(outcome, {0: report(1), 1: report(0)}).passed

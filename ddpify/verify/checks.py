@@ -119,6 +119,11 @@ def _ranks_apart(reports: dict[int, dict]) -> list[int]:
     ]
 
 
+def _kept_together(reports: dict[int, dict]) -> bool:
+    """Every rank stepped and was checked against the others, and none drifted apart."""
+    return all(r.get("sync_checks", 0) > 0 and r.get("steps", 0) > 0 for r in reports.values()) and not _divergence(reports)
+
+
 def process_group_and_ddp(outcome: LaunchOutcome, reports: dict[int, dict]) -> Check:
     name = "process group and DDP model on every rank"
     if not reports:
@@ -133,6 +138,12 @@ def process_group_and_ddp(outcome: LaunchOutcome, reports: dict[int, dict]) -> C
     without_ddp = [rank for rank, r in sorted(reports.items()) if not r["ddp_models"]]
     if without_ddp and outcome.world_size == 1:  # a world of one has no gradients to average
         return Check(name, True, f"{backend}, world size 1: the model need not be wrapped in DDP")
+    if len(without_ddp) == len(reports) and _kept_together(reports):
+        # (a wrap whose module trains nothing builds no DDP; the weights trained beside it had their
+        # gradients averaged all the same, as the cross-rank checks after the steps show)
+        checks = max(r.get("sync_checks", 0) for r in reports.values())
+        return Check(name, True, f"{backend}, world size {outcome.world_size}: no DDP model (no wrapped module trains), "
+                     f"the trained weights agreed on every rank at {checks} check(s)")
     if without_ddp:
         return Check(name, False, f"rank(s) {_list(without_ddp)} never built a DistributedDataParallel model")
     return Check(name, True, f"{backend}, world size {outcome.world_size}, ranks {_list(sorted(reports))}")
