@@ -659,17 +659,14 @@ class BatchLossesTransform(Transform):
             function = self.context.parent(function)
         if function is None or isinstance(self.context.parent(self.context.parent(function)), cst.ClassDef):
             return {}
-        params = [param.name.value for param in function.params.params]
-        instances, handed = self._instances(definitions), {}
-        for call in calls_in(self.context.module):
-            if dotted(call.func) != function.name.value:
-                continue
-            for index, arg in enumerate(call.args):
-                param = arg.keyword.value if arg.keyword else params[index] if index < len(params) else None
-                made = dotted(arg.value.func) if isinstance(arg.value, cst.Call) else None
-                cls = made if isinstance(definitions.get(made or ""), cst.ClassDef) else instances.get(dotted(arg.value) or "")
-                if param is not None and cls is not None:
-                    handed[param] = cls
+        calls, instances, handed = self.facts.analyzer.calls, self._instances(definitions), {}
+        for call, _ in calls.call_sites(function):
+            for param in function.params.params:
+                arg = calls.argument_for(function, param, call)
+                made = dotted(arg.func) if isinstance(arg, cst.Call) else None
+                cls = made if isinstance(definitions.get(made or ""), cst.ClassDef) else instances.get(dotted(arg) or "") if arg else None
+                if cls is not None:
+                    handed[param.name.value] = cls
         return handed
 
     def _instances(self, definitions: dict) -> dict[str, str]:
