@@ -193,6 +193,24 @@ def without_moves(value: cst.BaseExpression) -> cst.BaseExpression:
     return value
 
 
+# what a tensor is read as a number or a plain copy through (``loss.detach().cpu().item()``)
+NUMBER_READS = ("float", "double", "item", "long", "int", "detach", "cpu", "cuda", "clone")
+
+
+def unconverted(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``n.float()``, ``m.mean().item()``, ``(torch.sum(mask).cpu().data).item()``, ``float(n)``:
+    the value inside its conversions to a number, a device or a detached tensor."""
+    while True:
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in NUMBER_READS and not value.args:
+            value = value.func.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("float", "int") and len(value.args) == 1:
+            value = value.args[0].value
+        elif isinstance(value, cst.Attribute) and value.attr.value == "data":
+            value = value.value  # (InverseRendering's `.cpu().data`)
+        else:
+            return value
+
+
 def calls_bound(module: cst.Module) -> dict[str, list[cst.Call]]:
     """Each name (``criterion``, ``self.cam``) -> the calls assigned to it, moves left out
     (``nn.CrossEntropyLoss().cuda()``; a move re-bound, ``loss_fn = loss_fn.cuda()``, binds

@@ -35,7 +35,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching_backward
+from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching_backward, unconverted
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
 from ddpify.transforms.base import Transform
 
@@ -152,18 +152,13 @@ def _loss_number_bound(node: cst.CSTNode, derived: frozenset[str]) -> str | None
     if not isinstance(value, cst.Call):
         return None
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" and not value.args:
-        owner = value.func.value
-        while isinstance(owner, cst.Call) and not owner.args and isinstance(owner.func, cst.Attribute) and owner.func.attr.value in NUMBER_MOVES:
-            owner = owner.func.value
+        owner = unconverted(value)
     elif isinstance(value.func, cst.Name) and len(value.args) == 1 and not value.args[0].keyword and not constructs(value):
         owner = value.args[0].value  # (adversarial-pose's `loss_d_real_ = getValue(loss_d_real)`)
     else:
         return None
     return node.targets[0].target.value if isinstance(owner, cst.Name) and is_loss(owner.value, derived) else None
 
-
-# what a number is read through (``loss.detach().cpu().item()``)
-NUMBER_MOVES = frozenset({"detach", "cpu", "float", "double", "clone"})
 
 
 def _read_by_the_losses(loop: cst.CSTNode) -> set[str]:

@@ -47,7 +47,7 @@ import re
 import libcst as cst
 
 from ddpify.analysis import batch_length, calls_in, dotted, same_path_on_every_rank, walk
-from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, names_bound_in, reaching_backward, without_moves
+from ddpify.analysis.tree import MOVES, backward_takes, loop_origins, names_bound_in, reaching_backward, unconverted, without_moves
 from ddpify.transforms.base import Transform, batch_size_arg, keyword_arg, positional_args
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
@@ -615,24 +615,10 @@ def _over_parts(comprehension: cst.BaseComp | cst.DictComp) -> bool:
     return True
 
 
-def _unconverted(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``n.float()``, ``m.mean().item()``, ``(torch.sum(mask).cpu().data).item()``, ``float(n)``:
-    the value inside its conversions to a number, a device or a detached tensor."""
-    while True:
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in COUNT_WRAPPERS and not value.args:
-            value = value.func.value
-        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("float", "int") and len(value.args) == 1:
-            value = value.args[0].value
-        elif isinstance(value, cst.Attribute) and value.attr.value == "data":
-            value = value.value  # (InverseRendering's `.cpu().data`)
-        else:
-            return value
-
-
 def _counted_value(value: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> cst.BaseExpression | None:
     """What a divisor counts, through its conversions and the name it was bound to
     (``nNeg.float()`` with ``nNeg = torch.sum(negCounts)``)."""
-    value = _unconverted(value)
+    value = unconverted(value)
     if isinstance(value, cst.Name):
         bound = origins.get(value.value, [])
         return bound[-1] if len(bound) == 1 else None
@@ -658,13 +644,10 @@ def _a_sum(value: cst.BaseExpression, qualified) -> bool:
     return "torch.sum" in qualified(value.func) and len(value.args) == 1
 
 
-COUNT_WRAPPERS = ("float", "double", "item", "long", "int", "detach", "cpu", "cuda", "clone")
-
-
 def _a_count(value: cst.BaseExpression, qualified) -> bool:
     """A count over the batch's data: ``torch.sum(mask)``, ``(y != pad).sum()``,
     ``mask.count_nonzero()``, ``.float()`` or ``.item()`` of one."""
-    value = _unconverted(value)
+    value = unconverted(value)
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "count_nonzero":
@@ -675,7 +658,7 @@ def _a_count(value: cst.BaseExpression, qualified) -> bool:
 def _a_mean_of_data(value: cst.BaseExpression, qualified) -> bool:
     """``torch.mean(masks)``, ``masks.mean()`` (or ``.float()``/``.item()`` of one): a mean over
     everything a tensor holds."""
-    value = _unconverted(value)
+    value = unconverted(value)
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
