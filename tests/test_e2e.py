@@ -187,6 +187,15 @@ def test_evaluation_on_an_odd_sized_set_reports_exactly_what_the_original_did(ru
     assert lines_with(runs["single"].stdout, "eval loss") == original
 
 
+@only("phase_loop")
+def test_a_phase_loop_prints_each_phase_s_loss_over_its_data_set_as_the_original(runs):
+    numbers = lambda run: [float(n) for line in lines_with(runs[run].stdout, "epoch loss") for n in re.findall(r"\d+\.\d+", line)]  # noqa: E731
+    original = numbers("original")
+    assert len(original) == 12
+    for run in ("ddp", "single"):
+        assert numbers(run) == pytest.approx(original, abs=2e-6), run
+
+
 @only("shared_forward_pass")
 def test_a_summed_loss_evaluation_shares_reports_the_original_value(runs):
     original = lines_with(runs["original"].stdout, "validation loss")

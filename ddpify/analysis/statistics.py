@@ -8,6 +8,8 @@ where it is computed).
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ddpify.analysis.tree import dotted, names_in, walk
@@ -20,7 +22,7 @@ def is_loss(name: str, derived: frozenset[str] = frozenset()) -> bool:
 def loss_derived(scope: cst.CSTNode) -> frozenset[str]:
     """Names whose values come from a loss: `l = loss.item()`, `running += l` (by data, not
     only by a name that says "loss")."""
-    derived: set[str] = set()
+    derived: set[str] = _backward_taken(scope)
     assignments = [
         (found.target.value, found.value) if isinstance(found, cst.AugAssign) else (found.targets[0].target.value, found.value)
         for found in walk(scope)
@@ -40,6 +42,20 @@ def loss_derived(scope: cst.CSTNode) -> frozenset[str]:
     return frozenset(derived)
 
 
+def _backward_taken(scope: cst.CSTNode) -> set[str]:
+    """Names backward() is called on, whatever they are called (DCGAN's ``errD.backward()``,
+    ``scaler.scale(cost).backward()``): losses by what they do."""
+    taken = set()
+    for node in walk(scope):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward":
+            receiver = node.func.value
+            if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and receiver.func.attr.value == "scale" and receiver.args:
+                receiver = receiver.args[0].value
+            if isinstance(receiver, cst.Name):
+                taken.add(receiver.value)
+    return taken
+
+
 def text_value(value: cst.BaseExpression) -> bool:
     """A string made from values: an f-string, ``"...".format(...)``, ``"..." % x``, ``str(x)``,
     or a sum that starts with one."""
@@ -56,3 +72,23 @@ def text_value(value: cst.BaseExpression) -> bool:
 def constructs(value: cst.BaseExpression) -> bool:
     """``nn.CrossEntropyLoss(...)``, ``MyLoss()``: an object built from a class."""
     return isinstance(value, cst.Call) and (dotted(value.func) or "_").rpartition(".")[2][:1].isupper()
+
+
+# a size of the whole data set, the same on every rank whatever each rank draws
+# (`len(loader.dataset)`, `len(train_set)`, `dataset_sizes[phase]`, `self.num_samples`)
+_WHOLE_DATA = re.compile(r"dataset|data_set|_set\b|num_samples|n_samples|num_train|num_examples", re.IGNORECASE)
+
+
+def over_whole_data(value: cst.BaseExpression, code, shard_lengths=frozenset()) -> tuple[set[str], bool]:
+    """``running_loss / len(loader.dataset)``: (the names divided, True) when ``value`` divides
+    by a size of the whole data set: the quotient of each rank's share adds up across ranks
+    to the original's (its mean would be a share of it). Not a length made the shard's
+    (``shard_lengths``, DDP405): that quotient is a mean already."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("item", "float", "double", "cpu"):
+        value = value.func.value
+    if not (isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)):
+        return set(), False
+    divided = {name.value for name in names_in(value.left)}
+    if any(node in shard_lengths for node in walk(value.right)):
+        return divided, False
+    return divided, _WHOLE_DATA.search(code(value.right)) is not None

@@ -68,6 +68,8 @@ class ConversionContext:
     # (function or None, code) of what training loops draw from through ddp_shard(...)
     run_time_shards: set[tuple[cst.FunctionDef | None, str]] = field(default_factory=set)
     run_time_loaders: set[cst.Call] = field(default_factory=set)  # DataLoader calls ddp_shard rebuilds
+    # `len(loader.dataset)` calls (original nodes) BatchSize made the shard's length (DDP405)
+    shard_lengths: set[cst.Call] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
     role: str = SCRIPT

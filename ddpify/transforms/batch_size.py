@@ -439,6 +439,7 @@ class BatchSizeTransform(Transform):
         return parent
 
     def _shard_length(self, length: cst.Call) -> cst.Call:
+        self.context.shard_lengths.add(length)
         loader_node = length.args[0].value.value
         loader = self.context.code(loader_node)
         if (self._function_of(length), loader) in self.context.run_time_shards:

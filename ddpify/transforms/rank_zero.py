@@ -191,7 +191,8 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.tree import calls_bound
-from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, text_value as _text
+from ddpify.analysis.data_sites import training_condition
+from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, over_whole_data, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, REMOVERS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
@@ -1522,13 +1523,17 @@ class RankZeroTransform(Transform):
             self.context.use_helper(helper)
         parts = [f"the mean of {_listed(means)}"] if means else []
         parts += [f"the sum of {_listed(sums)}"] if sums else []
+        phase = self._summed_over_phases(original, shown)
+        # (a loop over phases: its sums are this rank's share after a training pass, the whole
+        # data's after an evaluating pass, which every rank holds alike)
+        when = f" (the sums where `{self.context.code(phase)}`: the other passes evaluate whole data)" if phase else ""
         self.context.report(
             original,
             "DDP608",
-            f"prints {' and '.join(parts)} across ranks, as DataParallel printed the global batch's "
+            f"prints {' and '.join(parts)} across ranks{when}, as DataParallel printed the global batch's "
             "(an object, such as a meter, prints rank 0's own values)",
         )
-        return original, updated.visit(_AcrossRanks(shown))
+        return original, updated.visit(_AcrossRanks(shown, phase))
 
     @functools.cached_property
     def _called_names(self) -> set[str]:
@@ -1566,7 +1571,51 @@ class RankZeroTransform(Transform):
                 shown[name] = combined[name]
         whole = self._added_up_over_whole_data(original, shown)
         averaged = {name for scope, name in self.context.averaged_statistics if scope is self._function_of(original)}
-        return {name: how for name, how in shown.items() if name not in whole | averaged}
+        shown = {name: how for name, how in shown.items() if name not in whole | averaged}
+        return {name: "ddp_sum" if self._share_over_whole_data(original, name) else how for name, how in shown.items()}
+
+    def _share_over_whole_data(self, original: cst.BaseStatement, name: str) -> bool:
+        """``epoch_loss = running_loss / len(loader.dataset)``: what the training loop added up of
+        this rank's share, divided by the whole data's size: the ranks' quotients add up to the
+        original's (a mean across ranks would print 1/N of it)."""
+        bound = self._last_bound(original, name)
+        divided, whole = over_whole_data(bound, self.context.code, self.context.shard_lengths) if bound is not None else (set(), False)
+        return whole and bool(divided & set(self._accumulated(self._function_of(original))))
+
+    def _last_bound(self, original: cst.BaseStatement, name: str) -> cst.BaseExpression | None:
+        """The value ``name`` was last assigned, in the print's function, before the print."""
+        found = None
+        for node in walk(self._function_of(original) or self.context.module):
+            if node is original:
+                break
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and dotted(node.targets[0].target) == name:
+                found = node.value
+            elif isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign) and dotted(node.target) == name:
+                found = cst.BinaryOperation(node.target, cst.Divide(), node.value)  # (`train_loss /= len(dataset)`)
+        return found
+
+    def _accumulated(self, function: cst.CSTNode | None) -> dict[str, cst.CSTNode]:
+        """Names the training loops of ``function`` add to (``running_loss += ...``) -> that loop."""
+        return {
+            inner.target.value: loop for loop in self.facts.training_loops if self._function_of(loop) is function
+            for inner in walk(loop) if isinstance(inner, cst.AugAssign) and isinstance(inner.operator, cst.AddAssign)
+            and isinstance(inner.target, cst.Name)
+        }
+
+    def _summed_over_phases(self, original: cst.BaseStatement, shown: dict[str, str]) -> cst.BaseExpression | None:
+        """The test of a loop whose passes train on this rank's share or evaluate the whole data
+        (``for phase in ['train', 'val']:``), where a printed sum adds up: the same line needs
+        the sum across ranks after one pass and this rank's own value after the other."""
+        accumulated = self._accumulated(self._function_of(original))
+        for name, how in shown.items():
+            bound = self._last_bound(original, name)
+            names = {name} | ({n.value for n in names_in(bound)} if bound is not None else set())
+            for loop in {accumulated[n] for n in names if n in accumulated}:
+                condition = training_condition(loop, self.facts)
+                if how == "ddp_sum" and condition is not None:
+                    test, trains = condition
+                    return test if trains else cst.UnaryOperation(cst.Not(), test)
+        return None
 
     def _added_up_over_whole_data(self, original: cst.BaseStatement, names) -> set[str]:
         """The printed names last added up, before the print, in a loop that trains nothing (an
@@ -1611,6 +1660,9 @@ class RankZeroTransform(Transform):
                     and found.get(inner.target.value) != "ddp_sum"  # (a count anywhere is a count)
                 ):
                     found[inner.target.value] = "ddp_mean" if self._adds_a_mean(loop, inner.value) else "ddp_sum"
+                elif _a_batch_mean_bound(inner, self.context.code):
+                    # (DCGAN's `D_x = output.mean().item()`, printed beside the losses: this rank's half)
+                    found.setdefault(inner.targets[0].target.value, "ddp_mean")
         return {name: how for name, how in found.items() if name not in self._derived_losses}
 
     def _adds_a_mean(self, loop: cst.CSTNode, value: cst.BaseExpression) -> bool:
@@ -1698,6 +1750,13 @@ def _handed_to_calls(call: cst.Call) -> set[int]:
     return inside
 
 
+def _a_batch_mean_bound(node: cst.CSTNode, code) -> bool:
+    """``D_x = output.mean().item()``: one name bound to a mean (or a ratio) computed in the loop."""
+    if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
+        return False
+    return re.search(r"\bmean\(", code(node.value)) is not None or _a_ratio(node.value)
+
+
 def _loss_names(call: cst.Call, derived: frozenset[str] = frozenset()) -> list[str]:
     """Names of losses a print shows: ``loss.item()`` and bare ``running_loss``."""
     nodes = walk(call)
@@ -1737,17 +1796,26 @@ class _AcrossRanks(cst.CSTTransformer):
     """Inside one print: ``loss.item()`` -> ``ddp_mean(loss.item())``, a bare ``loss`` ->
     ``ddp_mean(loss)``, a counted ``correct`` -> ``ddp_sum(correct)``."""
 
-    def __init__(self, helpers: dict[str, str]) -> None:
+    def __init__(self, helpers: dict[str, str], summed_when: cst.BaseExpression | None = None) -> None:
         super().__init__()
         self.helpers = helpers
+        self.summed_when = summed_when  # (``ddp_sum(correct) if phase == 'train' else correct``)
+
+    def _combined(self, helper: str, value: cst.BaseExpression) -> cst.BaseExpression:
+        combined = cst.Call(func=cst.Name(helper), args=[cst.Arg(value)])
+        if helper != "ddp_sum" or self.summed_when is None:
+            return combined
+        return cst.IfExp(
+            test=self.summed_when.deep_clone(), body=combined, orelse=value.deep_clone(),
+            lpar=[cst.LeftParen()], rpar=[cst.RightParen()],
+        )
 
     def visit_Call(self, node: cst.Call) -> bool:
         return not (_is_item_call(node) and node.func.value.value in self.helpers)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if _is_item_call(original_node) and original_node.func.value.value in self.helpers:
-            helper = self.helpers[original_node.func.value.value]
-            return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated_node)])
+            return self._combined(self.helpers[original_node.func.value.value], updated_node)
         return updated_node
 
     def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> cst.Attribute:
@@ -1760,7 +1828,7 @@ class _AcrossRanks(cst.CSTTransformer):
         helper = self.helpers.get(original_node.value)
         if helper is None:
             return updated_node
-        return cst.Call(func=cst.Name(helper), args=[cst.Arg(updated_node)])
+        return self._combined(helper, updated_node)
 
 
 def _path_mkdir(call: cst.Call) -> bool:

@@ -314,7 +314,11 @@ class SamplerTransform(Transform):
         # (a loop that holds each batch whole divides neither its batch size nor its sums)
         divided = {expr: site for expr, (site, _) in self._run_time.items() if site.loop not in self.context.scattered_loops}
         self.context.run_time_loaders.update(call for site in divided.values() if not site.regrouped for call in site.loaders)
-        self.context.run_time_shards.update((site.function, self.context.code(expr)) for expr, site in divided.items())
+        # (not a loop whose passes train or evaluate by a test, `if phase == 'train'`: a division by
+        # its data set's length is the whole set's on an evaluating pass; its prints sum by that test)
+        self.context.run_time_shards.update(
+            (site.function, self.context.code(expr)) for expr, site in divided.items() if not isinstance(self._site_condition(site), tuple)
+        )
 
     def _split_drawn_batches(self) -> None:
         """A training loop that draws its batches with ``next(it)`` from an iterator of its own
