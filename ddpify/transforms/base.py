@@ -337,7 +337,8 @@ KEYWORD_SPACES: dict[type, tuple[tuple[str, str], ...]] = {
 
 def _spaced(node: cst.CSTNode) -> cst.CSTNode:
     fields = KEYWORD_SPACES.get(type(node), ())
-    tight = {name: cst.SimpleWhitespace(" ") for name, _ in fields if _touches(node, name)}
+    # (a bare `return` touches nothing: no part to space from)
+    tight = {name: cst.SimpleWhitespace(" ") for name, part in fields if _touches(node, name) and getattr(node, part) is not None}
     return node.with_changes(**tight) if tight else node
 
 
