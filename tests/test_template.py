@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import libcst as cst
@@ -439,6 +440,30 @@ def test_library_helper_text_uses_the_tolerant_calls():
 
 
 # -- ddp_shard: a training loader sharded at run time -----------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _private_reads_undone():
+    """ddp_privately's reads of private copies last the process: each test is a run of its own."""
+    yield
+    state = template.ddp_privately.__dict__
+    undo = state.pop("undo_reads", None)
+    if undo is not None:
+        undo()
+    state.pop("private", None)
+
+
+def _real_bytes(path) -> bytes:
+    """The file on disk, past any redirection of this rank's reads."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(descriptor, 1 << 20)
+    finally:
+        os.close(descriptor)
+
+
+def _real_text(path) -> str:
+    return _real_bytes(path).decode()
 
 
 def _as_rank(monkeypatch, rank: int, world: int = 2) -> None:
@@ -961,7 +986,7 @@ def test_a_quiet_object_still_sees_the_files_that_are_there(monkeypatch, tmp_pat
     monkeypatch.setattr(template.dist, "barrier", lambda: None)
     manager = template.ddp_quiet(_TaskManager, tmp_path)
     assert manager.tasks == ["t1"] and manager.history == "opened\n"
-    assert (tmp_path / "history.txt").read_text() == "opened\n", "rank 1 wrote nothing"
+    assert _real_text(tmp_path / "history.txt") == "opened\n", "rank 1 wrote nothing"
 
 
 class ConstantConfig(dict):
@@ -1103,8 +1128,36 @@ def test_a_quiet_evaluation_reads_back_what_this_rank_wrote(monkeypatch, tmp_pat
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "keypoints_results_0.json").write_text("[100]")  # rank 0's, half written or older
     assert template.ddp_quiet(_evaluate_into, tmp_path, [1, 2, 3]) == 6
-    assert (tmp_path / "results" / "keypoints_results_0.json").read_text() == "[100]", "rank 1 wrote nothing"
+    assert _real_text(tmp_path / "results" / "keypoints_results_0.json") == "[100]", "rank 1 wrote nothing"
     assert template.ddp_quiet(_evaluate_into, tmp_path, [4]) == 4, "the next pass writes its copy again"
+
+
+def _write_detections(path, detections):
+    import pickle
+
+    with open(path, "wb") as f:
+        pickle.dump(detections, f)
+
+
+def _read_detections(path):
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def test_what_a_quiet_call_wrote_reads_as_this_rank_s_copy_after_it(monkeypatch, tmp_path):
+    # SSD's evaluation: one project function writes the detections (made quiet), the next one
+    # reads them back outside it; the real file is rank 0's, not written yet (FileNotFoundError)
+    _as_rank(monkeypatch, 1)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
+    path = str(tmp_path / "detections.pkl")
+    template.ddp_quiet(_write_detections, path, [1, 2])
+    assert not os.path.exists(path)
+    assert _read_detections(path) == [1, 2]
+    with open(path, "wb") as f:  # written outside a private call: the real file is this rank's again
+        f.write(b"")
+    assert os.path.getsize(path) == 0 and open(path, "rb").read() == b""
 
 
 def _save_best(folder, weights):
@@ -1118,7 +1171,8 @@ def test_a_quiet_function_saves_its_checkpoints_privately(monkeypatch, tmp_path)
     monkeypatch.setattr(template.dist, "is_initialized", lambda: True)
     torch.save({"w": 0}, tmp_path / "best.pth")  # rank 0's
     assert template.ddp_quiet(_save_best, tmp_path, 7) == 7, "this rank reads back its own"
-    assert torch.load(tmp_path / "best.pth")["w"] == 0, "rank 1 wrote nothing"
+    assert torch.load(io.BytesIO(_real_bytes(tmp_path / "best.pth")))["w"] == 0, "rank 1 wrote nothing"
+    assert torch.load(tmp_path / "best.pth")["w"] == 7, "and reads its own from then on"
     assert template.torch.save is torch.save and template.torch.load is torch.load
 
 

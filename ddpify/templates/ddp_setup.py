@@ -1352,8 +1352,10 @@ def ddp_privately(call, *args, **kwargs):
     state = ddp_privately.__dict__
     if state.get("active"):
         return call(*args, **kwargs)
-    opened = builtins.open
     private = state.setdefault("private", {})  # real path -> this rank's copy
+    if "undo_reads" not in state:
+        state["undo_reads"] = ddp_private_reads(private)
+    opened = builtins.open
 
     def private_folder():
         import atexit
@@ -1375,10 +1377,11 @@ def ddp_privately(call, *args, **kwargs):
             return opened(file, mode, *more, **options)  # (a descriptor: already this rank's)
         if real not in private:
             folder = state.get("folder") or state.setdefault("folder", private_folder())
-            private[real] = os.path.join(folder, f"{len(private)}-{os.path.basename(real)}")
+            copied = os.path.join(folder, f"{len(private)}-{os.path.basename(real)}")
             if there and "w" not in mode and set(mode) & set("a+"):  # appended to or read back: what is there
-                with opened(file, "rb") as source, opened(private[real], "wb") as copy:
+                with opened(file, "rb") as source, opened(copied, "wb") as copy:
                     copy.write(source.read())
+            private[real] = copied
         return opened(private[real], mode, *more, **options)
 
     saved, loaded = torch.save, torch.load  # (torch writes a named file from C++, past open())
@@ -1403,6 +1406,36 @@ def ddp_privately(call, *args, **kwargs):
         state["active"] = False
         builtins.open, io.open, torch.save, torch.load = opened, opened, saved, loaded
         undo()
+
+
+def ddp_private_reads(private):
+    """On a rank other than 0, a file a private call wrote reads as this rank's copy from then
+    on, also outside such a call (SSD's detections: one project function writes them, the next
+    reads them back; the real file is rank 0's, maybe not yet written). A write outside makes
+    the real file this rank's again. Returns what undoes it."""
+    import builtins
+    import io
+
+    opened, loaded = builtins.open, torch.load
+    real = lambda file: os.path.abspath(os.fsdecode(file)) if isinstance(file, (str, bytes, os.PathLike)) else None  # noqa: E731
+
+    def reading(file, mode="r", *more, **options):
+        if real(file) in private:
+            if not set(mode) & set("wax+"):
+                file = private[real(file)]
+            elif not ddp_privately.__dict__.get("active"):
+                private.pop(real(file))
+        return opened(file, mode, *more, **options)
+
+    def loading(f, *more, **options):
+        return loaded(private.get(real(f), f) if real(f) else f, *more, **options)
+
+    builtins.open, io.open, torch.load = reading, reading, loading
+
+    def undo():
+        builtins.open, io.open, torch.load = opened, opened, loaded
+
+    return undo
 
 
 def ddp_quiet_folders(private):

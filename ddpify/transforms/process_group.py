@@ -114,6 +114,7 @@ TEMPLATE_NAMES = (
     "ddp_world_size",
     "ddp_quiet",
     "ddp_privately",
+    "ddp_private_reads",
     "ddp_quiet_folders",
     "ddp_shared_values",
     "ddp_here",
