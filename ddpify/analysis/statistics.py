@@ -92,3 +92,25 @@ def over_whole_data(value: cst.BaseExpression, code, shard_lengths=frozenset()) 
     if any(node in shard_lengths for node in walk(value.right)):
         return divided, False
     return divided, _WHOLE_DATA.search(code(value.right)) is not None
+
+
+def names_holding(scope: cst.CSTNode, held: set[cst.CSTNode]) -> frozenset[str]:
+    """Names whose values hold one of the ``held`` nodes, directly or through other such names
+    (``loss = criterion(...) * dist.get_world_size()``, ``total += loss.item()``: both)."""
+    if not held:
+        return frozenset()
+    assignments = [
+        (found.target.value, found.value) if isinstance(found, cst.AugAssign) else (found.targets[0].target.value, found.value)
+        for found in walk(scope)
+        if (isinstance(found, cst.AugAssign) and isinstance(found.target, cst.Name))
+        or (isinstance(found, cst.Assign) and len(found.targets) == 1 and isinstance(found.targets[0].target, cst.Name))
+    ]
+    holding = {name for name, value in assignments if any(node in held for node in walk(value))}
+    grown = True
+    while grown:
+        grown = False
+        for name, value in assignments:
+            if name not in holding and any(n.value in holding for n in names_in(value)):
+                holding.add(name)
+                grown = True
+    return frozenset(holding)

@@ -70,6 +70,9 @@ class ConversionContext:
     run_time_loaders: set[cst.Call] = field(default_factory=set)  # DataLoader calls ddp_shard rebuilds
     # `len(loader.dataset)` calls (original nodes) BatchSize made the shard's length (DDP405)
     shard_lengths: set[cst.Call] = field(default_factory=set)
+    # summed losses SummedLosses scaled by the world size (original nodes, DDP116): what holds
+    # them holds the global batch's value on every rank, not a share of it
+    world_scaled: set[cst.CSTNode] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
     role: str = SCRIPT

@@ -77,6 +77,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
+from ddpify.analysis.statistics import names_holding
 from ddpify.analysis.tree import without_moves
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args
@@ -140,13 +141,22 @@ class BatchSizeTransform(Transform):
 
     def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation) -> cst.BinaryOperation:
         if isinstance(original_node.operator, cst.Divide) and self._is_dataset_length(original_node.right):
-            return updated_node.with_changes(right=self._shard_length(original_node.right))
+            if not self._world_scaled(original_node.left):
+                return updated_node.with_changes(right=self._shard_length(original_node.right))
         return updated_node
 
     def leave_AugAssign(self, original_node: cst.AugAssign, updated_node: cst.AugAssign) -> cst.AugAssign:
         if isinstance(original_node.operator, cst.DivideAssign) and self._is_dataset_length(original_node.value):
-            return updated_node.with_changes(value=self._shard_length(original_node.value))
+            if not self._world_scaled(original_node.target):
+                return updated_node.with_changes(value=self._shard_length(original_node.value))
         return updated_node
+
+    def _world_scaled(self, numerator: cst.BaseExpression) -> bool:
+        """A sum of a summed loss DDP116 scaled by the world size (``total += loss.item()``): each
+        rank's total is the global batch's already, and the whole data set divides it."""
+        if not hasattr(self, "_scaled_names"):
+            self._scaled_names = names_holding(self.context.module, self.context.world_scaled)
+        return any(name.value in self._scaled_names for name in walk(numerator) if isinstance(name, cst.Name))
 
     def leave_Comparison(self, original_node: cst.Comparison, updated_node: cst.Comparison) -> cst.Comparison:
         """``if now_batch_size < opt.batchsize: continue`` (Person_reID skips the last, short

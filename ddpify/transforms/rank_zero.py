@@ -192,7 +192,7 @@ from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, n
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.tree import calls_bound
 from ddpify.analysis.data_sites import training_condition
-from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, over_whole_data, text_value as _text
+from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, names_holding, over_whole_data, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, REMOVERS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
@@ -1580,7 +1580,9 @@ class RankZeroTransform(Transform):
         original's (a mean across ranks would print 1/N of it)."""
         bound = self._last_bound(original, name)
         divided, whole = over_whole_data(bound, self.context.code, self.context.shard_lengths) if bound is not None else (set(), False)
-        return whole and bool(divided & set(self._accumulated(self._function_of(original))))
+        if not hasattr(self, "_scaled_names"):  # (a world-scaled summed loss's sum is the global batch's on every rank)
+            self._scaled_names = names_holding(self.context.module, self.context.world_scaled)
+        return whole and bool(divided & set(self._accumulated(self._function_of(original)))) and not divided & self._scaled_names
 
     def _last_bound(self, original: cst.BaseStatement, name: str) -> cst.BaseExpression | None:
         """The value ``name`` was last assigned, in the print's function, before the print."""

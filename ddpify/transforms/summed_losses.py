@@ -529,6 +529,7 @@ class SummedLossesTransform(Transform):
     def _scale(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
         if original not in self._scaled:
             return updated
+        self.context.world_scaled.add(original)
         self.context.add_import("torch.distributed", None, "dist")
         self.context.report(
             original,
