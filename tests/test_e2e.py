@@ -196,6 +196,14 @@ def test_a_phase_loop_prints_each_phase_s_loss_over_its_data_set_as_the_original
         assert numbers(run) == pytest.approx(original, abs=2e-6), run
 
 
+@only("summed_loss")
+def test_a_summed_loss_per_sample_prints_the_original_value(runs):
+    numbers = lambda run: [float(line.split()[-1]) for line in lines_with(runs[run].stdout, "loss per sample")]  # noqa: E731
+    assert len(numbers("original")) == 3
+    for run in ("ddp", "single"):
+        assert numbers(run) == pytest.approx(numbers("original"), rel=1e-5), run
+
+
 @only("shared_forward_pass")
 def test_a_summed_loss_evaluation_shares_reports_the_original_value(runs):
     original = lines_with(runs["original"].stdout, "validation loss")
