@@ -149,12 +149,15 @@ class ExistingDdpTransform(Transform):
                 result.append((None, cst.parse_statement(line)))
         return result
 
-    def _argument(self, *flags: str) -> cst.Call | None:
-        """The ``parser.add_argument(...)`` call that declares one of `flags`."""
+    def _argument(self, *flags: str, dest: str | None = None) -> cst.Call | None:
+        """The ``parser.add_argument(...)`` call that declares one of `flags`, or (with ``dest``)
+        stores into that name (retinanet's ``add_argument('--distributed_true', dest='distributed',
+        action='store_true')``)."""
         for node in self.facts.contexts:
             if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
                 names = {getattr(arg.value, "evaluated_value", None) for arg in node.args if arg.keyword is None}
-                if names & set(flags):
+                stored = keyword_arg(node, "dest")
+                if names & set(flags) or dest is not None and stored is not None and getattr(stored.value, "evaluated_value", None) == dest:
                     return node
         return None
 
@@ -385,7 +388,7 @@ class ExistingDdpTransform(Transform):
         if launcher is not None and "pytorch" in self.context.code(launcher):
             found.append("--launcher pytorch")
         for name in self._names_testing_ddp_code():
-            flag = self._argument(f"--{name}", f"--{name.replace('_', '-')}")
+            flag = self._argument(f"--{name}", f"--{name.replace('_', '-')}", dest=name)
             if flag is not None and "store_true" in self.context.code(flag) and name != "multiprocessing_distributed":
                 spelled = next(arg.value.evaluated_value for arg in flag.args if arg.keyword is None)
                 if spelled not in found:
