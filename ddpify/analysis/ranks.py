@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
-from libcst.metadata import Assignment, ScopeProvider
+from libcst.metadata import Assignment, BuiltinAssignment, ScopeProvider
 
 from ddpify.analysis.facts import Function
 from ddpify.analysis.scopes import STAR_IMPORTED_ROOTS, Room
@@ -220,6 +220,8 @@ class Collectives(Room):
             return True
         if root.value in STAR_IMPORTED_ROOTS and not self.scopes.assignments_of(root):
             return False  # (a library a star import passes on: photo2cartoon's `cv2` through `from utils import *`)
+        if _a_builtin(self.scopes.assignments_of(root)):
+            return False  # (a builtin's value: Wave-U-Net's `str(epoch).zfill(4)` in a checkpoint's name)
         definitions = (cst.Import, cst.ImportFrom, cst.FunctionDef, cst.ClassDef)
         bound_here = [
             a for a in self.scopes.assignments_of(root) if isinstance(a, Assignment) and not isinstance(a.node, definitions)
@@ -257,6 +259,12 @@ class Collectives(Room):
                     if getattr(assignment, "node", None) in self.facts.unsafe_functions:
                         return True
         return False
+
+
+def _a_builtin(assignments) -> bool:
+    """A name only Python's builtins bind (``str``, ``len``, ``open``)."""
+    assignments = list(assignments)
+    return bool(assignments) and all(isinstance(a, BuiltinAssignment) for a in assignments)
 
 
 class RunNames:

@@ -1324,8 +1324,9 @@ class RankZeroTransform(Transform):
         return values, (original, write)
 
     def _hoistable(self, original: cst.BaseStatement | None) -> bool:
-        """A write on its own line whose only reason to stay on every rank is a model call in
-        its arguments, reached by every rank alike."""
+        """A write on its own line whose only reason to stay on every rank is a call in its
+        arguments that may run the model or a collective: that call stays where it ran, on
+        whichever ranks reach it (a barrier after the write only where every rank does)."""
         if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
             return False
         if self._under_rank_guard(original) or self._inside_guarded(original) or self._inside_unit(original):
@@ -1334,7 +1335,7 @@ class RankZeroTransform(Transform):
         if call is None or any(self._reaches_model(inner) for inner in calls_in(call.func)):
             return False
         unsafe = [inner for arg in call.args for inner in calls_in(arg.value) if self._reaches_model(inner)]
-        return bool(unsafe) and all(arg.star == "" for arg in call.args) and self._same_path_on_every_rank(original)
+        return bool(unsafe) and all(arg.star == "" for arg in call.args)
 
     def _barrier_reached(self, original: cst.CSTNode) -> bool:
         return self._same_path_on_every_rank(original) and not self.context.rank_read_at_run_time
