@@ -325,7 +325,7 @@ class SummedLossesTransform(Transform):
         found: list[cst.BaseExpression] = []
         for step in self.facts.training_steps:
             # every name a statement binds -> its value (`out, loss_c, loss_s = network(x)`)
-            self._bindings_in_step = loop_origins(step)
+            self._bindings_in_step, self._step = loop_origins(step), step
             self._origins = {name: values[-1] for name, values in self._bindings_in_step.items()}
             # (a loss function's parameters are what the step hands it: the model's outputs)
             self._given = {p.name.value for p in step.params.params} if step in self.facts.loss_functions else set()
@@ -363,7 +363,33 @@ class SummedLossesTransform(Transform):
             summed = value.func.value
         else:
             return False
-        return self._from_the_model(summed) and not self._a_mean(summed, set())
+        return self._from_the_model(summed) and not self._a_mean(summed, set()) and not self._stacked_means(summed)
+
+    def _stacked_means(self, value: cst.BaseExpression) -> bool:
+        """``torch.cat(loss_att)`` / ``torch.stack([...])`` of losses that are each a mean
+        already (Person-ReID's one loss per attribute head, appended in a loop): their sum runs
+        over the losses, not over the batch."""
+        if isinstance(value, cst.Name) and self._bound_value(value) is not None:
+            value = self._bound_value(value)
+        if not (isinstance(value, cst.Call) and self.context.qualified(value.func) & {"torch.cat", "torch.stack"} and value.args):
+            return False
+        held = value.args[0].value
+        if isinstance(held, (cst.List, cst.Tuple)):
+            items = [element.value for element in held.elements]
+        elif isinstance(held, cst.ListComp):
+            items = [held.elt]
+        elif isinstance(held, cst.Name):
+            bound = self._bound_value(held)
+            items = [element.value for element in bound.elements] if isinstance(bound, (cst.List, cst.Tuple)) else (
+                [bound.elt] if isinstance(bound, cst.ListComp) else []
+            )
+            items += [
+                call.args[0].value for call in calls_in(self._step) if isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "append" and dotted(call.func.value) == held.value and call.args
+            ]
+        else:
+            return False
+        return bool(items) and all(self._a_mean(_unshaped(item), set()) for item in items)
 
     def _a_mean(self, value: cst.BaseExpression, seen: set[str]) -> bool:
         """Is ``value`` (through the names the step binds) a mean already: ``.mean()``, a loss
@@ -665,6 +691,15 @@ def _a_mean_of_data(value: cst.BaseExpression, qualified) -> bool:
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args:
         return True
     return "torch.mean" in qualified(value.func) and len(value.args) == 1
+
+
+def _unshaped(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``loss.unsqueeze(0)``, ``loss.view(1)``, ``loss.cuda()``: the value, its shape or place aside."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in (
+        "unsqueeze", "view", "reshape", "squeeze", "flatten", "cuda", "cpu", "to", "float", "double"
+    ):
+        value = value.func.value
+    return value
 
 
 def _this_batch(divisor: cst.BaseExpression, names: frozenset[str] = frozenset()) -> bool:
