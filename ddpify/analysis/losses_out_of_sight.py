@@ -36,10 +36,27 @@ def losses_out_of_sight(facts: Facts, module: cst.Module, parent, qualified) -> 
                     continue  # (a regulariser given the model itself)
                 if not any(_computed(arg.value, origins) for arg in call.args):
                     continue  # (given the batch itself: the model, built or handed in out of sight, not a loss)
+                if _fed_its_own_outputs(call, origins) or call.func.value in _switched_modes(module):
+                    continue  # (a model decoding step by step, or one the file puts in train()/eval() mode)
                 why = _out_of_sight(call, facts, module, parent, qualified, defined)
                 if why is not None:
                     found.append((call, why))
     return found
+
+
+def _fed_its_own_outputs(call: cst.Call, origins: dict[str, list[cst.BaseExpression]]) -> bool:
+    """``prev, logp = model(x, prev)`` in a loop (TSP-improve's policy decoding step by step):
+    what the call returned comes back as its input, as a model's outputs do, never a loss's."""
+    given = {n.value for arg in call.args for n in walk(arg.value) if isinstance(n, cst.Name)}
+    return any(origin is call for name in given for origin in origins.get(name, []))
+
+
+def _switched_modes(module: cst.Module) -> set[str]:
+    """Names the file calls ``.train()`` or ``.eval()`` on: modules it trains, not losses."""
+    return {
+        dotted(call.func.value) for call in calls_in(module) if isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in ("train", "eval") and not call.args and dotted(call.func.value)
+    }
 
 
 def _out_of_sight(call: cst.Call, facts: Facts, module: cst.Module, parent, qualified, defined: set[str]) -> str | None:
