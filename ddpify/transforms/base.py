@@ -351,9 +351,24 @@ def _unspaced(result: Any, before: cst.CSTNode) -> Any:
     tight = {
         name: before_space for name, part in KEYWORD_SPACES.get(type(before), ())
         if _touches(before, name) and (before_space := getattr(before, name)) is not None
-        and getattr(getattr(result, part), "lpar", None) and getattr(result, name) != before_space
+        and _opens_with_a_parenthesis(getattr(result, part)) and getattr(result, name) != before_space
     }
     return result.with_changes(**tight) if tight else result
+
+
+def _opens_with_a_parenthesis(part: cst.CSTNode | None) -> bool:
+    """``(x)``, and ``(not a) and b`` (VRP-DACT's `if(not opts.no_tb) and rank == 0:`), whose
+    first operand holds the parenthesis: the keyword may touch it again."""
+    while part is not None:
+        if getattr(part, "lpar", None):
+            return True
+        if isinstance(part, (cst.BooleanOperation, cst.BinaryOperation, cst.Comparison)):
+            part = part.left
+        elif isinstance(part, (cst.Attribute, cst.Subscript)):
+            part = part.value  # (`if(a).b:`)
+        else:
+            part = part.func if isinstance(part, cst.Call) else None
+    return False
 
 
 def _touches(node: cst.CSTNode, name: str) -> bool:

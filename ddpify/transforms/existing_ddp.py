@@ -333,7 +333,7 @@ class ExistingDdpTransform(Transform):
                 "DDP007",
                 "the script starts its own processes (torch.multiprocessing.spawn)"
                 + (f", selected by {', '.join(switches)}" if switches else "")
-                + ": nothing rewritten; launch it with python, never under torchrun (that would start its processes "
+                + ": its DDP path is taken as it is; launch it with python, never under torchrun (that would start its processes "
                 "once per torchrun process)",
             )
             return
@@ -491,7 +491,7 @@ class ExistingDdpTransform(Transform):
         self.context.report(
             self.facts.distributed_uses[0],
             "DDP007",
-            f"the script has its own DDP path, selected by {flag}: nothing rewritten; launch it with that switch "
+            f"the script has its own DDP path, selected by {flag}: its DDP path is taken as it is; launch it with that switch "
             "(the DataParallel branch is then unreachable)",
         )
 

@@ -606,7 +606,27 @@ class RankZeroTransform(Transform):
         return f"{self.context.rank} != 0"
 
     def _under_rank_guard(self, node: cst.CSTNode) -> bool:
-        return under_rank_guard(node, self.context.parent, self.context.code)
+        return under_rank_guard(node, self.context.parent, self.context.code) or self._called_by_a_chosen_rank(node)
+
+    def _called_by_a_chosen_rank(self, node: cst.CSTNode) -> bool:
+        """Inside a function some call of which, in this file, a rank test selects already
+        (VRP-DACT's own DDP path: `elif opts.distributed and rank == 1: agent.save(epoch)`): its
+        writes are that rank's; a rank-0 guard inside would skip them all."""
+        chosen = self._chosen_rank_callees
+        function = self._function_of(node)
+        while isinstance(function, cst.FunctionDef):
+            if function.name.value in chosen:
+                return True
+            function = self._function_of(function)
+        return False
+
+    @functools.cached_property
+    def _chosen_rank_callees(self) -> frozenset[str]:
+        """Names of the functions and methods this file calls under a rank test."""
+        return frozenset(
+            (dotted(call.func) or "").rpartition(".")[2] for call in calls_in(self.context.module)
+            if under_rank_guard(call, self.context.parent, self.context.code)
+        )
 
     # -- expressions: progress bars, makedirs, SummaryWriter --------------------------------
 
@@ -623,7 +643,7 @@ class RankZeroTransform(Transform):
             return self._save_unwrapped(original_node, updated_node)
         if "torch.onnx.export" in names:
             return self._export_unwrapped(original_node, updated_node)
-        if self._hands_the_model(original_node, names) and self._rank_zero_alone(original_node):
+        if self._hands_the_model(original_node, names) and self._rank_zero_alone(original_node) and not self.context.own_ddp_path:
             return self._handed_unwrapped(original_node, updated_node)
         if self._opens_for_writing(original_node) and not self._rank_zero_alone(original_node) and not self._in_a_worker(original_node):
             if isinstance(self.context.parent(original_node), cst.WithItem) and self._null_device_mode(original_node) is not None:
