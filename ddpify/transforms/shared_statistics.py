@@ -24,6 +24,14 @@ DataParallel fed back the global batch's value; each rank's own would give every
 
     real = getValue(loss_d_real)   ->   real = ddp_mean(getValue(loss_d_real))
 
+DDP812  what a training function returns, computed from the loss its loop adds up (``return
+total / n``, a name bound to such a value), is its mean across ranks where it is returned: its
+callers, in this module or another (a base class's ``self.sched.step(metrics=self.train())``, a
+checkpoint, a log), see the global batch's value, as DataParallel's caller did (the sum across
+ranks for a share divided by the whole data set's size)::
+
+    return total / n   ->   return ddp_mean(total / n)
+
 Only where every rank computes it (conditions on counters and settings, no exception handler,
 no rank guard), in the script itself (an imported module's callers are out of sight), and never
 for a loss that backward() takes (its gradient is DDP's to average).
@@ -36,7 +44,8 @@ import libcst as cst
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching_backward, unconverted
-from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
+from ddpify.analysis.data_sites import training_condition
+from ddpify.analysis.statistics import constructs, is_loss, loss_derived, names_holding, over_whole_data, text_value
 from ddpify.transforms.base import Transform
 
 
@@ -48,6 +57,7 @@ class SharedStatisticsTransform(Transform):
         self._averaged: dict[cst.Assign, str] = {}  # assignment -> the name it binds
         self._numbers: set[cst.Assign] = set()  # of those, a loss's number (`last = loss.item()`)
         self._controls: set[cst.Assign] = set()  # of those, numbers the next steps' losses read (BEGAN's kt)
+        self._returned: dict[cst.CSTNode, set[str]] = {}  # a returned value (original node) -> what its loop adds up
 
     def check(self) -> None:
         if self.context.rank_read_at_run_time or not self.facts.training_loops:
@@ -71,7 +81,28 @@ class SharedStatisticsTransform(Transform):
                         self._numbers.add(node)
                     if controls:
                         self._controls.add(node)
+            if isinstance(scope, cst.FunctionDef):
+                self._plan_returned(scope, loop, added_up)
         self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
+
+    def _plan_returned(self, function: cst.FunctionDef, loop: cst.CSTNode, added_up: set[str]) -> None:
+        """The values ``function`` returns that it computed from what its training loop adds up
+        (DDP812), where every rank returns them; not a loop that also evaluates (its value is
+        a share after a training pass, the whole set's after another)."""
+        if not added_up or function in self.facts.training_and_evaluating or training_condition(loop, self.facts) is not None:
+            return
+        scaled = names_holding(self.context.module, self.context.world_scaled)
+        for node in own_nodes(function):
+            if not (isinstance(node, cst.Return) and node.value is not None) or not self._reaches(self.context.parent(node)):
+                continue
+            values = [element.value for element in node.value.elements] if isinstance(node.value, cst.Tuple) else [node.value]
+            for value in values:
+                names = {found.value for found in names_in(value)}
+                if not names & added_up or text_value(value) or constructs(value) or names & scaled:
+                    continue
+                if isinstance(value, cst.Name) or any(isinstance(found, (cst.Lambda, cst.ListComp, cst.Dict, cst.List)) for found in walk(value)):
+                    continue  # (a name: its binding is averaged as any statistic is; a container: left as it is)
+                self._returned[value] = added_up
 
     def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
         while not isinstance(node, (cst.FunctionDef, cst.Module)):
@@ -92,6 +123,35 @@ class SharedStatisticsTransform(Transform):
             and not under_rank_guard(statement, self.context.parent, self.context.code)
             and not (guarded is not None and guarded(statement))
         )
+
+    def leave_Return(self, original_node: cst.Return, updated_node: cst.Return) -> cst.Return:
+        if isinstance(original_node.value, cst.Tuple) and isinstance(updated_node.value, cst.Tuple):
+            elements = [
+                new.with_changes(value=self._across_ranks(old.value, new.value))
+                for old, new in zip(original_node.value.elements, updated_node.value.elements)
+            ]
+            return updated_node.with_changes(value=updated_node.value.with_changes(elements=elements))
+        if original_node.value is None or updated_node.value is None:
+            return updated_node
+        return updated_node.with_changes(value=self._across_ranks(original_node.value, updated_node.value))
+
+    def _across_ranks(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        added_up = self._returned.get(original)
+        if added_up is None:
+            return updated
+        # (read when left: BatchSize made `len(loader.dataset)` the shard's length by then, DDP405)
+        divided, whole = over_whole_data(original, self.context.code, self.context.shard_lengths)
+        helper = "ddp_sum" if whole and divided & added_up else "ddp_mean"
+        self.context.use_helper(helper)
+        what = "sum" if helper == "ddp_sum" else "mean"
+        self.context.report(
+            original,
+            "DDP812",
+            f"`{self.context.code(original)}`, returned by a training function, is computed from the loss its loop adds "
+            f"up: it is the {what} across ranks, the global batch's value DataParallel's callers saw (a scheduler, a "
+            "checkpoint, a log)",
+        )
+        return cst.Call(cst.Name(helper), [cst.Arg(updated.with_changes(lpar=[], rpar=[]) if hasattr(updated, "lpar") else updated)])
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         name = self._averaged.get(original_node)
