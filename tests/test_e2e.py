@@ -253,9 +253,12 @@ def test_writer_used_by_every_rank_writes_once(runs):
 
 @only("meters_cpu_loss")
 def test_meters_and_cpu_losses_print_as_the_original_did(runs):
+    numbers = lambda run: [float(n) for line in lines_with(runs[run].stdout, "Epoch: [") for n in re.findall(r"\d+\.\d+", line)]  # noqa: E731
     for run in ("ddp", "single"):
         assert len(lines_with(runs[run].stdout, "Epoch: [")) == len(lines_with(runs["original"].stdout, "Epoch: [")) == 6
         assert len(lines_with(runs[run].stdout, "running loss")) == 6
+        # (the meter's last value and its average over every process's batches: the original's)
+        assert numbers(run) == pytest.approx(numbers("original"), abs=2e-4), run
 
 
 @only("plateau_best")

@@ -257,9 +257,27 @@ class Meter:
     avg = 2.0
 
 
+class AverageMeter:
+    """The ImageNet example's."""
+
+    def __init__(self, val, total, count):
+        self.val, self.sum, self.count, self.avg = val, total, count, total / count
+
+
 def test_mean_leaves_objects_alone():
     meter = Meter()
-    assert template.ddp_mean(meter) is meter  # no collective on an object
+    assert template.ddp_mean(meter) is meter  # no collective on an object that holds no sum and count
+
+
+def test_an_average_meter_is_combined_over_every_process_s_batches(monkeypatch):
+    # rank 0 saw 3 samples summing 6 (last batch 1.0), rank 1 saw 1 summing 4 (last batch 3.0)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: tensor.add_(torch.tensor([4.0, 1.0, 3.0], dtype=tensor.dtype)))
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    mine = AverageMeter(1.0, 6.0, 3)
+    combined = template.ddp_mean(mine)
+    assert (combined.sum, combined.count, combined.avg, combined.val) == (10.0, 4, 2.5, 2.0)
+    assert (mine.sum, mine.count, mine.avg) == (6.0, 3, 2.0), "the rank's own meter goes on counting its own"
 
 
 def test_no_sync_only_for_ddp_models_while_accumulating():

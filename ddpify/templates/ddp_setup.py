@@ -1225,10 +1225,13 @@ def ddp_mean(value):
 def ddp_sum(value, mean=False):
     """The sum over the processes of a number or tensor (every process calls it); a dict, list
     or tuple of them (a dict of epoch totals, a list of per-epoch losses) entry by entry where
-    every rank holds one of the same keys and shapes; anything else (a meter) is this rank's
-    own. Reduced on this process's device: NCCL has no CPU path."""
+    every rank holds one of the same keys and shapes; an average meter over every process's
+    batches; anything else is this rank's own. Reduced on this process's device: NCCL has no
+    CPU path."""
     if isinstance(value, (dict, list, tuple)):
         return ddp_entries(value, mean)
+    if ddp_a_meter(value):
+        return ddp_meter(value)
     if type(value).__module__ == "numpy" and getattr(getattr(value, "dtype", None), "kind", "") in ("i", "u", "f"):
         # (ST-GCN's `correct += np.sum(pred == y)`: a numpy count, summed as a number is)
         total = ddp_sum(torch.as_tensor(value), mean)
@@ -1241,6 +1244,30 @@ def ddp_sum(value, mean=False):
     if torch.is_tensor(value):
         return total.to(value.device)
     return total.item() if mean or isinstance(value, float) else int(total.item())
+
+
+def ddp_a_meter(value):
+    """An average meter (the ImageNet example's AverageMeter): numbers `sum`, `count`, `avg`."""
+    import numbers
+
+    return not torch.is_tensor(value) and all(isinstance(getattr(value, name, None), numbers.Number) for name in ("sum", "count", "avg"))
+
+
+def ddp_meter(meter):
+    """A copy of the meter over every process's batches: its sum and count added up, its
+    average their quotient, its last value the mean of the processes' (the global batch's)."""
+    import copy
+
+    last = getattr(meter, "val", 0.0)
+    totals = torch.tensor([float(meter.sum), float(meter.count), float(last)], dtype=torch.float64, device=ddp_device())
+    dist.all_reduce(totals)
+    total, count, last = totals.tolist()
+    combined = copy.copy(meter)
+    combined.sum, combined.count = total, int(count) if isinstance(meter.count, int) else count
+    combined.avg = total / count if count else meter.avg
+    if hasattr(meter, "val"):
+        combined.val = last / dist.get_world_size()
+    return combined
 
 
 def ddp_entries(value, mean):

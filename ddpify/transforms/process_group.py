@@ -105,6 +105,8 @@ TEMPLATE_NAMES = (
     "ddp_selected_mean",
     "ddp_mean",
     "ddp_sum",
+    "ddp_a_meter",
+    "ddp_meter",
     "ddp_entries",
     "ddp_any",
     "ddp_all",

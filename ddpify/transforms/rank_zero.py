@@ -1552,7 +1552,7 @@ class RankZeroTransform(Transform):
             original,
             "DDP608",
             f"prints {' and '.join(parts)} across ranks{when}, as DataParallel printed the global batch's "
-            "(an object, such as a meter, prints rank 0's own values)",
+            "(an average meter's sum and count are added up; any other object prints rank 0's own values)",
         )
         return original, updated.visit(_AcrossRanks(shown, phase))
 
