@@ -58,6 +58,8 @@ class SharedStatisticsTransform(Transform):
         self._numbers: set[cst.Assign] = set()  # of those, a loss's number (`last = loss.item()`)
         self._controls: set[cst.Assign] = set()  # of those, numbers the next steps' losses read (BEGAN's kt)
         self._returned: dict[cst.CSTNode, set[str]] = {}  # a returned value (original node) -> what its loop adds up
+        self._added_up_for: dict[cst.Assign, set[str]] = {}  # an averaged assignment -> what its loop adds up
+        self._returned_bindings: set[cst.Assign] = set()  # of those, the ones only a return reads (DDP812)
 
     def check(self) -> None:
         if self.context.rank_read_at_run_time or not self.facts.training_loops:
@@ -68,6 +70,8 @@ class SharedStatisticsTransform(Transform):
             scope = self._scope_of(loop)
             added_up = _added_up(loop, derived)
             tested, differentiated = _tested_names(scope), _differentiated(scope)
+            # (a training function's returned statistic: its callers decide, save or log from it, DDP812)
+            returned = _returned_names(scope) if self._returns_its_statistics(scope, loop) else set()
             fed_back = _read_by_the_losses(loop)
             for node in own_nodes(scope):
                 number = _loss_number_bound(node, derived)
@@ -75,8 +79,11 @@ class SharedStatisticsTransform(Transform):
                 if name is None or name in differentiated or differentiated & added_up:
                     continue
                 controls = number is not None and bool(derived_from({name}, loop.body) & fed_back)
-                if (name in tested or controls) and self._every_rank_computes(node):
+                if (name in tested or controls or name in returned) and self._every_rank_computes(node):
                     self._averaged[node] = name
+                    self._added_up_for[node] = added_up
+                    if name not in tested and not controls:
+                        self._returned_bindings.add(node)
                     if number:
                         self._numbers.add(node)
                     if controls:
@@ -85,11 +92,16 @@ class SharedStatisticsTransform(Transform):
                 self._plan_returned(scope, loop, added_up)
         self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
 
+    def _returns_its_statistics(self, scope: cst.CSTNode, loop: cst.CSTNode) -> bool:
+        """A training function whose loop only trains (one that also evaluates returns a share
+        after a training pass, the whole set's after another)."""
+        return isinstance(scope, cst.FunctionDef) and scope not in self.facts.training_and_evaluating and training_condition(loop, self.facts) is None
+
     def _plan_returned(self, function: cst.FunctionDef, loop: cst.CSTNode, added_up: set[str]) -> None:
         """The values ``function`` returns that it computed from what its training loop adds up
         (DDP812), where every rank returns them; not a loop that also evaluates (its value is
         a share after a training pass, the whole set's after another)."""
-        if not added_up or function in self.facts.training_and_evaluating or training_condition(loop, self.facts) is not None:
+        if not added_up or not self._returns_its_statistics(function, loop):
             return
         scaled = names_holding(self.context.module, self.context.world_scaled)
         for node in own_nodes(function):
@@ -167,14 +179,38 @@ class SharedStatisticsTransform(Transform):
                 "so every rank trains with the same one",
             )
             return updated_node.with_changes(value=cst.Call(cst.Name("ddp_mean"), [cst.Arg(updated_node.value)]))
-        self.context.report(
-            original_node,
-            "DDP810",
-            f"`{name}` is {'a loss of this rank' if original_node in self._numbers else 'computed from a loss the training adds up'} "
-            "and a test reads it: it is the mean across ranks, the global batch's value DataParallel decided on "
-            "(every use sees it, prints included)",
-        )
-        return updated_node.with_changes(value=cst.Call(cst.Name("ddp_mean"), [cst.Arg(updated_node.value)]))
+        # (a share of the loss divided by the whole data set's size adds up across ranks; read when
+        # left: BatchSize made `len(loader.dataset)` the shard's length by then, DDP405)
+        divided, whole = over_whole_data(original_node.value, self.context.code, self.context.shard_lengths)
+        helper = "ddp_sum" if whole and divided & self._added_up_for.get(original_node, set()) else "ddp_mean"
+        self.context.use_helper(helper)
+        what = "sum" if helper == "ddp_sum" else "mean"
+        if original_node in self._returned_bindings:
+            self.context.report(
+                original_node,
+                "DDP812",
+                f"`{name}`, returned by a training function, is computed from the loss its loop adds up: it is the {what} "
+                "across ranks, the global batch's value DataParallel's callers saw (a scheduler, a checkpoint, a log)",
+            )
+        else:
+            self.context.report(
+                original_node,
+                "DDP810",
+                f"`{name}` is {'a loss of this rank' if original_node in self._numbers else 'computed from a loss the training adds up'} "
+                f"and a test reads it: it is the {what} across ranks, the global batch's value DataParallel decided on "
+                "(every use sees it, prints included)",
+            )
+        return updated_node.with_changes(value=cst.Call(cst.Name(helper), [cst.Arg(updated_node.value)]))
+
+
+def _returned_names(function: cst.CSTNode) -> set[str]:
+    """Names ``function`` returns itself (``return avg_loss``, ``return avg_loss, acc``)."""
+    found = set()
+    for node in own_nodes(function):
+        if isinstance(node, cst.Return) and node.value is not None:
+            values = [element.value for element in node.value.elements] if isinstance(node.value, cst.Tuple) else [node.value]
+            found |= {value.value for value in values if isinstance(value, cst.Name)}
+    return found
 
 
 def _added_up(loop: cst.CSTNode, derived: frozenset[str]) -> set[str]:
