@@ -280,6 +280,24 @@ def test_an_average_meter_is_combined_over_every_process_s_batches(monkeypatch):
     assert (mine.sum, mine.count, mine.avg) == (6.0, 3, 2.0), "the rank's own meter goes on counting its own"
 
 
+class RunningAverage:
+    """A meter whose average is a property of its sum and count."""
+
+    def __init__(self, total, count):
+        self.sum, self.count = total, count
+
+    @property
+    def avg(self):
+        return self.sum / self.count
+
+
+def test_a_meter_whose_average_is_a_property_is_combined_through_its_sum_and_count(monkeypatch):
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: tensor.add_(torch.tensor([4.0, 1.0, 0.0], dtype=tensor.dtype)))
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    assert template.ddp_mean(RunningAverage(6.0, 3)).avg == 2.5
+
+
 def test_no_sync_only_for_ddp_models_while_accumulating():
     plain = torch.nn.Linear(2, 1)
     with template.ddp_no_sync(plain, True):  # a world of one: the bare module
@@ -1176,6 +1194,9 @@ def test_what_a_quiet_call_wrote_reads_as_this_rank_s_copy_after_it(monkeypatch,
     with open(path, "wb") as f:  # written outside a private call: the real file is this rank's again
         f.write(b"")
     assert os.path.getsize(path) == 0 and open(path, "rb").read() == b""
+    template.ddp_quiet(_write_detections, path, [3])
+    torch.save([4], path)  # (torch writes from C++: outside a private call, the real file again too)
+    assert torch.load(path) == [4]
 
 
 def _save_best(folder, weights):

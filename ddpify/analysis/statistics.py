@@ -75,8 +75,9 @@ def constructs(value: cst.BaseExpression) -> bool:
 
 
 # a size of the whole data set, the same on every rank whatever each rank draws
-# (`len(loader.dataset)`, `len(train_set)`, `dataset_sizes[phase]`, `self.num_samples`)
-_WHOLE_DATA = re.compile(r"dataset|data_set|_set\b|num_samples|n_samples|num_train|num_examples", re.IGNORECASE)
+# (`len(loader.dataset)`, `len(train_set)`, `dataset_sizes[phase]`); not a count a loop keeps
+# (`num_samples += x.size(0)`: this rank's own)
+_WHOLE_DATA = re.compile(r"dataset|data_set|_set\b", re.IGNORECASE)
 
 
 def over_whole_data(value: cst.BaseExpression, code, shard_lengths=frozenset()) -> tuple[set[str], bool]:

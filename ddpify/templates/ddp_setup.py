@@ -1264,9 +1264,12 @@ def ddp_meter(meter):
     total, count, last = totals.tolist()
     combined = copy.copy(meter)
     combined.sum, combined.count = total, int(count) if isinstance(meter.count, int) else count
-    combined.avg = total / count if count else meter.avg
-    if hasattr(meter, "val"):
-        combined.val = last / dist.get_world_size()
+    for name, value in (("avg", total / count if count else meter.avg), ("val", last / dist.get_world_size())):
+        if hasattr(meter, name):
+            try:
+                setattr(combined, name, value)
+            except AttributeError:
+                pass  # (an average the meter computes itself, a property: from its sum and count)
     return combined
 
 
@@ -1457,10 +1460,16 @@ def ddp_private_reads(private):
     def loading(f, *more, **options):
         return loaded(private.get(real(f), f) if real(f) else f, *more, **options)
 
-    builtins.open, io.open, torch.load = reading, reading, loading
+    def saving(obj, f, *more, **options):
+        if real(f) in private and not ddp_privately.__dict__.get("active"):
+            private.pop(real(f))  # (written outside: the real file is this rank's again)
+        return saved(obj, f, *more, **options)
+
+    saved = torch.save
+    builtins.open, io.open, torch.load, torch.save = reading, reading, loading, saving
 
     def undo():
-        builtins.open, io.open, torch.load = opened, opened, loaded
+        builtins.open, io.open, torch.load, torch.save = opened, opened, loaded, saved
 
     return undo
 

@@ -622,11 +622,20 @@ class RankZeroTransform(Transform):
 
     @functools.cached_property
     def _chosen_rank_callees(self) -> frozenset[str]:
-        """Names of the functions and methods this file calls under a rank test."""
+        """Names of the functions and methods this file calls under a test that selects a rank
+        other than 0 (`rank == 1`): a guard for rank 0 inside would skip those calls' writes.
+        (Under `if rank == 0:` the function's own guard is only redundant: it stays.)"""
         return frozenset(
             (dotted(call.func) or "").rpartition(".")[2] for call in calls_in(self.context.module)
-            if under_rank_guard(call, self.context.parent, self.context.code)
+            if self._under_another_rank_s_test(call)
         )
+
+    def _under_another_rank_s_test(self, node: cst.CSTNode) -> bool:
+        while node is not None and not isinstance(node, cst.Module):
+            if isinstance(node, cst.If) and _ANOTHER_RANK.search(self.context.code(node.test)):
+                return True
+            node = self.context.parent(node)
+        return False
 
     # -- expressions: progress bars, makedirs, SummaryWriter --------------------------------
 
@@ -1771,6 +1780,10 @@ def _handed_to_calls(call: cst.Call) -> set[int]:
             if name not in FORMATTING:
                 inside |= {id(n) for arg in node.args for n in walk(arg.value)}
     return inside
+
+
+# `rank == 1`, `args.local_rank == 3`: a test that picks one rank other than 0
+_ANOTHER_RANK = re.compile(r"rank\w*\s*==\s*[1-9]|[1-9]\s*==\s*[\w.\[\]'\"]*rank", re.IGNORECASE)
 
 
 def _a_batch_mean_bound(node: cst.CSTNode, code) -> bool:

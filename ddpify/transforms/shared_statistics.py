@@ -60,6 +60,7 @@ class SharedStatisticsTransform(Transform):
         self._returned: dict[cst.CSTNode, set[str]] = {}  # a returned value (original node) -> what its loop adds up
         self._added_up_for: dict[cst.Assign, set[str]] = {}  # an averaged assignment -> what its loop adds up
         self._returned_bindings: set[cst.Assign] = set()  # of those, the ones only a return reads (DDP812)
+        self._scaled_names: frozenset[str] | None = None
 
     def check(self) -> None:
         if self.context.rank_read_at_run_time or not self.facts.training_loops:
@@ -81,7 +82,9 @@ class SharedStatisticsTransform(Transform):
                 controls = number is not None and bool(derived_from({name}, loop.body) & fed_back)
                 if (name in tested or controls or name in returned) and self._every_rank_computes(node):
                     self._averaged[node] = name
-                    self._added_up_for[node] = added_up
+                    # (a loop over phases holds a share after a training pass, the whole set after
+                    # another: no sum across ranks for it, its mean as before)
+                    self._added_up_for[node] = added_up if self._returns_its_statistics(scope, loop) else set()
                     if name not in tested and not controls:
                         self._returned_bindings.add(node)
                     if number:
@@ -91,6 +94,13 @@ class SharedStatisticsTransform(Transform):
             if isinstance(scope, cst.FunctionDef):
                 self._plan_returned(scope, loop, added_up)
         self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
+
+    @property
+    def _world_scaled_names(self) -> frozenset[str]:
+        """Names holding a summed loss DDP116 scaled by the world size: the global batch's already."""
+        if self._scaled_names is None:
+            self._scaled_names = names_holding(self.context.module, self.context.world_scaled)
+        return self._scaled_names
 
     def _returns_its_statistics(self, scope: cst.CSTNode, loop: cst.CSTNode) -> bool:
         """A training function whose loop only trains (one that also evaluates returns a share
@@ -103,7 +113,7 @@ class SharedStatisticsTransform(Transform):
         a share after a training pass, the whole set's after another)."""
         if not added_up or not self._returns_its_statistics(function, loop):
             return
-        scaled = names_holding(self.context.module, self.context.world_scaled)
+        scaled = self._world_scaled_names
         for node in own_nodes(function):
             if not (isinstance(node, cst.Return) and node.value is not None) or not self._reaches(self.context.parent(node)):
                 continue
@@ -182,7 +192,8 @@ class SharedStatisticsTransform(Transform):
         # (a share of the loss divided by the whole data set's size adds up across ranks; read when
         # left: BatchSize made `len(loader.dataset)` the shard's length by then, DDP405)
         divided, whole = over_whole_data(original_node.value, self.context.code, self.context.shard_lengths)
-        helper = "ddp_sum" if whole and divided & self._added_up_for.get(original_node, set()) else "ddp_mean"
+        summed = divided & self._added_up_for.get(original_node, set()) and not divided & self._world_scaled_names
+        helper = "ddp_sum" if whole and summed else "ddp_mean"
         self.context.use_helper(helper)
         what = "sum" if helper == "ddp_sum" else "mean"
         if original_node in self._returned_bindings:
