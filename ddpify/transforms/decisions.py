@@ -274,10 +274,15 @@ class DecisionsTransform(Transform):
         } | {
             name
             for node in walk(loop.body)
-            if isinstance(node, cst.AugAssign)
+            if isinstance(node, cst.AugAssign) and not self._counts_passes(node)
             for name in [dotted(node.target)]
             if name
         }
+
+    def _counts_passes(self, node: cst.AugAssign) -> bool:
+        """``epoch_count += 1`` on every rank's path: a count of the loop's passes, alike on
+        every rank (crnn-pytorch's `if epoch_count == max_epochs: break`)."""
+        return isinstance(node.value, (cst.Integer, cst.Float)) and same_path_on_every_rank(node, self.context.parent)
 
     def _evaluated(self, loop: cst.CSTNode) -> set[str]:
         """Names the loop assigns from an evaluation call (``vali_loss = self.vali(...)``): the

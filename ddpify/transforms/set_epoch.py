@@ -57,10 +57,12 @@ class SetEpochTransform(Transform):
 
     def check(self) -> None:
         for loop, hook in self.facts.epoch_hooks.items():
-            epoch = _epoch_variable(loop)
+            # (a loop without an epoch number counts its passes: `while True:` that builds its
+            # loader inside, crnn-pytorch, names it only once it is made)
+            epoch = _epoch_variable(loop) or COUNTER
             for code, (expr, calls) in hook.loaders.items():
                 anchors = [self._statement_of(use, loop) for use in hook.uses.get(code, [])]
-                if epoch is None or not anchors or None in anchors:
+                if not anchors or None in anchors:
                     continue
                 if all(direct for _, direct in anchors) and not _rebinds(loop, code):
                     continue  # the top of the loop serves
@@ -92,10 +94,19 @@ class SetEpochTransform(Transform):
             if any(call in sharded for call in calls) and (hook.loop, code) not in self._placed
         ]
 
+    def _counts_or_sets(self, hook: EpochHook) -> bool:
+        """Does the loop get a set_epoch at its top, or (without an epoch number) a counter
+        for one further down?"""
+        sharded = self.context.sharded_loaders
+        placed = _epoch_variable(hook.loop) is None and any(
+            (hook.loop, code) in self._placed and any(call in sharded for call in calls) for code, (_, calls) in hook.loaders.items()
+        )
+        return bool(self._loaders(hook)) or placed
+
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         block = self._add_counters(self._before_uses(self._before_passes(block)))
         hook = self.facts.epoch_hooks.get(owner)
-        if hook is None or not self._loaders(hook):
+        if hook is None or not self._counts_or_sets(hook):
             return block
         epoch = _epoch_variable(owner)
         statements: Block = []
@@ -160,7 +171,7 @@ class SetEpochTransform(Transform):
         result: Block = []
         for original, updated in block:
             hook = self.facts.epoch_hooks.get(original)
-            if hook is not None and self._loaders(hook) and _epoch_variable(original) is None:
+            if hook is not None and self._counts_or_sets(hook) and _epoch_variable(original) is None:
                 counter, updated = _above(cst.parse_statement(f"{COUNTER} = 0"), updated)
                 result.append((None, counter))
             result.append((original, updated))
