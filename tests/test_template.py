@@ -1386,6 +1386,20 @@ def test_a_pickled_wrapped_model_is_a_data_parallel_of_its_module():
     assert torch.equal(loaded(torch.ones(1, 2)), wrapped.module(torch.ones(1, 2)))
 
 
+
+def test_a_pickled_model_data_parallel_never_wrapped_is_the_bare_module():
+    # MachineTranslation's `torch.save(self.model.module if do_parallel else self.model)` without
+    # the flag saved the bare model; a DataParallel shell around its state had no `.module`
+    import pickle
+
+    wrapped = template.DdpModel.__new__(template.DdpModel)
+    torch.nn.Module.__init__(wrapped)
+    wrapped.module = torch.nn.Linear(2, 1)
+    wrapped.ddp_keys_unwrapped = True
+    loaded = pickle.loads(pickle.dumps(wrapped))
+    assert type(loaded) is torch.nn.Linear
+    assert torch.equal(loaded(torch.ones(1, 2)), wrapped.module(torch.ones(1, 2)))
+
 UNFROZEN_LATE = """
 import torch
 import torch.distributed as dist

@@ -990,9 +990,13 @@ class DdpModel(DistributedDataParallel):
     def __reduce_ex__(self, protocol):
         """Pickled (``torch.save(model)``, ``copy.deepcopy``) as DataParallel's checkpoints held
         it: a DataParallel of the module, which loads anywhere (this class lives in this script
-        only, and a DDP model needs a process group)."""
+        only, and a DDP model needs a process group); a model DataParallel never wrapped
+        (``keys_unwrapped``: `torch.save(model.module if parallel else model)`) as the bare
+        module it saved."""
         import copyreg
 
+        if getattr(self, "ddp_keys_unwrapped", False):
+            return copyreg._reconstructor, (type(self.module), object, None), self.module.__reduce_ex__(2)[2]
         state = ddp_alone(self).__reduce_ex__(2)[2]
         return copyreg._reconstructor, (torch.nn.DataParallel, object, None), state  # ddpify: ignore[DDP100]
 

@@ -379,11 +379,7 @@ class BatchSizeTransform(Transform):
     def _training_batch_sizes(self) -> set[str]:
         """The batch_size= (as code) of the training loaders each process now loads a share of."""
         if not hasattr(self, "_training_size_codes"):
-            divided = [
-                call for call, site in self.facts.loaders.items()
-                if (site.training or call in self.context.run_time_loaders) and call not in self.context.regrouped_loaders
-            ]
-            self._training_size_codes = self._sizes_of(divided)
+            self._training_size_codes = training_batch_sizes(self.context)
         return self._training_size_codes
 
     @property
@@ -394,9 +390,7 @@ class BatchSizeTransform(Transform):
         return self._batch_size_codes
 
     def _sizes_of(self, loaders) -> set[str]:
-        """The batch sizes of these DataLoader calls that are not a literal, as code."""
-        args = [batch_size_arg(call) for call in loaders]
-        return {self.context.code(arg.value) for arg in args if arg is not None and not isinstance(arg.value, cst.Integer)}
+        return _sizes_of(self.context, loaders)
 
     def _counts_batch(self, node: cst.BaseExpression) -> bool:
         """``x.size(0)``, ``len(x)``, or a name bound to one (``now_batch_size, c, h, w = inputs.shape``)."""
@@ -497,3 +491,18 @@ class BatchSizeTransform(Transform):
         return updated.with_changes(
             args=[a.with_changes(value=per_gpu) if a.keyword and a.keyword.value == "num_workers" else a for a in updated.args]
         )
+
+
+def training_batch_sizes(context) -> set[str]:
+    """The batch_size= (as code) of the training loaders each process now loads a share of."""
+    divided = [
+        call for call, site in context.facts.loaders.items()
+        if (site.training or call in context.run_time_loaders) and call not in context.regrouped_loaders
+    ]
+    return _sizes_of(context, divided)
+
+
+def _sizes_of(context, loaders) -> set[str]:
+    """The batch sizes of these DataLoader calls that are not a literal, as code."""
+    args = [batch_size_arg(call) for call in loaders]
+    return {context.code(arg.value) for arg in args if arg is not None and not isinstance(arg.value, cst.Integer)}
