@@ -74,7 +74,7 @@ def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None
             for line in other.source.splitlines()
             if not line.lstrip().startswith(("from ", "import ", "__all__"))
         ]
-        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes):
+        if any(re.search(rf"\b{name}\b", line) for line in uses for name in classes) or _built_in(member.source, classes):
             continue
         names = ", ".join(sorted(classes))
         warning = Diagnostic(
@@ -83,6 +83,19 @@ def _leave_unused_subclasses(members: list[ModuleInfo], entry: ModuleInfo | None
             Severity.WARNING,
         )
         converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
+
+
+def _built_in(source: str, classes: set[str]) -> bool:
+    """Does the module itself build one of ``classes`` (HJL-re-id's ``may_data_parallel(model)``
+    returns ``TransparentDataParallel(model)``, and every trainer wraps through it)?"""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    return any(
+        isinstance(node, ast.Call) and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in classes
+        for node in ast.walk(tree)
+    )
 
 
 def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
