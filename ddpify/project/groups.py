@@ -23,6 +23,7 @@ from ddpify.project.graph import BACKWARD, CALL_NAME, SIDE_EFFECT_WORDS, ModuleI
 from ddpify.project.verdicts import (
     _evaluates_only,
     _leave_all_if_refused,
+    _leave_unreached_copy,
     _leave_unused_subclasses,
     _left_for_evaluation,
     _refusal,
@@ -108,6 +109,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
                 run.rewrite([alone])
                 converted = {info.path: alone.result}
                 _leave_unused_subclasses([info], None, converted)  # a vendored subclass nothing imports
+                _leave_unreached_copy(info, converted, project.modules_by_path().values())
                 results[info.path] = converted[info.path]
     finally:
         files.close()

@@ -98,6 +98,27 @@ def _built_in(source: str, classes: set[str]) -> bool:
     )
 
 
+def _leave_unreached_copy(member: ModuleInfo, converted: dict, modules) -> None:
+    """A DataParallel module with no entry point that no script of the project imports, nor
+    names as a string (a class path for importlib): an old copy no one runs (W-DCGAN-GP's
+    ``temp/attention/train.py``). Refused alone (DDP202) it held the whole project back; it
+    is left as it is, said in a warning."""
+    result = converted.get(member.path)
+    errors = [d for d in result.diagnostics if d.severity is Severity.ERROR] if result is not None else []
+    if not errors or any(d.code != "DDP202" for d in errors):
+        return
+    quoted = re.compile(rf"[\"'](?:[\w.]*\.)?{re.escape(member.name.rpartition('.')[2])}[\"'.]" if "." not in member.name else re.escape(member.name))
+    if any(other.path != member.path and quoted.search(other.source) for other in modules):
+        return  # (perhaps found by name at run time)
+    warning = Diagnostic(
+        errors[0].line, errors[0].col, "DDP216",
+        "no entry point, and no script of this project imports it or names it (a copy no one runs?): left as it is; "
+        "the scripts' own files convert without it",
+        Severity.WARNING,
+    )
+    converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
+
+
 def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
     """An evaluation script beside the trainer (HRNet's tools/test.py imports `validate`
     from the module that also holds `train`): it trains nothing itself, never names a
