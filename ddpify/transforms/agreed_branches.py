@@ -186,6 +186,9 @@ class AgreedBranchesTransform(Transform):
             return updated
         keyword = "if" if isinstance(original, cst.If) else "while"
         self.context.use_helper("ddp_agreed")
+        # (a hang DDP803 warned of here is gone: every rank takes the same branch)
+        at = self.context.position(original)
+        self.context.diagnostics[:] = [d for d in self.context.diagnostics if not (d.code == "DDP803" and (d.line, d.col) == at)]
         self.context.report(
             original,
             "DDP809",
