@@ -46,7 +46,7 @@ OTHER_CODES = {
     "Model's second stage, which its README runs on one GPU): its loops are left as they are, neither sharded nor "
     "gathered; under the launch line each process trains its own copy, and its writes go as the module's other "
     "conversions say.",
-    "DDP216": "DDP216  (warning) project mode: a DataParallel module with no entry point that no script of the "
+    "DDP216": "DDP216  (warning) project mode: a DataParallel module with no entry point that no file of the "
     "project imports, or names in a string (a class path found at run time), is an old copy no one runs (W-DCGAN-GP's "
     "`temp/attention/train.py`): it is left as it is, and the files the scripts import convert without it (refused "
     "alone, DDP202, it held back the whole project).",

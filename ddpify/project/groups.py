@@ -109,7 +109,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
                 run.rewrite([alone])
                 converted = {info.path: alone.result}
                 _leave_unused_subclasses([info], None, converted)  # a vendored subclass nothing imports
-                _leave_unreached_copy(info, converted, project.modules_by_path().values())
+                _leave_unreached_copy(info, converted, project.sources)
                 results[info.path] = converted[info.path]
     finally:
         files.close()

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ddpify.diagnostics import Diagnostic, FileResult, Severity
-from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words
+from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words, module_name
 
 
 def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
@@ -98,7 +98,7 @@ def _built_in(source: str, classes: set[str]) -> bool:
     )
 
 
-def _leave_unreached_copy(member: ModuleInfo, converted: dict, modules) -> None:
+def _leave_unreached_copy(member: ModuleInfo, converted: dict, sources: dict[Path, str]) -> None:
     """A DataParallel module with no entry point that no script of the project imports, nor
     names as a string (a class path for importlib): an old copy no one runs (W-DCGAN-GP's
     ``temp/attention/train.py``). Refused alone (DDP202) it held the whole project back; it
@@ -108,15 +108,41 @@ def _leave_unreached_copy(member: ModuleInfo, converted: dict, modules) -> None:
     if not errors or any(d.code != "DDP202" for d in errors):
         return
     quoted = re.compile(rf"[\"'](?:[\w.]*\.)?{re.escape(member.name.rpartition('.')[2])}[\"'.]" if "." not in member.name else re.escape(member.name))
-    if any(other.path != member.path and quoted.search(other.source) for other in modules):
-        return  # (perhaps found by name at run time)
+    others = {path: source for path, source in sources.items() if path != member.path}
+    folder = "/".join(member.name.split(".")[:-1])
+    on_path = re.compile(rf"[\"'][./]*{re.escape(folder)}/?[\"']") if folder else None
+    if any(quoted.search(source) or on_path and on_path.search(source) for source in others.values()):
+        return  # (perhaps found by name at run time, or on a search path added at run time)
+    root = Path(member.path).parents[len(member.name.split(".")) - 1]
+    if any(_imports(source, module_name(root, path), member.name) for path, source in others.items() if path.suffix == ".py"):
+        return  # (a module imports it: dynamic_refused's mymodel.py, itself found by importlib)
     warning = Diagnostic(
         errors[0].line, errors[0].col, "DDP216",
-        "no entry point, and no script of this project imports it or names it (a copy no one runs?): left as it is; "
+        "no entry point, and no file of this project imports it or names it (a copy no one runs?): left as it is; "
         "the scripts' own files convert without it",
         Severity.WARNING,
     )
     converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
+
+
+def _imports(source: str, importer: str, target: str) -> bool:
+    """Does the module ``importer`` import ``target`` (``import nets``, ``from . import nets``,
+    ``from models.nets import x``)? Unreadable: it may."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True
+    package = importer.rpartition(".")[0].split(".") if "." in importer else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(alias.name == target or alias.name.startswith(target + ".") for alias in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom):
+            above = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*above, *([node.module] if node.module else [])])
+            named = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+            if base == target or base.startswith(target + ".") or target in named:
+                return True
+    return False
 
 
 def _evaluates_only(project: Project, entry: ModuleInfo, members: list[ModuleInfo]) -> bool:

@@ -9,6 +9,7 @@ transform has scheduled what it needs.
 from ddpify.transforms.agreed_branches import AgreedBranchesTransform
 from ddpify.transforms.batch_losses import BatchLossesTransform
 from ddpify.transforms.batch_reads import BatchReadsTransform
+from ddpify.transforms.counted_cuts import CountedCutsTransform
 from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
@@ -39,6 +40,7 @@ TRANSFORMS = (
     MergedBackwardsTransform,
     SelectedMeansTransform,
     SamplerTransform,
+    CountedCutsTransform,
     BatchSizeTransform,
     BatchReadsTransform,
     SetEpochTransform,

@@ -73,6 +73,8 @@ class ConversionContext:
     # summed losses SummedLosses scaled by the world size (original nodes, DDP116): what holds
     # them holds the global batch's value on every rank, not a share of it
     world_scaled: set[cst.CSTNode] = field(default_factory=set)
+    # a counted loop's cuts of data held whole (`X[i * bs:(i + 1) * bs]`): each rank takes its part
+    split_cuts: set[cst.Subscript] = field(default_factory=set)
     visible_devices: str | None = None  # a CUDA_VISIBLE_DEVICES value removed from the script
     helpers_used: set[str] = field(default_factory=set)  # optional template helpers to inline
     role: str = SCRIPT

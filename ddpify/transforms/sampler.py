@@ -92,6 +92,7 @@ from ddpify.analysis.data_sites import (
     DataSite, counted_steps, data_expressions, data_sites, iterates_training_objects, part_of_a_model, surely_not_a_loader,
     training_condition,
 )
+from ddpify.analysis.counted_draws import sliced_draws
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.analysis.step_drivers import driven_data
 from ddpify.diagnostics import ENTRY, Severity
@@ -119,6 +120,7 @@ class SamplerTransform(Transform):
         self._split_steps: dict[cst.Name, DataSite] = {}
 
     def check(self) -> None:
+        self._cut_steps = self._counted_cuts()
         runtime: dict[cst.Call, str] = {}  # loader call -> why it is sharded where it is drawn from
         scattered, sites = self.context.scattered_loops, data_sites(self.facts)
         whole = {call for site in sites if site.loop in scattered for call in site.loaders}
@@ -208,6 +210,8 @@ class SamplerTransform(Transform):
             and not self._drawn
         ):
             unfed = self._unfed_training_loops()
+            if self._cut_steps and not unfed:
+                return  # (every loop that trains cuts its batches out of data held whole: split)
             innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
             iterated = [self.context.code(loop.iter) for loop in innermost if isinstance(loop, cst.For)]
             message = self._no_loader(innermost[0]) if innermost else (
@@ -626,6 +630,18 @@ class SamplerTransform(Transform):
         shown = ", ".join(f"`{name}`" for name in modules[:3])
         return f"the training may run in a module of this project it imports ({shown}): convert the folder (`ddpify convert DIR`)"
 
+    def _counted_cuts(self) -> dict[cst.CSTNode, list[cst.Subscript]]:
+        """Training loops that count their steps and cut each step's batch out of data held
+        whole (analysis/counted_draws.py): each rank takes its part of every cut (DDP315)."""
+        if self.context.options.per_process_batch or self.context.is_library:
+            return {}
+        found = {
+            loop: cuts for loop in self.facts.training_loops
+            if loop not in self.facts.fed_loops and _calls_backward(loop) and (cuts := sliced_draws(loop))
+        }
+        self.context.split_cuts.update(cut for cuts in found.values() for cut in cuts)
+        return found
+
     def _no_loader(self, loop: cst.CSTNode) -> str:
         """The true blocker of a training loop that draws from no DataLoader."""
         drawn = [call for call in calls_in(loop.body) if dotted(call.func) == "next" and call.args]
@@ -649,9 +665,9 @@ class SamplerTransform(Transform):
         if isinstance(loop, cst.For) and counted_steps(loop.iter):
             return (
                 f"this training loop counts its steps ({what}) and each step trains on data held whole here (a graph, "
-                "tensors made before the loop), drawn from no DataLoader: every rank would take the same whole step, so "
-                "there is nothing to split between them; run it as one process, or make the data a Dataset in a "
-                "DataLoader to shard it"
+                "tensors made before the loop), drawn from no DataLoader and cut at no place its counter says (a cut "
+                "`X[i * bs:(i + 1) * bs]` would be split between the ranks, DDP315): every rank would take the same whole "
+                "step; run it as one process, or make the data a Dataset in a DataLoader to shard it"
             )
         return (
             f"this training loop iterates {what}, not a DataLoader: its batches cannot be split between the "
@@ -733,7 +749,7 @@ class SamplerTransform(Transform):
     def _unfed_training_loops(self) -> list[cst.CSTNode]:
         """Training loops that neither draw from a known loader nor sit inside or around one
         that does (an epoch loop around the loader loop, a chunk loop inside it)."""
-        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()} | set(self._drawn.values())
+        fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()} | set(self._drawn.values()) | set(self._cut_steps)
         unfed = []
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):

@@ -1,0 +1,53 @@
+"""The batches a loop that counts its steps cuts out of data held whole.
+
+``for j in range(n_batch): idx = total_idxs[j * bs:(j + 1) * bs]`` (oreo's behaviour cloning),
+``x = X[i * bs:(i + 1) * bs]``: each step takes a range of items of what was made before the
+loop, at a place its counter says. Every rank counts alike and, the script's own random draws
+being alike, holds the same index list: each takes its part of every such cut, DataParallel's
+scatter of the step's batch. A loop that makes its data each step (``torch.randn``, an
+environment's rollout) cuts nothing: it has no such draw, and stays refused.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpify.analysis.data_sites import counted_steps
+from ddpify.analysis.tree import bound_names, dotted, walk
+
+
+def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
+    """The outermost cuts ``value[a:b]`` in the loop whose bounds read its counter and whose
+    value the loop does not bind (made before it); [] when the loop does not count steps."""
+    if not isinstance(loop, cst.For) or not counted_steps(loop.iter):
+        return []
+    counters = set(bound_names(loop.target))
+    made_here = {
+        name
+        for node in walk(loop.body)
+        for target in _targets(node)
+        for name in bound_names(target)
+    }
+    found: list[cst.Subscript] = []
+    for node in walk(loop.body):
+        if not isinstance(node, cst.Subscript) or any(_inside(node, outer) for outer in found):
+            continue
+        cut = node.slice[0].slice if len(node.slice) == 1 else None
+        if not isinstance(cut, cst.Slice) or dotted(node.value) in made_here | counters | {None}:
+            continue
+        bounds = [part for part in (cut.lower, cut.upper) if part is not None]
+        if any(isinstance(name, cst.Name) and name.value in counters for part in bounds for name in walk(part)):
+            found.append(node)
+    return found
+
+
+def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.Assign):
+        return [target.target for target in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+        return [node.target]
+    return []
+
+
+def _inside(node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    return any(inner is node for inner in walk(outer))
