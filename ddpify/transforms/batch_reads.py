@@ -128,7 +128,7 @@ class BatchReadsTransform(Transform):
         named = isinstance(target, cst.Assign) and any(is_loss(self.context.code(t.target)) for t in target.targets)
         if not named or any(node in self.context.world_scaled for node in walk(division.left)):
             return False
-        calls = [node for node in walk(division.left) if isinstance(node, cst.Call)]
+        calls = _outer_calls(division.left)
         return bool(calls) and not any(self._a_mean(call) for call in calls)
 
     def _a_mean(self, call: cst.Call) -> bool:
@@ -174,6 +174,19 @@ class _Localise(cst.CSTTransformer):
         if self.code(original_node) in self.sizes:
             return _local(updated_node)
         return updated_node.with_changes(value=updated_node.value.visit(self))
+
+
+def _outer_calls(value: cst.BaseExpression) -> list[cst.Call]:
+    """The calls an expression makes itself, not those that make their arguments (the CTC
+    loss of ``ctc(preds, torch.IntTensor(lengths)) / batch_size``, not the tensor)."""
+    if isinstance(value, cst.Call):
+        inner = value.func.value if isinstance(value.func, cst.Attribute) else None
+        return [value, *(_outer_calls(inner) if inner is not None else [])]
+    if isinstance(value, cst.BinaryOperation):
+        return [*_outer_calls(value.left), *_outer_calls(value.right)]
+    if isinstance(value, (cst.UnaryOperation, cst.Attribute)):
+        return _outer_calls(value.expression if isinstance(value, cst.UnaryOperation) else value.value)
+    return []
 
 
 def _local(size: cst.BaseExpression) -> cst.Call:

@@ -635,6 +635,8 @@ class SamplerTransform(Transform):
         whole (analysis/counted_draws.py): each rank takes its part of every cut (DDP315)."""
         if self.context.options.per_process_batch or self.context.is_library:
             return {}
+        if any(arg.keyword is not None and arg.keyword.value == "dim" or len(positional_args(site.call)) > 3 for site in self.facts.wraps for arg in site.call.args):
+            return {}  # (DataParallel scattered another dimension: a language model's (time, batch) cuts)
         found = {
             loop: cuts for loop in self.facts.training_loops
             if loop not in self.facts.fed_loops and _calls_backward(loop) and (cuts := sliced_draws(loop))
