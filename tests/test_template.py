@@ -1936,3 +1936,16 @@ def test_sum_of_a_numpy_count_is_reduced_as_a_number(monkeypatch):
     assert total == 6 and isinstance(total, np.int64)
     assert template.ddp_mean(np.float32(1.5)) == 1.5
     assert template.ddp_sum(np.array([1.0, 2.0])).tolist() == [2.0, 4.0]
+
+
+def test_a_part_of_a_cut_keeps_its_kind_and_covers_the_cut_once():
+    # a counted loop's cut (DDP315): each rank's contiguous part, together the whole cut; a cut
+    # shorter than the world (the last one of `X[i:i + bs]`) gives each rank one row, still a tensor
+    rows = torch.arange(10).reshape(5, 2)
+    parts = [template.ddp_part(rows, 2, rank) for rank in range(2)]
+    assert torch.equal(torch.cat(parts), rows)
+    assert [len(part) for part in parts] == [3, 2]
+    short = [template.ddp_part(rows[:1], 2, rank) for rank in range(2)]
+    assert all(torch.is_tensor(part) and part.shape == (1, 2) for part in short)
+    assert template.ddp_part([4, 5, 6, 7], 2, 1) == [6, 7]
+    assert template.ddp_part([], 2, 1) == []

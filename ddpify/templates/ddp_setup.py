@@ -669,8 +669,8 @@ def ddp_part(batch, world, rank):
     """This rank's contiguous part of a batch, as DataParallel's scatter cut it (a batch
     sampler may arrange each batch for that cut: Multilingual_Text_to_Speech's language
     groups); a batch shorter than the world gives each rank one of its samples."""
-    if len(batch) < world:
-        return [batch[rank % len(batch)]]
+    if len(batch) < world:  # (a slice: a tensor's or array's one row stays a tensor or array)
+        return batch[rank % len(batch) : rank % len(batch) + 1] if len(batch) else batch
     size, larger = divmod(len(batch), world)
     start = rank * size + min(rank, larger)
     return batch[start : start + size + (rank < larger)]

@@ -21,6 +21,7 @@ from ddpify.transforms.no_sync import NoSyncTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.replica_outputs import ReplicaOutputsTransform
+from ddpify.transforms.replica_sync import ReplicaSyncTransform
 from ddpify.transforms.run_names import RunNamesTransform
 from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.selected_means import SelectedMeansTransform
@@ -37,6 +38,7 @@ TRANSFORMS = (
     BatchLossesTransform,
     SummedLossesTransform,
     ReplicaOutputsTransform,
+    ReplicaSyncTransform,
     MergedBackwardsTransform,
     SelectedMeansTransform,
     SamplerTransform,
