@@ -25,6 +25,8 @@ import ast
 from dataclasses import dataclass
 
 FORWARDING = {"__getattr__", "__init__"}
+# The model's own state, answered by the wrapped model (``return self.module.state_dict()``).
+MODULE_STATE = {"state_dict", "load_state_dict"}
 # How one process splits a batch over its GPUs: no meaning under DDP.
 SCATTERING = {"scatter", "replicate", "parallel_apply"}
 # What a scattering forward() may call besides those steps.
@@ -43,6 +45,9 @@ class SubclassPlan:
     # its replicate() runs Synchronized-BatchNorm's callbacks (DataParallelWithCallback): DDP's
     # counterpart is torch's SyncBatchNorm, converted into the model inside the wrap
     sync_bn: bool = False
+    # its state_dict() is the module's (HJL-re-id's TransparentDataParallel): the wrap keeps
+    # the bare model's checkpoint keys (keys_unwrapped)
+    own_keys: bool = False
 
 
 def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
@@ -58,6 +63,8 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
             sync_bn = True
         if name in FORWARDING or name in SCATTERING:
             continue
+        if name in MODULE_STATE and _hands_on_to_the_module(method, name):
+            continue
         if name == "forward" and _only_plumbing(method):
             continue
         if name == "gather":
@@ -66,7 +73,18 @@ def subclass_plan(cls: ast.ClassDef) -> SubclassPlan | str:
     slot = _module_slot(methods.get("__init__"))
     if slot is None:
         return "passes no model on to DataParallel's constructor that can be told"
-    return SubclassPlan(set(methods) <= FORWARDING, *slot, sync_bn=sync_bn)
+    own_keys = "state_dict" in methods
+    return SubclassPlan(set(methods) - MODULE_STATE <= FORWARDING, *slot, sync_bn=sync_bn, own_keys=own_keys)
+
+
+def _hands_on_to_the_module(method: ast.FunctionDef, name: str) -> bool:
+    """``return self.module.state_dict(*args, **kwargs)``: nothing but the same method of the
+    wrapped model."""
+    calls = [node for node in ast.walk(method) if isinstance(node, ast.Call)]
+    return bool(calls) and all(
+        isinstance(call.func, ast.Attribute) and call.func.attr == name and ast.unparse(call.func.value) == "self.module"
+        for call in calls
+    )
 
 
 def _callbacks(method: ast.FunctionDef) -> set[str]:

@@ -109,7 +109,8 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
                 run.rewrite([alone])
                 converted = {info.path: alone.result}
                 _leave_unused_subclasses([info], None, converted)  # a vendored subclass nothing imports
-                _leave_unreached_copy(info, converted, project.sources)
+                if any(entry.runs for entry in candidates):  # (beside scripts; a folder of no script at all refuses it)
+                    _leave_unreached_copy(info, converted, project.sources)
                 results[info.path] = converted[info.path]
     finally:
         files.close()
@@ -562,7 +563,7 @@ def _wraps_stay_inside(member: ModuleInfo) -> bool:
     except SyntaxError:
         return False
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    wraps = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and WRAP_CALL.match(ast.unparse(node.func).rpartition(".")[2] + "(")]
+    wraps = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and WRAP_CALL.search(ast.unparse(node.func).rpartition(".")[2] + "(")]
     for wrap in wraps:
         statement = parents.get(wrap)
         while isinstance(statement, ast.Call) and isinstance(parents.get(statement), ast.Attribute):

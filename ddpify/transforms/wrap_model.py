@@ -1150,7 +1150,9 @@ class WrapModelTransform(Transform):
 
     def _with_keys(self, site: WrapSite, args: list[cst.Arg]) -> list[cst.Arg]:
         """The wrap's arguments, with ``keys_unwrapped`` where checkpoints keep the bare model's keys."""
-        unwrapped_keys = cst.Name("True") if site.constructed else self._keys_as_the_flag_had_them(site)
+        plan = self.facts.analyzer.wraps.planned_subclass(site.call)
+        own_keys = site.constructed or plan is not None and plan.own_keys  # (a subclass whose state_dict() is the module's)
+        unwrapped_keys = cst.Name("True") if own_keys else self._keys_as_the_flag_had_them(site)
         return [*args, keyword("keys_unwrapped", unwrapped_keys)] if unwrapped_keys is not None else args
 
     def _keys_as_the_flag_had_them(self, site: WrapSite) -> cst.BaseExpression | None:
