@@ -29,8 +29,9 @@ def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
         for name in bound_names(target)
     }
     found: list[cst.Subscript] = []
+    written = {id(target) for node in walk(loop.body) for target in _written(node)}
     for node in walk(loop.body):
-        if not isinstance(node, cst.Subscript) or any(_inside(node, outer) for outer in found):
+        if not isinstance(node, cst.Subscript) or id(node) in written or any(_inside(node, outer) for outer in found):
             continue
         cut = node.slice[0].slice if len(node.slice) == 1 else None
         if not isinstance(cut, cst.Slice) or dotted(node.value) in made_here | counters | {None}:
@@ -39,6 +40,37 @@ def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
         if any(isinstance(name, cst.Name) and name.value in counters for part in bounds for name in walk(part)):
             found.append(node)
     return found
+
+
+def drawn_by_torch(scope: cst.CSTNode) -> set[str]:
+    """Names the scope binds to torch's random draws (``perm = torch.randperm(n)``): torch's
+    stream is each rank's own after the first step (ddp_share_random_state splits it), so a
+    cut of them is not alike on every rank."""
+    return {
+        name
+        for node in walk(scope)
+        if isinstance(node, cst.Assign) and any(
+            isinstance(call, cst.Call) and (dotted(call.func) or "").startswith("torch.")
+            and (dotted(call.func) or "").rpartition(".")[2] in TORCH_DRAWS
+            for call in walk(node.value)
+        )
+        for target in node.targets
+        for name in bound_names(target.target)
+    }
+
+
+TORCH_DRAWS = {"randperm", "rand", "randn", "randint", "multinomial", "normal", "bernoulli", "rand_like", "randn_like"}
+
+
+def _written(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """What a statement writes to or deletes (``losses[i * bs:(i + 1) * bs] = ...``): no cut to read."""
+    if isinstance(node, cst.Assign):
+        return [target.target for target in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+        return [node.target]
+    if isinstance(node, cst.Del):
+        return [node.target]
+    return []
 
 
 def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:

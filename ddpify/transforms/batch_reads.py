@@ -53,7 +53,7 @@ class BatchReadsTransform(Transform):
         self._sizes = frozenset() if options.per_process_batch else with_aliases(self.context.module, training_batch_sizes(self.context))
 
     def leave_Slice(self, original_node: cst.Slice, updated_node: cst.Slice) -> cst.Slice:
-        if not self._sizes or not self._in_the_step(original_node):
+        if not self._sizes or not self._in_the_step(original_node) or self._written_to(original_node):
             return updated_node
         changes = {
             part: self._localised(getattr(original_node, part), getattr(updated_node, part))
@@ -89,6 +89,13 @@ class BatchReadsTransform(Transform):
             return updated_node
         self._report(original_node, "counts the batch's samples with it")
         return updated_node.with_changes(args=args)
+
+    def _written_to(self, cut: cst.Slice) -> bool:
+        """A slice of what the step writes to (MoCo's queue ``queue[ptr:ptr + bs] = keys``, its
+        pointer moved by the global size in another statement): left as it is."""
+        subscript = self.context.parent(self.context.parent(cut))
+        holder = self.context.parent(subscript)
+        return isinstance(holder, cst.AssignTarget) or isinstance(holder, (cst.AugAssign, cst.AnnAssign)) and holder.target is subscript
 
     def _a_size(self, node: cst.BaseExpression | None) -> bool:
         return node is not None and isinstance(node, (cst.Name, cst.Attribute)) and self.context.code(node) in self._sizes

@@ -92,7 +92,7 @@ from ddpify.analysis.data_sites import (
     DataSite, counted_steps, data_expressions, data_sites, iterates_training_objects, part_of_a_model, surely_not_a_loader,
     training_condition,
 )
-from ddpify.analysis.counted_draws import sliced_draws
+from ddpify.analysis.counted_draws import drawn_by_torch, sliced_draws
 from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.analysis.step_drivers import driven_data
 from ddpify.diagnostics import ENTRY, Severity
@@ -641,6 +641,16 @@ class SamplerTransform(Transform):
             loop: cuts for loop in self.facts.training_loops
             if loop not in self.facts.fed_loops and _calls_backward(loop) and (cuts := sliced_draws(loop))
         }
+        training = set(self.facts.training_loops)
+        torch_drawn = drawn_by_torch(self.context.module)
+        found = {
+            loop: cuts for loop, cuts in found.items()
+            # (nested counted steps, an accumulation over the batch's pieces, cut by the global sizes:
+            # split once, its pieces came out empty; a torch draw cut is each rank's own: both stay DDP304)
+            if not any(inner in training for inner in walk(loop.body))
+            and not any(outer is not loop and any(node is loop for node in walk(outer.body)) for outer in found)
+            and not any(name.value in torch_drawn for cut in cuts for name in walk(cut.value) if isinstance(name, cst.Name))
+        }
         self.context.split_cuts.update(cut for cuts in found.values() for cut in cuts)
         return found
 
@@ -663,6 +673,14 @@ class SamplerTransform(Transform):
                 "DataLoader (a method or function of the project, or of a parameter): its batches cannot be split between "
                 "the ranks here (every rank would train on all of them); iterate the DataLoader in the loop "
                 "(`for batch in loader`), or give each rank its share by hand"
+            )
+        if isinstance(loop, cst.For) and counted_steps(loop.iter) and sliced_draws(loop):
+            return (
+                f"this training loop counts its steps ({what}) and cuts each step's batch out of data held whole, but "
+                "out of a torch random draw (each rank's own after the first step) or in counted steps within counted "
+                "steps (the pieces cut by the global sizes): its cuts cannot be split alike between the ranks; draw the "
+                "order with numpy or Python's random (alike on every rank, DDP315), or make the data a Dataset in a "
+                "DataLoader to shard it"
             )
         if isinstance(loop, cst.For) and counted_steps(loop.iter):
             return (
