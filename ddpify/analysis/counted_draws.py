@@ -30,8 +30,9 @@ def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
     }
     found: list[cst.Subscript] = []
     written = {id(target) for node in walk(loop.body) for target in _written(node)}
+    within: set[int] = set()  # (inside a cut already found: only the outermost counts)
     for node in walk(loop.body):
-        if not isinstance(node, cst.Subscript) or id(node) in written or any(_inside(node, outer) for outer in found):
+        if not isinstance(node, cst.Subscript) or id(node) in written or id(node) in within:
             continue
         cut = node.slice[0].slice if len(node.slice) == 1 else None
         if not isinstance(cut, cst.Slice) or dotted(node.value) in made_here | counters | {None}:
@@ -39,6 +40,7 @@ def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
         bounds = [part for part in (cut.lower, cut.upper) if part is not None]
         if any(isinstance(name, cst.Name) and name.value in counters for part in bounds for name in walk(part)):
             found.append(node)
+            within |= {id(inner) for inner in walk(node)}
     return found
 
 
@@ -79,7 +81,3 @@ def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
     if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
         return [node.target]
     return []
-
-
-def _inside(node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-    return any(inner is node for inner in walk(outer))

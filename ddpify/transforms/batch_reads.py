@@ -51,6 +51,12 @@ class BatchReadsTransform(Transform):
     def check(self) -> None:
         options = self.context.options
         self._sizes = frozenset() if options.per_process_batch else with_aliases(self.context.module, training_batch_sizes(self.context))
+        self._torch_built = frozenset(
+            self.context.code(t.target)
+            for node in walk(self.context.module) if self._sizes and isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
+            and any(name.startswith("torch.") for name in self.context.qualified(node.value.func))
+            for t in node.targets
+        )  # (names bound to a torch module: `criterion = nn.CrossEntropyLoss()`)
 
     def leave_Slice(self, original_node: cst.Slice, updated_node: cst.Slice) -> cst.Slice:
         if not self._sizes or not self._in_the_step(original_node) or self._written_to(original_node):
@@ -146,16 +152,7 @@ class BatchReadsTransform(Transform):
         names = self.context.qualified(call.func)
         if names & (MEAN_LOSSES | MEAN_LOSS_MODULES) or any(name.startswith("torch.") for name in names):
             return True
-        return isinstance(call.func, (cst.Name, cst.Attribute)) and self._bound_to_a_torch_module(call.func)
-
-    def _bound_to_a_torch_module(self, func: cst.BaseExpression) -> bool:
-        code = self.context.code(func)
-        return any(
-            isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
-            and any(self.context.code(t.target) == code for t in node.targets)
-            and any(name.startswith("torch.") for name in self.context.qualified(node.value.func))
-            for node in walk(self.context.module)
-        )
+        return isinstance(call.func, (cst.Name, cst.Attribute)) and self.context.code(call.func) in self._torch_built
 
     def _report(self, node: cst.CSTNode, how: str) -> None:
         self.context.report(

@@ -386,11 +386,8 @@ class BatchSizeTransform(Transform):
     def _loader_batch_sizes(self) -> set[str]:
         """The batch_size= of this file's DataLoader calls, as code."""
         if not hasattr(self, "_batch_size_codes"):
-            self._batch_size_codes = self._sizes_of(self.facts.loaders)
+            self._batch_size_codes = _sizes_of(self.context, self.facts.loaders)
         return self._batch_size_codes
-
-    def _sizes_of(self, loaders) -> set[str]:
-        return _sizes_of(self.context, loaders)
 
     def _counts_batch(self, node: cst.BaseExpression) -> bool:
         """``x.size(0)``, ``len(x)``, or a name bound to one (``now_batch_size, c, h, w = inputs.shape``)."""

@@ -635,7 +635,7 @@ class SamplerTransform(Transform):
         whole (analysis/counted_draws.py): each rank takes its part of every cut (DDP315)."""
         if self.context.options.per_process_batch or self.context.is_library:
             return {}
-        if any(arg.keyword is not None and arg.keyword.value == "dim" or len(positional_args(site.call)) > 3 for site in self.facts.wraps for arg in site.call.args):
+        if any(_gives_a_dim(site.call) for site in self.facts.wraps):
             return {}  # (DataParallel scattered another dimension: a language model's (time, batch) cuts)
         found = {
             loop: cuts for loop in self.facts.training_loops
@@ -1007,6 +1007,11 @@ def _without_placeholder(call: cst.Call) -> cst.Call:
 # Libraries whose datasets are streams (IterableDataset): torchtext's since 0.12, torchdata's
 # pipes, webdataset.
 STREAMING_LIBRARIES = ("torchtext.datasets.", "torchdata.", "webdataset.")
+
+
+def _gives_a_dim(dp_call: cst.Call) -> bool:
+    """DataParallel told which dimension to scatter (``dim=``, or its fourth argument)."""
+    return any(arg.keyword is not None and arg.keyword.value == "dim" for arg in dp_call.args) or len(positional_args(dp_call)) > 3
 
 
 def _calls_backward(loop: cst.CSTNode) -> bool:
