@@ -138,6 +138,17 @@ def test_a_wrapping_module_no_script_imports_is_refused_without_a_traceback(tmp_
     assert "ddpify convert DIR" not in result.diagnostics[0].message and "no script of this folder" in result.diagnostics[0].message
 
 
+def test_a_script_imports_a_module_of_its_own_folder_by_its_bare_name() -> None:
+    # (DDP216 must not take scripts/utils.py for a copy no one runs: scripts/ is on sys.path)
+    from ddpify.project.verdicts import _imports
+
+    assert _imports("import utils\n", "scripts.train", "scripts.utils")
+    assert _imports("from utils import build\n", "scripts.train", "scripts.utils")
+    assert _imports("from .utils import build\n", "scripts.train", "scripts.utils")
+    assert not _imports("import utils\n", "scripts.train", "temp.utils")
+    assert not _imports("from . import other\n", "scripts.train", "scripts.utils")
+
+
 def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path) -> None:
     # EDSR's trainer: the loss function is looked up in a dict, `l['function'](output, target)`.
     write_project(tmp_path, {

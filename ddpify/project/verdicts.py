@@ -133,14 +133,21 @@ def _imports(source: str, importer: str, target: str) -> bool:
     except SyntaxError:
         return True
     package = importer.rpartition(".")[0].split(".") if "." in importer else []
+    # (a script's own folder is on sys.path: scripts/train.py's `import utils` is scripts/utils.py)
+    beside = ".".join(package) + "." if package else ""
+
+    def reaches(name: str, absolute: bool = True) -> bool:
+        names = (name, beside + name) if absolute else (name,)
+        return any(n == target or n.startswith(target + ".") for n in names)
+
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(alias.name == target or alias.name.startswith(target + ".") for alias in node.names):
+        if isinstance(node, ast.Import) and any(reaches(alias.name) for alias in node.names):
             return True
         if isinstance(node, ast.ImportFrom):
             above = package[: len(package) - node.level + 1] if node.level else []
             base = ".".join([*above, *([node.module] if node.module else [])])
             named = [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
-            if base == target or base.startswith(target + ".") or target in named:
+            if any(reaches(name, not node.level) for name in ([base] if base else []) + named):
                 return True
     return False
 

@@ -26,8 +26,9 @@ global size, every step was 1/world size of DataParallel's)::
     # becomes
     loss = ctc_loss(preds, labels, pred_lens, label_lens) / ddp_local_batch_size(batch_size)
 
-A loss torch computes as a mean (the default reduction), or one DDP116 already scaled by the
-world size, keeps its divisor. Prints, counters and statistics keep the global value.
+A loss torch computes as a mean (the default reduction; not one built with ``reduction="sum"``
+or ``size_average=False``, which sums), or one DDP116 already scaled by the world size, keeps
+its divisor. Prints, counters and statistics keep the global value.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ class BatchReadsTransform(Transform):
         self._torch_built = frozenset(
             self.context.code(t.target)
             for node in walk(self.context.module) if self._sizes and isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)
-            and any(name.startswith("torch.") for name in self.context.qualified(node.value.func))
+            and any(name.startswith("torch.") for name in self.context.qualified(node.value.func)) and not _summed(node.value)
             for t in node.targets
-        )  # (names bound to a torch module: `criterion = nn.CrossEntropyLoss()`)
+        )  # (names bound to a torch module that averages: `criterion = nn.CrossEntropyLoss()`)
 
     def leave_Slice(self, original_node: cst.Slice, updated_node: cst.Slice) -> cst.Slice:
         if not self._sizes or not self._in_the_step(original_node) or self._written_to(original_node):
@@ -151,7 +152,7 @@ class BatchReadsTransform(Transform):
             return True  # (a `.sum()` by hand is DDP116's)
         names = self.context.qualified(call.func)
         if names & (MEAN_LOSSES | MEAN_LOSS_MODULES) or any(name.startswith("torch.") for name in names):
-            return True
+            return not _summed(call)
         return isinstance(call.func, (cst.Name, cst.Attribute)) and self.context.code(call.func) in self._torch_built
 
     def _report(self, node: cst.CSTNode, how: str) -> None:
@@ -191,6 +192,18 @@ def _outer_calls(value: cst.BaseExpression) -> list[cst.Call]:
     if isinstance(value, (cst.UnaryOperation, cst.Attribute)):
         return _outer_calls(value.expression if isinstance(value, cst.UnaryOperation) else value.value)
     return []
+
+
+def _summed(call: cst.Call) -> bool:
+    """A torch loss told not to average: ``reduction="sum"`` (or ``"none"``), ``size_average=False``,
+    ``reduce=False``."""
+    for arg in call.args:
+        name = arg.keyword.value if arg.keyword is not None else None
+        if name == "reduction" and isinstance(arg.value, cst.SimpleString) and arg.value.evaluated_value in ("sum", "none"):
+            return True
+        if name in ("size_average", "reduce") and isinstance(arg.value, cst.Name) and arg.value.value == "False":
+            return True
+    return False
 
 
 def _local(size: cst.BaseExpression) -> cst.Call:

@@ -77,6 +77,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
+from ddpify.analysis.batch_values import with_aliases
 from ddpify.analysis.statistics import names_holding
 from ddpify.analysis.tree import without_moves
 from ddpify.diagnostics import Severity
@@ -84,7 +85,7 @@ from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keywor
 
 
 # Calls that make a tensor of a given shape, and tensor methods that take one.
-TENSOR_MAKERS = {"zeros", "ones", "empty", "full", "randn", "rand"}
+TENSOR_MAKERS = {"zeros", "ones", "empty", "full", "randn", "rand", "arange", "randperm", "randint"}
 SHAPE_METHODS = {"view", "reshape", "expand", "new_zeros", "new_ones", "new_empty", "new_full"}
 
 
@@ -340,14 +341,15 @@ class BatchSizeTransform(Transform):
             return handed
         if not self._shapes_tensor(original):
             return updated
-        sizes = self._training_batch_sizes
+        sizes = self._read_sizes
         changed = False
         args = []
         for arg in updated.args:
             value = arg.value
-            if arg.keyword is None and self.context.code(value) in sizes and not self._given_the_share(original, value):
+            shape = arg.keyword is None or arg.keyword.value == "size"
+            if shape and self.context.code(value) in sizes and not self._given_the_share(original, value):
                 value, changed = self._local(value), True
-            elif arg.keyword is None and isinstance(value, (cst.List, cst.Tuple)):
+            elif shape and isinstance(value, (cst.List, cst.Tuple)):
                 elements = [
                     e.with_changes(value=self._local(e.value))
                     if self.context.code(e.value) in sizes and not self._given_the_share(original, e.value) else e
@@ -381,6 +383,15 @@ class BatchSizeTransform(Transform):
         if not hasattr(self, "_training_size_codes"):
             self._training_size_codes = training_batch_sizes(self.context)
         return self._training_size_codes
+
+    @property
+    def _read_sizes(self) -> frozenset[str]:
+        """The training loaders' batch sizes and the names bound only to them (``bs = args.batch_size``,
+        then ``torch.zeros(bs, 10)``): DDP413 makes a slice by ``bs`` the share, so a tensor it
+        sizes must be the share too, or the two no longer fit."""
+        if not hasattr(self, "_read_size_codes"):
+            self._read_size_codes = with_aliases(self.context.module, self._training_batch_sizes)
+        return self._read_size_codes
 
     @property
     def _loader_batch_sizes(self) -> set[str]:
