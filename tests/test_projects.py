@@ -149,6 +149,38 @@ def test_a_script_imports_a_module_of_its_own_folder_by_its_bare_name() -> None:
     assert not _imports("from . import other\n", "scripts.train", "scripts.utils")
 
 
+def test_a_folder_its_own_files_import_by_its_name_is_followed(tmp_path: Path) -> None:
+    # cv_practise: super_resolution/main.py puts ../ on sys.path and imports `super_resolution.solver`;
+    # converting super_resolution/ must see that module trains, not say "trains nothing"
+    root = tmp_path / "pkg2"
+    write_project(root, {
+        "__init__.py": "",
+        "solver.py": (
+            "import torch\n\n\nclass ATrainer:\n    def __init__(self, model, loader):\n"
+            "        self.model, self.loader = model, loader\n"
+            "        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n"
+            "    def run(self):\n        for x, y in self.loader:\n"
+            "            loss = (self.model(x) - y).pow(2).mean()\n"
+            "            self.opt.zero_grad()\n            loss.backward()\n            self.opt.step()\n"
+        ),
+        "main.py": (
+            "import os\nimport sys\nsys.path.insert(0, os.path.abspath('../'))\nimport torch\nimport torch.nn as nn\n"
+            "from torch.utils.data import DataLoader, TensorDataset\nfrom pkg2.solver import ATrainer\n\n\n"
+            "import torch.distributed as dist\nfrom options import args\n\n\n"
+            "def main():\n    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)\n"
+            "    if args.distributed:\n        dist.init_process_group('nccl')\n"
+            "        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))\n"
+            "    else:\n        model = nn.DataParallel(nn.Linear(4, 1))\n"
+            "    ATrainer(model, loader).run()\n\n\n"
+            "if __name__ == '__main__':\n    main()\n"
+        ),
+    })
+    (root / "options.py").write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--distributed', action='store_true')\nargs = p.parse_args()\n")
+    result = convert_tree(root)["main.py"]
+    assert "DDP212" not in [d.code for d in result.diagnostics], result.diagnostics
+    assert result.error and "`args.distributed`" in result.diagnostics[0].message
+
+
 def test_a_call_through_a_subscript_in_a_project_module_converts(tmp_path: Path) -> None:
     # EDSR's trainer: the loss function is looked up in a dict, `l['function'](output, target)`.
     write_project(tmp_path, {

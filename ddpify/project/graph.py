@@ -381,6 +381,9 @@ class Project:
         package = info.name.rpartition(".")[0]
         if package and self.in_project(f"{package}.{module}"):
             return f"{package}.{module}"
+        own = self.root.resolve().name + "."
+        if module.startswith(own) and self.in_project(module[len(own):]):
+            return module[len(own):]  # (the folder is a package its files import by its name, its parent on sys.path)
         if "." not in module:
             return module  # `import logging` is not utils/logging.py
         folders = {name.rpartition("." + module)[0] for name in self._dotted_names if name.endswith("." + module)}

@@ -72,6 +72,9 @@ import becomes torch's (apex's own keywords, ``delay_allreduce``, dropped)::
 (a warning where it is spelled otherwise: replace it by hand).
 
 DDP005  (error) neither switch is found: a half-done hand conversion; finish it by hand.
+Where a test around the DDP code reads a flag this file does not define (``from options import
+args``, then ``if args.distributed:``), the message names that test: set it at launch and let its
+local rank follow torchrun's ``LOCAL_RANK``, or remove the DDP path.
 """
 
 from __future__ import annotations
@@ -370,6 +373,19 @@ class ExistingDdpTransform(Transform):
             self._report_flag("the WORLD_SIZE/RANK/LOCAL_RANK variables that torchrun sets")
             self._warn_fixed_gpu()
             return
+        tested = self._tests_around_ddp_code()
+        if tested:
+            # (cv_practise: `from options import args`, then `if args.distributed:`: the flag is another module's)
+            self.context.report(
+                self.facts.distributed_uses[0],
+                "DDP005",
+                f"the script's own DDP path is selected by `{tested}`, which this file does not define (a flag or "
+                "setting of a module it imports, or a configuration): set it on the launch line or in that "
+                "configuration, make its local rank come from the LOCAL_RANK variable torchrun sets, then launch with "
+                "torchrun; or remove the DDP path and convert the DataParallel one",
+                Severity.ERROR,
+            )
+            return
         self.context.report(
             self.facts.distributed_uses[0],
             "DDP005",
@@ -420,6 +436,16 @@ class ExistingDdpTransform(Transform):
                             names.append(part)
                 child, node = node, self.context.parent(node)
         return names
+
+    def _tests_around_ddp_code(self) -> str | None:
+        """The code of the first test whose branch holds DDP code (``args.distributed``), if any."""
+        for use in self.facts.distributed_uses:
+            child, node = use, self.context.parent(use)
+            while node is not None:
+                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body and _flags_required(node.test):
+                    return self.context.code(node.test)
+                child, node = node, self.context.parent(node)
+        return None
 
     def _constant_switches(self) -> list[tuple[cst.Name, cst.Assign]]:
         """``distributed = False`` (a variable only ever set to a literal) tested around the DDP

@@ -330,7 +330,7 @@ class SamplerTransform(Transform):
         alike and takes its share of each batch (ddp_shard splits what is not a DataLoader)."""
         fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()}
         for loop in self.facts.training_loops:
-            if loop in fed or not _calls_backward(loop):
+            if loop in fed or not self._steps_each_pass(loop):
                 continue
             context = self.facts.contexts[loop]
             for call in calls_in(loop.body):
@@ -357,7 +357,7 @@ class SamplerTransform(Transform):
         for loop in self.facts.training_loops:
             if loop in fed and isinstance(loop, cst.For):
                 self._split_joined_draws(loop)
-            if loop in fed or any(other in fed for other in walk(loop.body)) or not _calls_backward(loop):
+            if loop in fed or any(other in fed for other in walk(loop.body)) or not self._steps_each_pass(loop):
                 continue
             if any(outer in fed for outer in self.facts.contexts[loop].loops):
                 continue  # (Tacotron2-Pytorch: cuts each item of a sharded loader into its steps' batches)
@@ -369,6 +369,17 @@ class SamplerTransform(Transform):
                     continue
                 if self._draws_a_batch(node.value) and {n for t in node.targets for n in bound_names(t.target)} & fed_to_model:
                     self._drawn[node.value] = loop
+
+    def _steps_each_pass(self, loop: cst.CSTNode) -> bool:
+        """The loop calls backward(), or a step function of this file (Tacotron's ``loss =
+        train_batch(mels, mags, texts, encoder, ...)``, backward and step inside): one training
+        step a pass either way."""
+        if _calls_backward(loop):
+            return True
+        steps = self.facts.step_functions
+        graph = self.facts.analyzer.calls
+        inside = {id(node) for node in walk(loop)}
+        return any(id(site) in inside for function in steps for site, _ in graph.call_sites(function))
 
     def _split_joined_draws(self, loop: cst.For) -> None:
         """A loader's batch joined with more samples the script draws each step (EEG-Conformer's
