@@ -45,6 +45,11 @@ made with each process's share::
 
     go = np.zeros([args.batch_size, n, 1])  ->  go = np.zeros([ddp_local_batch_size(args.batch_size), n, 1])
 
+Also in a step function of this file the training loop calls, by a name bound only to the
+loader's batch size (``bs = args.batch_size``), and by the size a per-step draw of the script's
+own is given (tacotron-pytorch's ``ds.next_batch(hp.batch_size)``, DDP313, whose step makes
+``np.zeros((hp.batch_size, ...))``).
+
 DDP410  a training batch cut into the steps of a gradient accumulation (``xs = torch.split(x, 4)``,
 then a backward per piece) is cut into pieces of each process's share, as many as before::
 
@@ -287,6 +292,8 @@ class BatchSizeTransform(Transform):
         if self._shapes_tensor(call) or not self._in_a_batch_loop(call):
             return False
         # (given the whole global batch: DataParallel's size is its size)
+        if call in self.context.drawn_calls:
+            return False  # (the draw itself makes the global batch, each rank taking its share)
         return call not in self.context.whole_batch_calls and not self.context.in_a_scattered_loop(call)
 
     def _given_the_share(self, node: cst.CSTNode, size: cst.BaseExpression) -> bool:
@@ -358,12 +365,12 @@ class BatchSizeTransform(Transform):
                 changed |= any(new is not old for new, old in zip(elements, value.elements))
                 value = value.with_changes(elements=elements)
             args.append(arg.with_changes(value=value))
-        if not changed or not self._in_training_loop(original) or self.context.in_a_scattered_loop(original):
+        if not changed or not self._in_the_step(original) or self.context.in_a_scattered_loop(original):
             return updated
         self.context.report(
             original,
             "DDP409",
-            f"`{self.context.code(original)}` in the training loop is sized by DataParallel's global batch: each "
+            f"`{self.context.code(original)}` in the training step is sized by DataParallel's global batch: each "
             "process holds its share, so it is sized by the share (ddp_local_batch_size)",
         )
         return updated.with_changes(args=args)
@@ -420,6 +427,16 @@ class BatchSizeTransform(Transform):
                 if shape and target.elements[0].value.value == node.value:
                     return True
         return False
+
+    def _in_the_step(self, node: cst.CSTNode) -> bool:
+        """In a training loop, or a step function of this file a training loop calls (tacotron's
+        ``train_batch``, which makes its GO frame ``np.zeros((hp.batch_size, ...))``)."""
+        if self._in_training_loop(node):
+            return True
+        steps = set(self.facts.step_functions)
+        while node is not None and not (isinstance(node, cst.FunctionDef) and node in steps):
+            node = self.context.parent(node)
+        return node is not None
 
     def _in_training_loop(self, node: cst.CSTNode, innermost: bool = False) -> bool:
         """Inside a training loop; with ``innermost``, the loop nearest to it trains (not a
@@ -507,7 +524,7 @@ def training_batch_sizes(context) -> set[str]:
         call for call, site in context.facts.loaders.items()
         if (site.training or call in context.run_time_loaders) and call not in context.regrouped_loaders
     ]
-    return _sizes_of(context, divided)
+    return _sizes_of(context, divided) | context.drawn_sizes
 
 
 def _sizes_of(context, loaders) -> set[str]:

@@ -314,6 +314,11 @@ class SamplerTransform(Transform):
                 self._run_time[site.expr] = (site, "it is a list of batches made here, not a DataLoader: each of its batches is split between the ranks, as DataParallel split it")
         self._split_drawn_batches()
         self._split_drawn_calls()
+        self.context.drawn_calls |= set(self._drawn)
+        self.context.drawn_sizes |= {
+            self.context.code(arg.value) for call in self._drawn for arg in call.args
+            if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute)) and "batch" in self.context.code(arg.value).lower()
+        }  # (tacotron's `ds.next_batch(hp.batch_size)`: its step sizes buffers by `hp.batch_size`)
         self._shard_passed_at_run_time(runtime)
         # (a loop that holds each batch whole divides neither its batch size nor its sums)
         divided = {expr: site for expr, (site, _) in self._run_time.items() if site.loop not in self.context.scattered_loops}
