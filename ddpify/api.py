@@ -39,6 +39,12 @@ def convert_source(source: str, options: ConvertOptions = ConvertOptions(), path
 # -- files ------------------------------------------------------------------------------------
 
 
+NOTEBOOK = (
+    "a Jupyter notebook: ddpify converts Python files; export its code first "
+    "(`jupyter nbconvert --to script NAME.ipynb`), then convert the .py and run it under torchrun"
+)
+
+
 def read_source(path: Path) -> tuple[str, str]:
     """The file's text and encoding (PEP 263), newlines kept exactly as they are."""
     raw = path.read_bytes()
@@ -48,6 +54,9 @@ def read_source(path: Path) -> tuple[str, str]:
 
 def convert_file(path: str | os.PathLike, options: ConvertOptions = ConvertOptions()) -> FileResult:
     path = Path(path)
+    if path.suffix == ".ipynb":
+        # (a notebook's JSON parses as one Python dict: it would pass for a file with nothing to convert)
+        return FileResult(str(path), "", "", (), None, NOTEBOOK)
     try:
         source, _ = read_source(path)
     except (OSError, UnicodeDecodeError, SyntaxError) as error:

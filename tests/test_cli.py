@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,6 +46,16 @@ def test_convert_keeps_mode_newlines_and_encoding(tmp_path):
     raw = path.read_bytes()
     assert b"caf\xe9" in raw and b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")
     assert os.stat(path).st_mode & 0o777 == 0o755
+
+
+def test_a_notebook_is_refused_naming_the_format_not_passed_over(tmp_path):
+    # (RL_pytorch's .ipynb: its JSON parses as one Python dict, which read as "nothing to convert", rc 0)
+    cells = {"cells": [{"cell_type": "code", "source": ["import torch.nn as nn\n", "model = nn.DataParallel(nn.Linear(2, 2))\n"]}]}
+    path = write(tmp_path, "train.ipynb", json.dumps(cells))
+    before = path.read_bytes()
+    result = runner.invoke(app, ["convert", str(path)])
+    assert result.exit_code != 0 and "Jupyter notebook" in result.output and "nbconvert --to script" in result.output
+    assert path.read_bytes() == before
 
 
 def test_output_option_leaves_input_alone(tmp_path):
