@@ -91,11 +91,10 @@ class ConversionContext:
     # Losses that compare a batch's samples, computed on the whole global batch: the calls
     # gathered (ddp_whole_batch) and the definitions they run (already the global batch's value)
     whole_batch_calls: set[cst.Call] = field(default_factory=set)
-    # The script's own per-step draws each rank takes its share of (ddp_drawn, DDP313), and the
-    # batch sizes (code) they are given: a read of one in the step is the global batch's size
-    drawn_calls: set[cst.Call] = field(default_factory=set)
-    drawn_sizes: set[str] = field(default_factory=set)
     whole_batch_definitions: set[cst.CSTNode] = field(default_factory=set)
+    # The script's own per-step draws each rank takes its share of (ddp_drawn, DDP313): the batch
+    # size one is given, read again in the step, is the global batch's size
+    drawn_calls: set[cst.Call] = field(default_factory=set)
     # (function or module, name) of training statistics averaged where they are computed (DDP810):
     # a print of one shows it as it is
     averaged_statistics: set = field(default_factory=set)

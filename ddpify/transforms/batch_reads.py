@@ -36,11 +36,10 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import walk
-from ddpify.analysis.batch_values import with_aliases
 from ddpify.analysis.statistics import is_loss
 from ddpify.analysis.tree import innermost_loop
 from ddpify.transforms.base import Transform
-from ddpify.transforms.batch_size import training_batch_sizes
+from ddpify.transforms.batch_size import read_batch_sizes
 from ddpify.transforms.selected_means import MEAN_LOSS_MODULES, MEAN_LOSSES
 
 LOCAL = "ddp_local_batch_size"
@@ -51,7 +50,7 @@ class BatchReadsTransform(Transform):
 
     def check(self) -> None:
         options = self.context.options
-        self._sizes = frozenset() if options.per_process_batch else with_aliases(self.context.module, training_batch_sizes(self.context))
+        self._sizes = frozenset() if options.per_process_batch else read_batch_sizes(self.context)
         self._torch_built = frozenset(
             self.context.code(t.target)
             for node in walk(self.context.module) if self._sizes and isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)

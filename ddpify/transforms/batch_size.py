@@ -397,7 +397,7 @@ class BatchSizeTransform(Transform):
         then ``torch.zeros(bs, 10)``): DDP413 makes a slice by ``bs`` the share, so a tensor it
         sizes must be the share too, or the two no longer fit."""
         if not hasattr(self, "_read_size_codes"):
-            self._read_size_codes = with_aliases(self.context.module, self._training_batch_sizes)
+            self._read_size_codes = read_batch_sizes(self.context)
         return self._read_size_codes
 
     @property
@@ -524,7 +524,22 @@ def training_batch_sizes(context) -> set[str]:
         call for call, site in context.facts.loaders.items()
         if (site.training or call in context.run_time_loaders) and call not in context.regrouped_loaders
     ]
-    return _sizes_of(context, divided) | context.drawn_sizes
+    return _sizes_of(context, divided) | _drawn_sizes(context)
+
+
+def read_batch_sizes(context) -> frozenset[str]:
+    """The training batch sizes and the names bound only to them (``bs = args.batch_size``):
+    what a read in the step says is DataParallel's global batch."""
+    return with_aliases(context.module, training_batch_sizes(context))
+
+
+def _drawn_sizes(context) -> set[str]:
+    """The batch sizes (code) the script's own per-step draws are given (tacotron's
+    ``ds.next_batch(hp.batch_size)``, whose step sizes its buffers by ``hp.batch_size``)."""
+    return {
+        context.code(arg.value) for call in context.drawn_calls for arg in call.args
+        if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute)) and "batch" in context.code(arg.value).lower()
+    }
 
 
 def _sizes_of(context, loaders) -> set[str]:

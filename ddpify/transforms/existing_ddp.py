@@ -411,41 +411,32 @@ class ExistingDdpTransform(Transform):
                     found.append(spelled)
         return found
 
+    def _tests_around(self, nodes) -> list[cst.BaseExpression]:
+        """The tests of the ``if``s (and conditional expressions) whose selected branch holds each
+        node, innermost first, node by node."""
+        tests = []
+        for start in nodes:
+            child, node = start, self.context.parent(start)
+            while node is not None:
+                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
+                    tests.append(node.test)
+                child, node = node, self.context.parent(node)
+        return tests
+
     def _flags_around_wraps(self) -> set[str]:
         """Flags an ``if`` around a DataParallel wrap requires (``if args.do_train:``)."""
-        found: set[str] = set()
-        for site in self.facts.wraps:
-            child, node = site.call, self.context.parent(site.call)
-            while node is not None:
-                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
-                    found.update(_flags_required(node.test))
-                child, node = node, self.context.parent(node)
-        return found
+        return {part for test in self._tests_around(site.call for site in self.facts.wraps) for part in _flags_required(test)}
 
     def _names_testing_ddp_code(self) -> list[str]:
-        """``distributed`` for ``if args.distributed:`` (or ``if distributed:``) around DDP code."""
-        names: list[str] = []
-        for use in self.facts.distributed_uses:
-            child, node = use, self.context.parent(use)
-            while node is not None:
-                # Only the branch the test selects: `if args.distributed:` (or `... and ...`),
-                # the DDP code in its body.
-                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
-                    for part in _flags_required(node.test):
-                        if part not in names:
-                            names.append(part)
-                child, node = node, self.context.parent(node)
-        return names
+        """``distributed`` for ``if args.distributed:`` (or ``if distributed:``) around DDP code:
+        only the branch the test selects (``... and ...`` too), the DDP code in its body."""
+        parts = [part for test in self._tests_around(self.facts.distributed_uses) for part in _flags_required(test)]
+        return list(dict.fromkeys(parts))
 
     def _tests_around_ddp_code(self) -> str | None:
         """The code of the first test whose branch holds DDP code (``args.distributed``), if any."""
-        for use in self.facts.distributed_uses:
-            child, node = use, self.context.parent(use)
-            while node is not None:
-                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body and _flags_required(node.test):
-                    return self.context.code(node.test)
-                child, node = node, self.context.parent(node)
-        return None
+        tests = [test for test in self._tests_around(self.facts.distributed_uses) if _flags_required(test)]
+        return self.context.code(tests[0]) if tests else None
 
     def _constant_switches(self) -> list[tuple[cst.Name, cst.Assign]]:
         """``distributed = False`` (a variable only ever set to a literal) tested around the DDP
@@ -467,16 +458,11 @@ class ExistingDdpTransform(Transform):
     def _unsettable_switch(self) -> str | None:
         """A configuration entry tested around the DDP code (``if cfg["distributed"]:``,
         ``config.get("distributed")``): nothing on a launch line sets it."""
-        for use in self.facts.distributed_uses:
-            child, node = use, self.context.parent(use)
-            while node is not None:
-                if isinstance(node, (cst.If, cst.IfExp)) and child is node.body:
-                    test = node.test
-                    if isinstance(test, cst.Subscript) or (
-                        isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "get"
-                    ):
-                        return self.context.code(test)
-                child, node = node, self.context.parent(node)
+        for test in self._tests_around(self.facts.distributed_uses):
+            if isinstance(test, cst.Subscript) or (
+                isinstance(test, cst.Call) and isinstance(test.func, cst.Attribute) and test.func.attr.value == "get"
+            ):
+                return self.context.code(test)
         return None
 
     def _spawns(self) -> bool:

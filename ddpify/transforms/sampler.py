@@ -315,10 +315,6 @@ class SamplerTransform(Transform):
         self._split_drawn_batches()
         self._split_drawn_calls()
         self.context.drawn_calls |= set(self._drawn)
-        self.context.drawn_sizes |= {
-            self.context.code(arg.value) for call in self._drawn for arg in call.args
-            if arg.keyword is None and isinstance(arg.value, (cst.Name, cst.Attribute)) and "batch" in self.context.code(arg.value).lower()
-        }  # (tacotron's `ds.next_batch(hp.batch_size)`: its step sizes buffers by `hp.batch_size`)
         self._shard_passed_at_run_time(runtime)
         # (a loop that holds each batch whole divides neither its batch size nor its sums)
         divided = {expr: site for expr, (site, _) in self._run_time.items() if site.loop not in self.context.scattered_loops}
@@ -381,10 +377,10 @@ class SamplerTransform(Transform):
         step a pass either way."""
         if _calls_backward(loop):
             return True
-        steps = self.facts.step_functions
-        graph = self.facts.analyzer.calls
-        inside = {id(node) for node in walk(loop)}
-        return any(id(site) in inside for function in steps for site, _ in graph.call_sites(function))
+        if not hasattr(self, "_step_calls"):
+            graph = self.facts.analyzer.calls
+            self._step_calls = {id(site) for function in self.facts.step_functions for site, _ in graph.call_sites(function)}
+        return any(id(node) in self._step_calls for node in walk(loop))
 
     def _split_joined_draws(self, loop: cst.For) -> None:
         """A loader's batch joined with more samples the script draws each step (EEG-Conformer's
