@@ -217,6 +217,33 @@ def test_library_prints_and_logs_are_not_attributed_to_the_user(tmp_path, monkey
     assert recorder.data["outputs"] == {"stdout train.py:3": 1, "stdout train.py:5": 1}
 
 
+class _Writes(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def write(self, text):
+        self.calls.append(text)
+        return super().write(text)
+
+
+def test_a_tagged_stream_writes_each_line_whole(tmp_path):
+    # Ranks share torchrun's unbuffered pipe: print()'s text and newline written apart
+    # interleaved with the other rank's line ("...done waiting[converted rank 0] done waiting").
+    from ddpify.verify import probe
+
+    target = _Writes()
+    stream = probe.RecordingStream(target, "stdout", probe.Recorder(str(tmp_path / "t.py"), []), "[r1] ")
+    stream.write("done ")
+    stream.write("waiting")
+    assert target.calls == []
+    stream.write("\n")
+    stream.write("a\nb\n")
+    stream.write("partial")
+    stream.flush()
+    assert target.calls == ["[r1] done waiting\n", "[r1] a\n[r1] b\n", "[r1] partial"]
+
+
 def test_a_crashing_script_keeps_its_traceback_under_the_probe(tmp_path):
     # The interpreter prints an uncaught exception with no Python frame on the stack.
     script = tmp_path / "crash.py"

@@ -701,20 +701,31 @@ class RecordingStream:
 
     def __init__(self, stream, name: str, recorder: Recorder, tag: str = "") -> None:
         self._stream, self._name, self._recorder = stream, name, recorder
-        self._tag, self._line_start = tag, True
+        self._tag, self._line_start, self._pending = tag, True, []
 
     def write(self, text):
         self._recorder.output(self._name, text)
         if not self._tag or not text:
             return self._stream.write(text)
-        pieces = []
         for piece in text.splitlines(keepends=True):
             if self._line_start:
-                pieces.append(self._tag)
-            pieces.append(piece)
+                self._pending.append(self._tag)
+            self._pending.append(piece)
             self._line_start = piece.endswith("\n")
-        self._stream.write("".join(pieces))
+        if self._line_start:
+            self._emit()
         return len(text)
+
+    def flush(self):
+        self._emit()
+        return self._stream.flush()
+
+    def _emit(self) -> None:
+        # One write per whole line: the ranks share torchrun's pipe unbuffered, and print()'s
+        # text and its newline written apart interleave with the other rank's line.
+        if self._pending:
+            self._stream.write("".join(self._pending))
+            self._pending.clear()
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
@@ -771,6 +782,8 @@ def main() -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()  # a stop at --max-steps skipped the script's clean-up
+        sys.stdout.flush()  # a last line without its newline still shows
+        sys.stderr.flush()
         recorder.finish(status, error)
     raise SystemExit(status)
 
