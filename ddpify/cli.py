@@ -53,7 +53,7 @@ def main_options(
 @app.command()
 def convert(
     paths: List[Path] = typer.Argument(..., help="Scripts to convert in place; a folder converts as one project (its entry scripts and the modules they import, together)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here instead (one input only)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the result here instead: one file, or a folder (its converted copy goes there)."),
     diff: bool = typer.Option(False, "--diff", help="Write nothing; print a unified diff. Exit 1 if there is one."),
     per_process_batch: bool = typer.Option(
         False, "--per-process-batch", help="Keep batch_size per process (the global batch grows with the world size)."
@@ -91,9 +91,12 @@ def convert(
         config = find_config(paths)
     except ConfigError as error:
         _fail(str(error))
+    if output is not None and len(paths) == 1 and paths[0].is_dir() and not diff:
+        paths = [_copied_folder(paths[0], output)]  # a folder converts as a copy, the original kept
+        output = None
     files = discover(paths)
     if output is not None and len(files) != 1:
-        _fail("-o/--output takes exactly one input file")
+        _fail("-o/--output takes exactly one input file, or one folder (converted as a copy there)")
     if not files:
         _fail("no Python files found")
     options = ConvertOptions(
@@ -117,6 +120,17 @@ def convert(
     if verbose and not quiet:
         _say_docs(results, diff)
     raise typer.Exit(status)
+
+
+def _copied_folder(folder: Path, output: Path) -> Path:
+    """``convert DIR -o OUT``: the project copied to OUT (not its `.git`), then converted
+    there in place; OUT must not exist yet."""
+    import shutil
+
+    if output.exists():
+        _fail(f"{output} exists: -o with a folder writes the converted copy into a new folder")
+    shutil.copytree(folder, output, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    return output
 
 
 class View:

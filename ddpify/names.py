@@ -100,3 +100,7 @@ def names_data_parallel_variant(source: str) -> bool:
                 return True
         offset = text.find("DataParallel", end)
     return False
+
+# ProjectLinks.reexports' key for a library name a star import of a project module binds
+# (`*t` -> torch: no dotted name starts so)
+STAR_NAME = "*"

@@ -123,6 +123,20 @@ def test_output_with_several_inputs_is_a_usage_error(tmp_path):
     assert runner.invoke(app, ["convert", str(a), str(b), "-o", str(tmp_path / "c.py")]).exit_code == 2
 
 
+def test_output_for_a_folder_converts_a_copy_and_leaves_the_folder_alone(tmp_path):
+    # (batch 45's reviewers: `ddpify convert DIR -o OUT` was "takes exactly one input file")
+    project = tmp_path / "project"
+    project.mkdir()
+    path = write(project, "train.py", SCRIPT)
+    out = tmp_path / "converted"
+    result = runner.invoke(app, ["convert", str(project), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert path.read_text() == SCRIPT and "ddp_setup()" in (out / "train.py").read_text()
+    assert f"{out / 'train.py'}: converted" in result.output
+    again = runner.invoke(app, ["convert", str(project), "-o", str(out)])
+    assert again.exit_code == 2 and "exists" in again.output
+
+
 def test_per_process_batch_option(tmp_path):
     text = (FIXTURES / "loaders" / "shuffle_drop_last.py").read_text()
     path = write(tmp_path, "t.py", text)

@@ -127,6 +127,16 @@ def test_a_model_wrapped_in_an_imported_module_is_refused_naming_folder_mode(tmp
     assert (tmp_path / "train.py").read_text() == NO_WRAP_HERE
 
 
+def test_a_call_in_a_string_or_a_comment_is_not_a_call():
+    # (pytorch-unet-segmentation, batch 44: `test_model(...)` in a block disabled by making it a
+    # string was named by DDP214 as a call of a project function that wraps)
+    from ddpify.project.neighbours import _calls
+
+    source = 'x = 1  # generate_model(opt)\n"""\nmodel = generate_model(None)\n"""\nprint(f"{generate_model}")\n'
+    assert not _calls(source, "generate_model")
+    assert _calls(source + "net = generate_model(None)\n", "generate_model")
+
+
 def test_a_package_of_the_project_root_is_found_from_a_script_below_it(tmp_path):
     # DrQA: scripts/reader/train.py imports the `drqa` package installed from the root
     project(tmp_path, {"setup.py": "", "drqa/__init__.py": "", "drqa/model.py": MODEL, "scripts/reader/train.py": NO_WRAP_HERE.replace("from model", "from drqa.model")})
@@ -725,6 +735,37 @@ def test_a_project_memory_bank_updated_while_training_is_named_and_refused(tmp_p
     result = convert_file(tmp_path / "train.py")
     assert not result.changed and [d.code for d in result.diagnostics if d.severity.name == "ERROR"] == ["DDP118"], result.diagnostics
     assert "LinearAverage" in str(result.diagnostics)
+
+
+WEIGHTED_DATA = '''import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class Boxes(Dataset):
+    def __init__(self, n):
+        self.class_weights = np.zeros(3)
+        self.counts = np.ones(3)
+        for i in range(n):
+            self.class_weights[i % 3] = 1.0
+        self.x, self.y = torch.randn(n, 1), torch.randn(n, 1)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+'''
+
+
+def test_a_datasets_numpy_weights_filled_when_it_is_made_are_no_memory_bank(tmp_path):
+    # usnistgov's yolov3 (batch 45): class weights counted in the Dataset's __init__ refused the
+    # script with DDP118, a memory bank "each rank would keep apart"
+    script = TRAIN.replace("from util import IOStream, save_args, evaluate_into\n", "from boxes import Boxes\n")
+    script = script.split("io = ")[0] + "data = Boxes(8)\nmodel = " + script.split("model = ")[1].split("    io.cprint")[0]
+    project(tmp_path, {"boxes.py": WEIGHTED_DATA, "train.py": script})
+    result = convert_file(tmp_path / "train.py")
+    assert "DDP118" not in {d.code for d in result.diagnostics}, result.diagnostics
 
 
 LATE_LOGGER = '''import os

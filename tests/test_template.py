@@ -770,11 +770,23 @@ def test_drawing_the_same_order_leaves_the_scripts_random_state_alone(monkeypatc
 
 
 def test_a_loader_of_one_item_per_step_keeps_one_per_process(monkeypatch):
-    # Conv-TasNet: each item is a batch already; batch_size=1 cannot be divided
+    # single samples, torch's collate: batch_size=1 cannot be divided
     loader = torch.utils.data.DataLoader(INDICES, batch_size=1)
     zero, one = (_passes(loader, monkeypatch, rank, passes=1)[0] for rank in (0, 1))
     assert all(len(batch) == 1 for batch in zero + one)
     assert sorted(i for batch in zero + one for i in batch) == list(range(16))
+
+
+def test_items_that_are_batches_are_split_as_dataparallel_split_them(monkeypatch):
+    # Conv-TasNet (batch 45): each item is a minibatch, its collate takes `batch[0]`; sharded by
+    # item, each rank trained on whole items: the global batch doubled and the steps halved
+    minibatches = [torch.arange(4 * i, 4 * i + 4) for i in range(4)]
+    loader = torch.utils.data.DataLoader(minibatches, batch_size=1, collate_fn=lambda batch: batch[0])
+    shares = []
+    for rank in (0, 1):
+        _as_rank(monkeypatch, rank)
+        shares.append([batch.tolist() for batch in template.ddp_shard(loader)])
+    assert shares[0] == [[0, 1], [4, 5], [8, 9], [12, 13]] and shares[1] == [[2, 3], [6, 7], [10, 11], [14, 15]]
 
 
 def test_a_sampler_whose_epoch_loop_is_out_of_sight_moves_on_each_pass():
@@ -1589,6 +1601,21 @@ def test_a_loader_sharded_where_it_was_built_moves_to_the_next_epoch_on_each_pas
     sampler.set_epoch(7)  # (a loop that sets the epoch itself: not moved again)
     list(drawn)
     assert sampler.epoch == 7
+
+
+def test_an_iterator_of_a_sharded_loader_is_not_split_again(monkeypatch):
+    # WassersteinGAN (batch 45): `data_iter = iter(ddp_shard(dataloader))`, then
+    # `ddp_shard(data_iter).next()`: each rank kept half of its share of every batch
+    _as_rank(monkeypatch, 0)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    shard = template.ddp_shard(loader)
+    drawn = iter(shard)
+    assert template.ddp_shard(drawn) is drawn and len(next(drawn)[0]) == 2
+    sampler = torch.utils.data.DistributedSampler(INDICES, num_replicas=2, rank=0, shuffle=False)
+    by_hand = iter(torch.utils.data.DataLoader(INDICES, batch_size=2, sampler=sampler))
+    assert template.ddp_shard(by_hand) is by_hand
+    whole = iter(loader)  # (an iterator of a loader nothing sharded is still split)
+    assert template.ddp_shard(whole) is not whole
 
 
 IDLE_HEAD = """

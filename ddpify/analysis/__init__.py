@@ -53,7 +53,7 @@ from ddpify.analysis.ranks import (
     same_path_on_every_rank,
     under_rank_guard,
 )
-from ddpify.analysis.scopes import PROVIDERS, STAR_IMPORTED_ROOTS, star_imported_torch
+from ddpify.analysis.scopes import PROVIDERS, STAR_IMPORTED_ROOTS, star_imported_torch, star_roots
 from ddpify.analysis.tree import (
     COLLECTIVE_METHODS,
     DEVICE_COUNT,
@@ -90,7 +90,7 @@ __all__ = [
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
     "argument_in_slot", "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
-    "same_path_on_every_rank", "star_imported_torch", "under_rank_guard", "walk", "without_gradients", "in_data_loading",
+    "same_path_on_every_rank", "star_imported_torch", "star_roots", "under_rank_guard", "walk", "without_gradients", "in_data_loading",
 ]
 
 

@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.metadata import Assignment, BuiltinAssignment, ScopeProvider
 
 from ddpify.analysis.facts import Function
-from ddpify.analysis.scopes import STAR_IMPORTED_ROOTS, Room
+from ddpify.analysis.scopes import Room, star_roots
 from ddpify.analysis.tree import COLLECTIVE_METHODS, bound_names, calls_in, dotted, is_main_guard, names_in, root_name, walk
 from ddpify.names import DATA_PARALLEL, RANK_WORDS
 
@@ -218,7 +218,7 @@ class Collectives(Room):
             return False
         if root.value in self.facts.project_names:
             return True
-        if root.value in STAR_IMPORTED_ROOTS and not self.scopes.assignments_of(root):
+        if root.value in star_roots(self.facts.reexports) and not self.scopes.assignments_of(root):
             return False  # (a library a star import passes on: photo2cartoon's `cv2` through `from utils import *`)
         if _a_builtin(self.scopes.assignments_of(root)):
             return False  # (a builtin's value: Wave-U-Net's `str(epoch).zfill(4)` in a checkpoint's name)

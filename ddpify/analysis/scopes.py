@@ -19,6 +19,7 @@ from libcst.metadata.base_provider import LazyValue
 
 from ddpify.analysis.facts import Context, Facts, Function, Loop, Problem
 from ddpify.analysis.tree import dotted
+from ddpify.names import STAR_NAME
 
 PROVIDERS = (QualifiedNameProvider, ScopeProvider, ParentNodeProvider, PositionProvider)
 _UNDEFINED = object()
@@ -43,7 +44,14 @@ def through_reexports(name: str, reexports: dict[str, str]) -> str:
     return name
 
 
-def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
+def star_roots(reexports: dict[str, str]) -> dict[str, str]:
+    """Names a star import binds to a library: the usual ones, and (project mode) those the
+    project's star-imported modules bind (``import torch as t`` there: ``t`` is torch)."""
+    found = {name[len(STAR_NAME):]: library for name, library in reexports.items() if name.startswith(STAR_NAME)}
+    return {**STAR_IMPORTED_ROOTS, **found} if found else STAR_IMPORTED_ROOTS
+
+
+def star_imported_torch(node: cst.CSTNode, scope_of, roots: dict[str, str] = STAR_IMPORTED_ROOTS) -> set[str]:
     """``torch.nn.DataParallel`` / ``nn.DataParallel`` where ``torch`` / ``nn`` is bound by
     nothing but a star import: taken to be torch's (the spelled-out path says so)."""
     name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
@@ -54,9 +62,9 @@ def star_imported_torch(node: cst.CSTNode, scope_of) -> set[str]:
     while isinstance(base, cst.Attribute):
         base = base.value
     scope = scope_of(base)
-    if root not in STAR_IMPORTED_ROOTS or scope is None or list(scope[root]):
+    if root not in roots or scope is None or list(scope[root]):
         return set()
-    return {f"{STAR_IMPORTED_ROOTS[root]}.{rest}"}
+    return {f"{roots[root]}.{rest}"}
 
 
 class Room:
@@ -111,7 +119,7 @@ class Scopes:
             return self.qualified(alias, depth + 1)
         if names or not self.facts.star_imports:
             return names
-        return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None))
+        return star_imported_torch(node, lambda name: self.get_metadata(ScopeProvider, name, None), star_roots(reexports))
 
     # -- where the walk is -----------------------------------------------------------------
     def context(self) -> Context:

@@ -100,55 +100,6 @@ def _function_of(node: cst.CSTNode, facts: Facts) -> cst.FunctionDef | None:
     return parent if isinstance(parent, cst.FunctionDef) else None
 
 
-def unused_outputs(module: cst.Module, facts: Facts) -> dict[str, str]:
-    """Wrapped models some of whose outputs a script drops (``mel, post, attn, stop = m(...)``
-    with ``stop`` never read, Transformer-TTS): the parameters that only make a dropped
-    output get no gradient, and DDP stops at the next step ("Expected to have finished
-    reduction"), so it must look for them (find_unused_parameters). Model name -> the
-    assignment's code."""
-    # (model, scope, outputs) -> positions some call reads, and the first call that drops one: a
-    # model called twice in a step that reads each output at one of the calls (BLINK's bi-encoder,
-    # `ctxt, _ = m(x, None)` then `_, cands = m(None, y)`) leaves no parameter idle
-    read_at: dict[tuple, set[int]] = {}
-    dropping: dict[tuple, cst.Assign] = {}
-    for node in walk(module):
-        if not isinstance(node, cst.Assign) or len(node.targets) != 1 or not isinstance(node.value, cst.Call):
-            continue
-        model = _called_model(node.value, facts)
-        target = node.targets[0].target
-        if model is None or not isinstance(target, (cst.Tuple, cst.List)):
-            continue
-        scope = _function_of(node, facts) or module
-        if not any(isinstance(n, cst.Attribute) and n.attr.value == "backward" for n in walk(scope)):
-            continue  # evaluation: no gradient is expected
-        read = {n.value for n in walk(scope) if isinstance(n, cst.Name) and not _bound_by(n, target)}
-        key = (model, id(scope), len(target.elements))
-        used = {
-            index for index, element in enumerate(target.elements)
-            if not (isinstance(element.value, cst.Name) and (element.value.value == "_" or element.value.value not in read))
-        }
-        read_at.setdefault(key, set()).update(used)
-        if len(used) < len(target.elements):
-            dropping.setdefault(key, node)
-    found: dict[str, str] = {}
-    for key, node in dropping.items():
-        if len(read_at[key]) < key[2]:
-            found.setdefault(key[0], cst.Module([]).code_for_node(node))
-    return found
-
-
-def _called_model(call: cst.Call, facts: Facts) -> str | None:
-    """``model(...)`` or ``model.forward(...)`` of a wrapped model: its name."""
-    name = dotted(call.func) or ""
-    if name.endswith(".forward"):
-        name = name[: -len(".forward")]
-    return name if name in facts.model_names else None
-
-
-def _bound_by(name: cst.Name, target: cst.BaseExpression) -> bool:
-    return any(element.value is name for element in getattr(target, "elements", ()))
-
-
 OPTIMIZER = re.compile(r"(^|\.)(optim\.\w+|SGD|Adam\w*|RMSprop|Adagrad|Adadelta|LARS|LAMB|Lamb|Ranger|RAdam|NovoGrad|FusedAdam|FusedLAMB)$")
 
 

@@ -17,7 +17,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
 from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, own_nodes, walk
-from ddpify.analysis.scopes import Room, module_aliases, star_imported_torch
+from ddpify.analysis.scopes import Room, module_aliases, star_imported_torch, star_roots
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
 ALREADY_DISTRIBUTED = DDP | SAMPLER | {"torch.distributed.init_process_group"}
@@ -274,7 +274,7 @@ class Wraps(Room):
         }
         if names or not self.facts.star_imports:
             return names
-        return star_imported_torch(node, self.scopes.scope_of)
+        return star_imported_torch(node, self.scopes.scope_of, star_roots(self.facts.reexports))
 
     # -- after the walk ------------------------------------------------------------------
     def finish(self) -> None:

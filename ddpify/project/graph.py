@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpify.names import mentions_data_parallel
+from ddpify.names import STAR_NAME, mentions_data_parallel
 from ddpify.project.neighbours import parse_source
 
 # A library module is worth converting when its functions print, save or write files, or
@@ -27,6 +27,7 @@ CALL_NAME = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\s*\(")
 SIDE_EFFECT_WORDS = (
     "print(", "torch.save(", ".save(", "open(", "tqdm", "logging", "shutil.", "cuda:", "set_device", ".cuda(",
     "SummaryWriter", "wandb", "mkdir(", "makedirs(", "save_image", "imwrite", "imsave", "savefig", ".write(", "download=",
+    "init_process_group(",  # (a start-up helper's own: it must not start a second group, DDP208)
 )
 
 
@@ -198,7 +199,13 @@ def _self_test_only(tree: ast.Module, functions: set[str]) -> bool:
         return False
     calls = [node for node in ast.walk(block) if isinstance(node, ast.Call)]
     named = {ast.unparse(call.func).rpartition(".")[2] for call in calls} | {ast.unparse(call.func) for call in calls}
-    if named & functions or any(TRAINING_NAME.search(name) for name in named):
+    # (a function handed to a command-line dispatcher runs too: pytorchic-bert's `fire.Fire(main)`,
+    # `CLI(main)`, `mp.spawn(main_worker, ...)`; `fire.Fire()` runs any of them: batch 45)
+    handed = {
+        value.id for call in calls for value in [*call.args, *(keyword.value for keyword in call.keywords)]
+        if isinstance(value, ast.Name)
+    }
+    if named & functions or handed & functions or "Fire" in named or any(TRAINING_NAME.search(name) for name in named):
         return False
     looping = {
         method.name for cls in tree.body if isinstance(cls, ast.ClassDef) for method in cls.body
@@ -532,6 +539,22 @@ class Project:
                 written = module.split(".")
                 for start in range(len(written)):  # written as imported, before _follow_search_path
                     found[".".join([*written[start:], attribute])] = library
+        found.update((STAR_NAME + name, library) for name, library in self._star_libraries(info).items())
+        return found
+
+    def _star_libraries(self, info: ModuleInfo, depth: int = 0) -> dict[str, str]:
+        """Library names a star import of a project module passes on (Transformer-TTS's
+        `from network import *`, network.py's `from module import *`, module.py's `import
+        torch as t`: `t` is torch): name -> the library's dotted name."""
+        found: dict[str, str] = {}
+        for module in info.star_modules:
+            if module not in self.paths or module == info.name or depth > 3:
+                continue
+            target = self.module(module)
+            found.update(self._star_libraries(target, depth + 1))
+            for bound, (source, attribute) in target.bindings.items():
+                if not self.in_project(source):
+                    found[bound] = f"{source}.{attribute}" if attribute else source
         return found
 
     def library_name(self, info: ModuleInfo, bound: str) -> str | None:

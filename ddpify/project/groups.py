@@ -91,7 +91,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     files = open_files(list(sources), jobs)
     try:
         candidates = project.candidates()
-        if _unreadable_first(candidates, results, root, options):
+        if _unreadable_first(project, candidates, results, options):
             return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
         run = ProjectConversion(project, options, results)
         run.files = files
@@ -115,7 +115,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     finally:
         files.close()
     if not options.allow_partial:
-        _leave_all_if_refused(results, root)
+        _leave_all_if_refused(results, root, _unreadable_alone(project, candidates))
     return [_said_in_folder_mode(results.get(path) or FileResult(str(path), source, source)) for path, source in sources.items()]
 
 
@@ -143,22 +143,41 @@ def _said_in_folder_mode(result: FileResult) -> FileResult:
     return replace(result, diagnostics=diagnostics)
 
 
-def _unreadable_first(candidates: list[ModuleInfo], results: dict[Path, FileResult], root: Path, options: ConvertOptions) -> bool:
+def _unreadable_first(project: Project, candidates: list[ModuleInfo], results: dict[Path, FileResult], options: ConvertOptions) -> bool:
     """A script or DataParallel module Python cannot read (a merge-conflict marker, Python 2)
-    is refused with its parse error, never judged to train nothing; what it may import cannot
-    be known, so the project's other DataParallel files wait for it (unless partial output is
-    allowed). True if that settled the project."""
+    is refused with its parse error, never judged to train nothing. It holds the project's
+    DataParallel files back (what it takes from them cannot be known; unless partial output is
+    allowed), but not beside a readable script that trains: it cannot run as it is, so what
+    is converted for that script cannot break it (DTDN's `baseline_office.py`, a copy with
+    merge-conflict markers nothing imports, refused `baseline.py`'s conversion: batch 44).
+    True if that settled the project."""
     unreadable = [info for info in candidates if not info.parses and (info.wraps or info.trains) and info.path not in results]
     for info in unreadable:
         results[info.path] = unreadable_result(info)
+    alone = _unreadable_alone(project, candidates)
+    unreadable = [info for info in unreadable if info.path not in alone]
     if not unreadable or options.allow_partial:
         return False
+    root = project.root
     name = unreadable[0].path.relative_to(root) if unreadable[0].path.is_relative_to(root) else unreadable[0].path
     reason = f"{name} does not parse, so what it takes from this file cannot be known, and a project converts whole or not at all"
     for info in candidates:
         if info.path not in results and info.wraps:
             results[info.path] = _refusal(FileResult(str(info.path), info.source, info.source), "DDP210", reason)
     return True
+
+
+def _unreadable_alone(project: Project, candidates: list[ModuleInfo]) -> set[Path]:
+    """The unreadable files that no module of the project imports (by name, or by a computed
+    name), when a readable script of the project trains: they are refused on their own."""
+    trained = any(
+        info.parses and info.runs and (info.trains or any(module.trains for module in project.reachable(info)))
+        for info in candidates
+    )
+    if not trained:
+        return set()
+    imported = {name for info in project.modules_by_path().values() for name in info.imports}
+    return {info.path for info in candidates if not info.parses and info.name not in imported}
 
 
 class ProjectConversion:
@@ -217,7 +236,7 @@ class ProjectConversion:
         set-up, whichever group reaches it first (never as the other's library: the verdict
         would hang on the order of the files' names)."""
         members = self._members(member)
-        return bool(members) and _reaches_training(member, members)
+        return bool(members) and _reaches_training(member, members, _entry_code(member.source))
 
     def likely_conversions(self, candidates: list[ModuleInfo]) -> list[tuple[ModuleInfo, ProjectLinks]]:
         """The files the groups will analyse (read from the import graph alone), with the links
@@ -319,6 +338,8 @@ class ProjectConversion:
         members = self._members(entry)
         if members is None:
             return None
+        if entry.path in self.claimed and entry.path in self.planned and not self._trains_as_an_entry(entry):
+            return None  # an earlier script's library, whose own `__main__` block trains nothing
         if not members:
             # Evaluates or exports with the project's models: nothing to shard or synchronise.
             # It stays as it is (modules converted for a training script allow a process that
@@ -340,8 +361,9 @@ class ProjectConversion:
             links[member.path] = self.links(member, members)
             if member is entry:
                 roles[member.path] = ENTRY  # the engine makes it a script if it wraps
-            elif not member.runs or not (member.wraps or member.trains or self._trains_as_an_entry(member)):
-                # A helper with a self-test `__main__` block is still this script's library.
+            elif not member.runs or not self._trains_as_an_entry(member):
+                # A helper with a self-test `__main__` block is still this script's library, as is
+                # one whose functions train and wrap while its own `__main__` block trains nothing.
                 roles[member.path] = LIBRARY
             else:
                 continue  # another script: its own group
@@ -426,15 +448,20 @@ class ProjectConversion:
 ALREADY_CONVERTED = re.compile(r"^# Distributed (set-up|helpers) added by ddpify", re.MULTILINE)
 
 
-def _reaches_training(entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
+def _reaches_training(entry: ModuleInfo, members: list[ModuleInfo], runs: str | None = None) -> bool:
     """Does the entry train itself, or call a function or method of its modules that trains
-    (by name: `attgan.trainG(...)`, `train(...)`)? A `.train()` of the model counts too."""
-    if BACKWARD.search(entry.source) or entry.wraps:
+    (by name: `attgan.trainG(...)`, `train(...)`)? A `.train()` of the model counts too.
+    ``runs``: only this code of the entry runs when it is launched (its `__main__` block and
+    top-level statements), the functions of its own module count like the others'."""
+    if runs is None and (BACKWARD.search(entry.source) or entry.wraps):
         return True
-    names = {name.rpartition(".")[2] for member in members if member is not entry for name in member.training_defs}
+    if runs is not None and BACKWARD.search(runs):
+        return True
+    own = runs is not None
+    names = {name.rpartition(".")[2] for member in members if own or member is not entry for name in member.training_defs}
     # (and what calls those, in their modules: the trainer's fit() runs its train_epoch())
     for member in members:
-        if member is entry:
+        if member is entry and not own:
             continue
         grown = True
         while grown:
@@ -443,7 +470,21 @@ def _reaches_training(entry: ModuleInfo, members: list[ModuleInfo]) -> bool:
                 if name not in names and words & names:
                     names.add(name)
                     grown = True
+    if runs is not None:  # (named at all: `fire.Fire(main)`, `mp.spawn(main_worker, ...)` run it too)
+        return any(re.search(rf"\b{re.escape(name)}\b", runs) for name in names)
     return any(re.search(rf"\b{re.escape(name)}\s*\(", entry.source) for name in names)
+
+
+def _entry_code(source: str) -> str:
+    """What runs when the module is launched: its top-level statements but definitions and
+    imports (pytorch-unet-segmentation's modules.py, main.py's library, whose `__main__` block
+    only measures a loss: batch 44)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    kept = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return "\n".join(ast.get_source_segment(source, node) or "" for node in tree.body if not isinstance(node, kept))
 
 
 def _route_parameters(

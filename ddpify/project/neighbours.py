@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import io
 import os
 import re
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,13 +143,15 @@ class Neighbours:
 
     def about_models(self) -> Neighbours:
         """What project mode keeps of this: the facts about model and loss classes (idle
-        parts, freezing, memory banks, pairwise losses, DataParallel subclasses), and the
+        parts, freezing, memory banks, pairwise losses, DataParallel subclasses, the project
+        functions and classes that wrap: an entry's switch to them, DDP138), and the
         writers whose returned values every rank needs (DDP617). Other writes, trainers and
         DataParallel tests are the project's own business there: it converts those modules too."""
         return Neighbours(
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, summing_parts=self.summing_parts, selecting=self.selecting,
             count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
+            wrapping_calls=self.wrapping_calls,
         )
 
 
@@ -858,7 +862,8 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and (node.name in trainers or node.name in trainer_classes)
         and (_writes(node) or _calls_one_of(node, writing_helpers))
     )
-    banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, source))
+    training_text = _without_constructors(tree, source)
+    banks = frozenset(node.name for node in tree.body if isinstance(node, ast.ClassDef) and _updates_buffer(node, training_text))
     # (and those it imports, which importers may take from here: reid/loss/__init__.py's InvNet)
     banks |= frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.memory_banks, "")))
     return ModuleSummary(
@@ -1643,7 +1648,12 @@ def _writes(node: ast.AST) -> bool:
 
 def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
     """The class registers a buffer that its module updates in place (``memory.index_copy_(0,
-    y, w)`` in a custom backward, ``self.lut[y] = ...``): a memory bank each rank would keep apart."""
+    y, w)`` in a custom backward, ``self.lut[y] = ...``): a memory bank each rank would keep apart.
+    A part of a model or a loss (a module, an autograd function: a `forward` or a `backward`),
+    its torch tensors, written after they are made (``source``: the module's text but its
+    constructors). Not a Dataset's numpy class weights filled in once (yolov3's, batch 45)."""
+    if not _a_model_part(cls):
+        return False
     buffers = [
         node.args[0].value for node in ast.walk(cls)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_buffer"
@@ -1654,6 +1664,7 @@ def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
     buffers += [
         target.attr for node in ast.walk(cls) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
         and re.search(r"(^|\.)(Parameter|zeros|ones|empty|randn|rand|full)$", ast.unparse(node.value.func))
+        and not re.match(r"(np|numpy)\.", ast.unparse(node.value.func))
         for target in node.targets if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
     ]
     for buffer in buffers:
@@ -1663,6 +1674,25 @@ def _updates_buffer(cls: ast.ClassDef, source: str) -> bool:
         ):
             return True
     return False
+
+
+def _a_model_part(cls: ast.ClassDef) -> bool:
+    """A module or autograd function by its bases (``nn.Module``, ``Function``, a name of a
+    loss, net or module), or by a ``forward``/``backward`` of its own."""
+    bases = [ast.unparse(base).rpartition(".")[2] for base in cls.bases]
+    if any(base in ("Module", "Function") or re.search(r"Loss|Net|Module|Function|Layer|Memory|Bank", base) for base in bases):
+        return True
+    return any(isinstance(node, ast.FunctionDef) and node.name in ("forward", "backward") for node in cls.body)
+
+
+def _without_constructors(tree: ast.Module, source: str) -> str:
+    """The module's text with every ``__init__`` left out: what runs after objects are made."""
+    lines = source.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__" and node.end_lineno is not None:
+            for index in range(node.lineno - 1, node.end_lineno):
+                lines[index] = "\n"
+    return "".join(lines)
 
 
 def _reaching_the_model(tree: ast.Module) -> set[str]:
@@ -1715,7 +1745,7 @@ def wrapped_by_a_call(path: str, source: str, neighbours: Neighbours) -> FileRes
             continue  # a DataParallel subclass that converts where the script calls it (DDP129)
         if not _calls(source, name):
             continue
-        called = [method for method in methods if re.search(rf"\.{re.escape(method)}\s*\(", source)]
+        called = [method for method in methods if re.search(rf"\.{re.escape(method)}\s*\(", code_text(source))]
         if methods and not called:
             continue  # a project class whose wrapping method this script never calls
         what = f"`{name}`" + (f" (its {called[0]}())" if methods else "")
@@ -1746,9 +1776,34 @@ def device_picked_elsewhere(path: str, source: str, neighbours: Neighbours) -> F
 def _calls(source: str, name: str) -> bool:
     """Does ``source`` call ``name`` (``util.f(`` for ``util.f``, not ``x.util.f(``)? A dotted
     name may be reached through its package too (OpenNRE's ``opennre.framework.SentenceRE(``
-    for ``framework.SentenceRE``, a submodule the package's importers reach)."""
+    for ``framework.SentenceRE``, a submodule the package's importers reach). In its code: not
+    in a string or a comment (pytorch-unet-segmentation's `test_model(...)` in a disabled
+    block made a string, batch 44)."""
     package = r"(?:[A-Za-z_]\w*\.)*" if "." in name else ""
-    return re.search(rf"(?<![\w.]){package}{re.escape(name)}\s*\(", source) is not None
+    return re.search(rf"(?<![\w.]){package}{re.escape(name)}\s*\(", code_text(source)) is not None
+
+
+@functools.lru_cache(maxsize=8)
+def code_text(source: str) -> str:
+    """The source with every string literal emptied and every comment removed: what runs.
+    The source as it is where Python's tokenizer cannot read it."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    cuts = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type in (tokenize.STRING, tokenize.COMMENT) or token.type == getattr(tokenize, "FSTRING_MIDDLE", None):
+                (row, col), (end_row, end_col) = token.start, token.end
+                cuts.append((starts[row - 1] + col, starts[end_row - 1] + end_col, '""' if token.type == tokenize.STRING else ""))
+    except (tokenize.TokenError, SyntaxError, IndexError):
+        return source
+    pieces, at = [], 0
+    for start, end, put in cuts:
+        pieces += [source[at:start], put]
+        at = end
+    return "".join(pieces) + source[at:]
 
 
 def named_elsewhere(path: str, source: str, neighbours: Neighbours) -> FileResult | None:

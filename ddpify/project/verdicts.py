@@ -15,12 +15,13 @@ from ddpify.diagnostics import Diagnostic, FileResult, Severity
 from ddpify.project.graph import CALL_NAME, ModuleInfo, Project, _trains, _words, module_name
 
 
-def _leave_all_if_refused(results: dict[Path, FileResult], root: Path) -> None:
+def _leave_all_if_refused(results: dict[Path, FileResult], root: Path, apart: set[Path] = frozenset()) -> None:
     """A project converts whole or not at all. Its modules may meet in ways the analysis
     cannot see (a model class found by importlib, a loader that unwraps `DataParallel`):
     with one file left as DataParallel, the rewrites of the others (a process group set
-    up around it, `isinstance(net, DistributedDataParallel)`) would break the program."""
-    refused = sorted(path for path, result in results.items() if result.error)
+    up around it, `isinstance(net, DistributedDataParallel)`) would break the program.
+    ``apart``: refused files that cannot run with the others (unreadable, imported by none)."""
+    refused = sorted(path for path, result in results.items() if result.error and path not in apart)
     if not refused:
         return
     name = refused[0].relative_to(root) if refused[0].is_relative_to(root) else refused[0]

@@ -305,7 +305,7 @@ def ddp_shard(loader, global_batch=True, whole_batches=False):
     (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch.
     Anything else the loop draws batches from is split batch by batch (DdpSplit).
     ``whole_batches``: every rank draws the same whole batches (the model's calls split them)."""
-    if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False):
+    if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False) or ddp_iterates_a_shard(loader):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
         # sharded where it was built (another module's loader: WoodScape's trainers): each pass that
@@ -325,6 +325,25 @@ def ddp_shard(loader, global_batch=True, whole_batches=False):
         except (AttributeError, TypeError):
             pass
     return made
+
+
+def ddp_own_collate(loader):
+    """A collate function of the script's own (not torch's default one)."""
+    collate = getattr(loader, "collate_fn", None)
+    return collate is not None and getattr(collate, "__module__", "").split(".")[0] != "torch"
+
+
+def ddp_iterates_a_shard(source):
+    """An iterator of a DataLoader that is sharded already (its DistributedSampler, or this
+    shard's own): its batches are this rank's share (WassersteinGAN's `data_iter =
+    iter(dataloader)`, drawn by `data_iter.next()`: a second split kept half of each share)."""
+    if not hasattr(source, "__next__"):  # (a DataLoader has an `_index_sampler` too)
+        return False
+    index = getattr(source, "_index_sampler", None)  # (torch's DataLoader iterators hold the loader's)
+    return any(
+        isinstance(sampler, DistributedSampler) or type(sampler).__name__ == "DdpShard"
+        for sampler in (index, getattr(index, "sampler", None))
+    )
 
 
 def ddp_rebuilt(loader, global_batch, whole_batches=False):
@@ -350,11 +369,16 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
     # a subclass whose constructor cannot be repeated (torch_geometric's DenseDataLoader): a copy
     # of it that samples its share, its own collate and iteration kept
     make = type(loader) if ddp_rebuildable(loader) else functools.partial(ddp_resampled, loader)
+    if global_batch and not whole_batches and type(batches) is BatchSampler and batches.batch_size == 1 and ddp_own_collate(loader):
+        # one item per step that the script's collate makes the step's batch (Conv-TasNet's items
+        # are minibatches, `batch[0]` taken): DataParallel split that batch; every rank draws the
+        # same item and takes its share (sharded by item, the global batch grew by the world size)
+        return DdpSplit(loader)
     if whole_batches:
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=True, whole=True), **options)
     elif type(batches) is BatchSampler and (type(batches.sampler).__module__ == "torch.utils.data.sampler" or batches.batch_size == 1):
         shard = DdpShard(batches.sampler, dataset, per_batch=False)
-        # batch_size=1 over a dataset whose items are batches (Conv-TasNet): nothing to divide
+        # batch_size=1 of single samples (torch's collate): nothing to divide
         local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
         rebuilt = make(dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
     elif batches is None:  # batch_size=None: one sample per step
@@ -911,7 +935,7 @@ class DdpModel(DistributedDataParallel):
         made with find_unused_parameters=True (the step trains what that would have)."""
         import warnings
 
-        if self.find_unused_parameters or self.static_graph or dist.get_world_size() == 1:
+        if self.find_unused_parameters or self.static_graph:  # (a world of one's DDP stops on them too)
             return False
         trained = [p for p in self.module.parameters() if p.requires_grad]
         missing = torch.tensor([float(p.grad is None) for p in trained], dtype=torch.float64, device=ddp_device())

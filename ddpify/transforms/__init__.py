@@ -18,6 +18,7 @@ from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.late_gradients import LateGradientsTransform
 from ddpify.transforms.merged_backwards import MergedBackwardsTransform
 from ddpify.transforms.no_sync import NoSyncTransform
+from ddpify.transforms.own_init import OwnInitTransform
 from ddpify.transforms.process_group import ProcessGroupTransform
 from ddpify.transforms.rank_zero import RankZeroTransform
 from ddpify.transforms.replica_outputs import ReplicaOutputsTransform
@@ -30,6 +31,7 @@ from ddpify.transforms.shared_statistics import SharedStatisticsTransform
 from ddpify.transforms.summed_losses import SummedLossesTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
 from ddpify.transforms.wrap_placement import WrapPlacementTransform
+from ddpify.transforms.wrap_switches import WrapSwitchesTransform
 
 TRANSFORMS = (
     DevicesTransform,
@@ -53,6 +55,7 @@ TRANSFORMS = (
     SharedStatisticsTransform,  # (after RankZero's check: never where rank 0 runs alone; RankZero's prints read what it averaged)
     AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
     RunNamesTransform,
+    OwnInitTransform,
     ProcessGroupTransform,
     ImportsTransform,
 )
@@ -65,8 +68,12 @@ EXISTING_DDP = (ExistingDdpTransform, SetEpochTransform, ImportsTransform)
 OWN_DDP_PATH = (ExistingDdpTransform, SetEpochTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform)
 # Project mode (ddpify.project): an entry script whose training runs in imported modules,
 # and an imported module that only prints, saves or names DataParallel.
-ENTRY_TRANSFORMS = (DevicesTransform, RankZeroTransform, RunNamesTransform, ProcessGroupTransform, ImportsTransform)
+ENTRY_TRANSFORMS = (
+    DevicesTransform, WrapSwitchesTransform, RankZeroTransform, RunNamesTransform, OwnInitTransform, ProcessGroupTransform,
+    ImportsTransform,
+)
 LIBRARY_SIDE_EFFECTS = (
     # (a step function there decides on the mean loss: SRFBN's solver skips a step on its loss)
-    DevicesTransform, WrapModelTransform, DecisionsTransform, RankZeroTransform, ProcessGroupTransform, ImportsTransform
+    DevicesTransform, WrapModelTransform, DecisionsTransform, RankZeroTransform, OwnInitTransform, ProcessGroupTransform,
+    ImportsTransform,
 )

@@ -17,7 +17,7 @@ import libcst as cst
 from libcst.metadata.base_provider import LazyValue
 from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameProvider, ScopeProvider
 
-from ddpify.analysis import Facts, star_imported_torch
+from ddpify.analysis import Facts, star_imported_torch, star_roots
 from ddpify.analysis.scopes import module_aliases, through_reexports
 from ddpify.analysis.data_sites import data_sites
 from ddpify.analysis.scatter_points import scattered_at_the_model
@@ -243,7 +243,7 @@ class ConversionContext:
             return {self.facts.reexports[node.value]}  # bound by a star import of a project module
         if names or not self.facts.star_imports:
             return names
-        return star_imported_torch(node, lambda name: self.metadata.get_metadata(ScopeProvider, name, None))
+        return star_imported_torch(node, lambda name: self.metadata.get_metadata(ScopeProvider, name, None), star_roots(reexports))
 
     def add_import(self, module: str, name: str | None = None, alias: str | None = None) -> None:
         if (module, name, alias) not in self.imports_to_add:

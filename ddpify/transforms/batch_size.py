@@ -12,6 +12,9 @@ DDP401  global batch preserved::
     # becomes
     DataLoader(train_set, batch_size=ddp_local_batch_size(256), sampler=...)
 
+A command-line option's integer default (``add_argument("--batch_size", default=5)``) that 1
+or a world size of 2, 4 or 8 cannot divide is named in the report, before any run stops on it.
+
 DDP402  per-process batch kept (``--per-process-batch``): the effective batch is now
 ``batch_size * world_size``; adjust the learning rate if needed.
 
@@ -81,7 +84,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, walk
+from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, is_training_call, walk
 from ddpify.analysis.batch_values import with_aliases
 from ddpify.analysis.statistics import names_holding
 from ddpify.analysis.tree import without_moves
@@ -138,12 +141,30 @@ class BatchSizeTransform(Transform):
         self.context.report(
             original_node,
             "DDP401",
-            f"batch_size={shown} was DataParallel's global batch: each process now loads {shown} // world size",
+            f"batch_size={shown} was DataParallel's global batch: each process now loads {shown} // world size"
+            + self._default_note(arg.value),
         )
         split = cst.Call(func=cst.Name("ddp_local_batch_size"), args=[cst.Arg(arg.value)])
         return updated_node.with_changes(
             args=[a.with_changes(value=split) if a is arg else a for a in updated_node.args]
         )
+
+    def _default_note(self, value: cst.BaseExpression) -> str:
+        """What the command line's default batch size will do, said now rather than at run time
+        (AutoPath's default of 1, Semi-supervised-segmentation-cycleGAN's 5: batch 45)."""
+        default = _parser_default(self.context.module, value)
+        if default is None:
+            return ""
+        if default == 1:
+            return (
+                " (its default, 1, cannot be divided: each process loads one and the global batch becomes the number "
+                "of processes; pass a larger one to keep it)"
+            )
+        uneven = [n for n in (2, 4, 8) if default % n]
+        if uneven:
+            counts = ", ".join(map(str, uneven))
+            return f" (its default, {default}, does not divide among {counts} processes: such a run stops where the loader is made; pass one that does)"
+        return ""
 
     def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BinaryOperation) -> cst.BinaryOperation:
         if isinstance(original_node.operator, cst.Divide) and self._is_dataset_length(original_node.right):
@@ -320,7 +341,11 @@ class BatchSizeTransform(Transform):
         where a dataset may be given the batch size to make its batches: facenet's triplets)."""
         loop = innermost_loop(node, self.context.parent)
         training = set(self.facts.training_loops)
-        return loop in training and not any(inner in training for inner in walk(loop.body))
+        if loop not in training:
+            return False
+        # (a loop that steps itself around an inner one that trains too: WassersteinGAN's
+        # generator step after its critic's loop, the noise for it drawn there: batch 45)
+        return not any(inner in training for inner in walk(loop.body)) or _steps_outside_inner_loops(loop.body)
 
     def _batch_names(self, node: cst.CSTNode) -> set[str]:
         """Names the training loops around ``node`` bind to what they draw (``for x, y in loader``)."""
@@ -546,3 +571,36 @@ def _sizes_of(context, loaders) -> set[str]:
     """The batch sizes of these DataLoader calls that are not a literal, as code."""
     args = [batch_size_arg(call) for call in loaders]
     return {context.code(arg.value) for arg in args if arg is not None and not isinstance(arg.value, cst.Integer)}
+
+
+def _steps_outside_inner_loops(node: cst.CSTNode) -> bool:
+    """A backward() or an optimizer step among the statements of a loop's body that are not
+    in a loop of their own."""
+    for child in node.children:
+        if isinstance(child, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef)):
+            continue
+        if isinstance(child, cst.Call) and is_training_call(child):
+            return True
+        if _steps_outside_inner_loops(child):
+            return True
+    return False
+
+
+def _parser_default(module: cst.Module, value: cst.BaseExpression) -> int | None:
+    """The integer default of the command-line option ``args.batch_size`` reads
+    (``parser.add_argument("--batch_size", type=int, default=64)``, ``--batch-size`` or
+    ``dest="batch_size"`` too); None where there is none, or more than one."""
+    if not isinstance(value, cst.Attribute):
+        return None
+    name = value.attr.value
+    found = set()
+    for node in walk(module):
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+            continue
+        flags = [arg.value.evaluated_value for arg in node.args if arg.keyword is None and isinstance(arg.value, cst.SimpleString)]
+        dest = next((arg.value.evaluated_value for arg in node.args if arg.keyword and arg.keyword.value == "dest" and isinstance(arg.value, cst.SimpleString)), None)
+        names = {dest} if dest else {flag.lstrip("-").replace("-", "_") for flag in flags if flag.startswith("--")}
+        default = next((arg.value for arg in node.args if arg.keyword and arg.keyword.value == "default"), None)
+        if name in names and isinstance(default, cst.Integer):
+            found.add(int(default.value))
+    return found.pop() if len(found) == 1 else None

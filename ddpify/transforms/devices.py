@@ -209,7 +209,17 @@ class DevicesTransform(Transform):
                 if kept:
                     kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                 return updated_node.with_changes(args=kept)
-        if "torch.load" in self.context.qualified(func) and keyword_arg(original_node, "map_location") is None \
+        given = keyword_arg(original_node, "map_location")
+        if "torch.load" in self.context.qualified(func) and given is not None and self._may_be_none(given.value, original_node) \
+                and not in_data_loading(original_node, self.context.parent):
+            # (`map_location=None`, or a helper's `map_location=None` parameter handed on: cuda:0 on every rank)
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) where it was given "
+                                f"none (`{self.context.code(given.value)}`): onto this process's device")
+            shown = self.context.code(given.value)
+            chosen = "ddp_device()" if shown == "None" else f"{shown} if {shown} is not None else ddp_device()"
+            args = [a.with_changes(value=cst.parse_expression(chosen)) if a.keyword and a.keyword.value == "map_location" else a for a in updated_node.args]
+            return updated_node.with_changes(args=args)
+        if "torch.load" in self.context.qualified(func) and given is None \
                 and not in_data_loading(original_node, self.context.parent):  # (a worker process: no CUDA of its own)
             spread = next((i for i, arg in enumerate(updated_node.args) if arg.star == "**"), None)
             if spread is not None:  # (MGN's `torch.load(path, **kwargs)`, kwargs holding map_location on --cpu)
@@ -375,10 +385,30 @@ class DevicesTransform(Transform):
                 return _value(args[1].value, self.context)
         return None
 
+    def _may_be_none(self, value: cst.BaseExpression, call: cst.Call) -> bool:
+        """``None``, or a parameter of the function around ``call`` whose default is None."""
+        if isinstance(value, cst.Name) and value.value == "None":
+            return True
+        node = self.context.parent(call)
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.context.parent(node)
+        if not isinstance(value, cst.Name) or node is None:
+            return False
+        params = [*node.params.params, *node.params.kwonly_params]
+        return any(
+            param.name.value == value.value and isinstance(param.default, cst.Name) and param.default.value == "None"
+            for param in params
+        )
+
     def _removal_comment(self, statement: cst.SimpleStatementLine, found: tuple[str, bool]) -> list[cst.EmptyLine]:
         value, literal = found
         value = " ".join(value.split())  # an expression over several lines, on one comment line
-        if literal:
+        if literal and "," not in value and value.strip():
+            # One GPU pinned: DataParallel split nothing; the launch line (and plain `python`'s
+            # relaunch) uses every GPU, the pin kept as the way back (Spk2ImgNet, batch 45)
+            value = value.strip()
+            how = f"the launch line uses every GPU; to train on that one alone as the original did: CUDA_VISIBLE_DEVICES={value} torchrun ..."
+        elif literal:
             value = value.replace(" ", "")  # (ArcFace_pytorch's '0, 1': `CUDA_VISIBLE_DEVICES=0, 1 torchrun` runs `1`)
             self.context.visible_devices = value
             how = f"choose GPUs on the launch line: CUDA_VISIBLE_DEVICES={value} torchrun ..."

@@ -67,6 +67,8 @@ TEMPLATE_NAMES = (
     "ddp_next_epoch",
     "DdpNextEpochSampler",
     "ddp_shard",
+    "ddp_own_collate",
+    "ddp_iterates_a_shard",
     "ddp_rebuilt",
     "DdpEpochs",
     "DdpSplit",
@@ -406,9 +408,11 @@ class ProcessGroupTransform(Transform):
         text = code + helper_text
         if "dist." not in text and not helpers:
             return block
+        # (what the code uses, not what an import names: `import torch.distributed as dist` binds no `torch`)
+        used = cst.Module(body=[statement for _, statement in block if not is_import(statement)]).code + helper_text
         for module, name, alias in TEMPLATE_IMPORTS:
             bound = alias or name or module
-            if re.search(rf"\b{re.escape(bound)}\.", text):
+            if re.search(rf"\b{re.escape(bound)}\.", used):
                 self.context.add_import(module, name, alias)
         at = _after_imports(block)
         rest = block[at:]

@@ -140,6 +140,12 @@ class SamplerTransform(Transform):
             if site.call in mixed:
                 runtime[site.call] = f"the loop's loader may also be `{mixed[site.call]}`, from elsewhere: sharded where the loop draws, whichever it is"
                 continue
+            if _items_are_batches(site.call):
+                runtime[site.call] = (
+                    "one item per step, made the step's batch by its own collate_fn: every rank draws the same item and "
+                    "takes its share, as DataParallel split it"
+                )
+                continue
             if site.foreign is not None or site.call in self.facts.parameter_stand_ins:
                 # Built by another module of the project, which shards it (or the project
                 # is refused with it): here it only needs set_epoch.
@@ -1060,3 +1066,16 @@ def _draws_data(loop: cst.CSTNode) -> bool:
     if isinstance(loop, cst.For) and not (isinstance(loop.iter, cst.Call) and dotted(loop.iter.func) == "range"):
         return True
     return any(isinstance(node, cst.Call) and dotted(node.func) == "next" for node in walk(loop))
+
+
+def _items_are_batches(call: cst.Call) -> bool:
+    """``DataLoader(minibatches, batch_size=1, collate_fn=...)``: each item is the step's batch
+    (Conv-TasNet's collate takes `batch[0]`); sharded by item, the global batch would grow by
+    the world size."""
+    size = keyword_arg(call, "batch_size")
+    positional = [arg for arg in call.args if arg.keyword is None]
+    value = size.value if size is not None else positional[1].value if len(positional) > 1 else None
+    collate = keyword_arg(call, "collate_fn")
+    return isinstance(value, cst.Integer) and value.value == "1" and collate is not None and not (
+        isinstance(collate.value, cst.Name) and collate.value.value == "None"
+    )

@@ -117,22 +117,19 @@ DDP109  the wrapped model is called with keyword arguments (``netD(x, step=step,
 alpha=alpha)``, progressive GANs): such switches often leave parameters unused in a
 forward, which DDP rejects unless told, so ``find_unused_parameters=True`` is passed.
 
-DDP127  a tuple of the wrapped model's outputs is unpacked and one of them is never read
-(``mel, post, attn, stop = m(x)``, ``stop`` unused): the parameters that only make that
-output get no gradient, and DDP would stop at the next step; it looks for them instead::
-
-    m = nn.DataParallel(Model())   ->   m = ddp_wrap(Model(), find_unused_parameters=True)
-
-A model class of the file (or, in single-file mode, of the project modules it imports) that
+DDP127  a model class of the file (or, in single-file mode, of the project modules it imports) that
 has a part whose parameters get no gradient (a submodule made in ``__init__`` that no method
 uses; a submodule's result that ``forward()`` computes and never reads, Background-Matting's
 ``multi_feat = self.model_enc_multi(multi)``; a part ``forward()`` picks by an argument,
-Wave-U-Net's ``self.waveunets[inst]``) gets the same (DDP127), and so does a pretrained model
+Wave-U-Net's ``self.waveunets[inst]``) gets ``find_unused_parameters=True``, and so does a pretrained model
 of Hugging Face's libraries (``BertForRelation.from_pretrained(...)``, PURE: its pooler idles when
 only the sequence output is read), as Hugging Face's Trainer does. A model built from a class
 picked at run time, whose parts cannot be read here (``import_class(name)``, a registry lookup,
 a class of a module imported by a name given at run time: TENet's ``module =
 importlib.import_module("model." + args.model)``, then ``module.Net(...)``), gets it too.
+(An output of the model the script never reads is no such sign: the parameters that make it
+may make another too, PCL's `feats128`. Where they idle, the wrap finds them after the first
+backward and looks for them from then on, ddp_find_idle.)
 
 DDP129  a DataParallel subclass of the file or of the project (project/dp_subclasses.py)
 that only answers for the model's attributes, or only changes how one process splits each
@@ -225,7 +222,7 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis import DEVICE_COUNT, Guard, WrapSite, argument_in_slot, batch_length, calls_in, dotted, names_in, root_name, walk, without_gradients
 from ddpify.analysis.tree import names_bound_in
 from ddpify.diagnostics import Severity
-from ddpify.analysis.trainable import MODULE_METHODS, hub_models, models_picked_at_run_time, own_method_call, partly_trained, trainable_set_changes, unused_outputs
+from ddpify.analysis.trainable import MODULE_METHODS, hub_models, models_picked_at_run_time, own_method_call, partly_trained, trainable_set_changes
 from ddpify.project.neighbours import idle_parts
 from ddpify.transforms.base import Transform, keyword, keyword_arg
 
@@ -294,7 +291,6 @@ class WrapModelTransform(Transform):
             # ffjord's sampling `model(fixed_z, reverse=True)` under no_grad switches nothing DDP sees
             and not without_gradients(node, self.context.parent, self.context.code)
         }
-        self.dropped_outputs = unused_outputs(self.context.module, self.facts)
         self.partly_trained = partly_trained(self.context.module, self.facts)
         self.hub_models = hub_models(self.context.module, self.facts)
         self.picked_models = models_picked_at_run_time(self.context.module, self.facts)
@@ -1109,14 +1105,6 @@ class WrapModelTransform(Transform):
                 "DDP127",
                 f"{site.target} is built from several models and {self.partly_trained[site.target]}: those parameters "
                 "get no gradient, so DDP looks for them at each step (find_unused_parameters=True)",
-            )
-            args.append(keyword("find_unused_parameters", cst.Name("True")))
-        elif site.target in self.dropped_outputs:
-            self.context.report(
-                site.call,
-                "DDP127",
-                f"an output of {site.target} is never used (`{self.dropped_outputs[site.target]}`): parameters that "
-                "only make it get no gradient, so DDP looks for them at each step (find_unused_parameters=True)",
             )
             args.append(keyword("find_unused_parameters", cst.Name("True")))
         elif site.target in self.hub_models:
