@@ -129,6 +129,10 @@ def _collectives_for_rank_zero(text: str) -> list[tuple[int, str]]:
             paired += made_in(node.orelse)
         elif isinstance(node, ast.If) and _rank_test(node.test, ast.NotEq):
             paired += made_in(node.body)
+        elif isinstance(node, ast.IfExp) and _rank_test(node.test, ast.Eq):
+            # (`ddp_from_rank_zero(ddp_from_rank_zero(input() if rank == 0 else None) if rank == 0 else None)`:
+            # two rewrites of one input(), BERT4Rec-VAE's end-of-run question, batch 46)
+            found += made_in([node.body])
     # (rank 0 first: `if rank != 0: dist.barrier()` ... `if rank == 0: dist.barrier()` meet)
     for _, name in paired:
         match = next((item for item in found if item[1] == name), None)

@@ -355,6 +355,11 @@ def test_a_rewrite_that_puts_a_collective_where_rank_zero_goes_alone_is_never_wr
     first = "if ddp_rank() != 0:\n    dist.barrier()\nload()\nif ddp_rank() == 0:\n    dist.barrier()\n"
     assert check("load()\n", first) is None
     assert check("x = 1\n", "if ddp_rank() == 0:\n    torch.save(m, p)\ndist.barrier()\n") is None
+    # (in a conditional expression's rank-0 arm too: a second broadcast inside the first's, batch 46)
+    nested = "def ddp_from_rank_zero(value):\n    dist.broadcast_object_list([value], 0)\n    return value\n\n\n"
+    nested += "a = ddp_from_rank_zero(ddp_from_rank_zero(input() if dist.get_rank() == 0 else None) if dist.get_rank() == 0 else None)\n"
+    assert "ddp_from_rank_zero" in check("a = input()\n", nested)
+    assert check("a = input()\n", nested.split("a = ")[0] + "a = ddp_from_rank_zero(input() if dist.get_rank() == 0 else None)\n") is None
     monkeypatch.setattr(engine.ConversionContext, "finish", lambda self, code: code + "\nif ddp_rank() == 0:\n    dist.barrier()\n")
     script = write(tmp_path, "train.py", "import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 1))\n")
     result = CliRunner().invoke(app, ["convert", str(script)])

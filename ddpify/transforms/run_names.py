@@ -89,6 +89,8 @@ class RunNamesTransform(Transform):
     # -- the rewrite ---------------------------------------------------------------------------
 
     def _sent(self, original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+        if _sent_already(updated):
+            return updated
         self.context.add_import("torch.distributed", None, "dist")
         self.context.use_helper("ddp_from_rank_zero")
         self.context.report(
@@ -103,7 +105,7 @@ class RunNamesTransform(Transform):
         return sent.with_changes(args=[cst.Arg(sent.args[0].value.with_changes(body=updated))])
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if original_node not in self._asked:
+        if original_node not in self._asked or _sent_already(updated_node):
             return updated_node
         self.context.add_import("torch.distributed", None, "dist")
         self.context.use_helper("ddp_from_rank_zero")
@@ -143,3 +145,9 @@ def _candidate(node: cst.CSTNode, parent_of) -> cst.BaseExpression | None:
         return None
     keywords = DEFAULT_SETTERS[call.func.attr.value]
     return node.value if keywords is None or node.keyword.value in keywords else None
+
+
+def _sent_already(node: cst.BaseExpression) -> bool:
+    """Rank 0's value sent already (the rank-0 transform's input(), DDP618): sent once, never
+    a second broadcast inside the first one's rank-0 arm (a hang: BERT4Rec-VAE, batch 46)."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "ddp_from_rank_zero"
