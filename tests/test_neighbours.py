@@ -100,6 +100,27 @@ def test_converted_writers_write_once_under_two_ranks(tmp_path):
     assert len((tmp_path / "exp" / "args.json").read_text().splitlines()) == 1
 
 
+PROBING = 'import torch\nimport torch.nn as nn\n\n\ndef fit_probe(features, labels):\n    probe = nn.Linear(features.shape[1], 2)\n    optimizer = torch.optim.SGD(probe.parameters(), lr=0.5)\n    for _ in range(3):\n        optimizer.zero_grad()\n        nn.functional.cross_entropy(probe(features), labels).backward()\n        optimizer.step()\n    return probe\n\n\n'
+PROBED = 'import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom probing import fit_probe\n\n\ndef main():\n    torch.manual_seed(0)\n    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))\n    loader = DataLoader(TensorDataset(x, y), batch_size=8)\n    model = nn.DataParallel(nn.Linear(4, 3))\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(30):\n        for xb, yb in loader:\n            optimizer.zero_grad()\n            model(xb).pow(2).mean().backward()\n            optimizer.step()\n        with torch.no_grad():\n            features = model(x)\n        probe = fit_probe(features, y)\n        print(f"epoch {epoch}: {probe.weight.sum().item():.4f}")\n\n\nif __name__ == "__main__":\n    main()\n'
+
+
+def test_a_probe_rebuilt_each_epoch_with_its_own_optimizer_runs_to_the_end_under_two_ranks(tmp_path):
+    # Andrewzh112's SimSiam (batch 46): a linear probe made anew each epoch in another module, its own
+    # optimizer stepping over features every rank holds whole. The wrap's hook that starts such
+    # weights as rank 0's kept their ids per rank; an id reused by a new probe on one rank only
+    # made one rank broadcast while the other went on: a hang after a few epochs.
+    from conftest import run_launched
+
+    project(tmp_path, {"probing.py": PROBING, "train.py": PROBED})
+    original = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    (tmp_path / "train.py").write_text(convert_file(tmp_path / "train.py").output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    result = run_launched(command, cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = original.stdout.splitlines()[-1]
+    assert last.startswith("epoch 29:") and result.stdout.splitlines()[-1] == last
+
+
 MODEL = '''import torch.nn as nn
 
 

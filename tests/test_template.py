@@ -1754,6 +1754,19 @@ def test_named_tuples_of_totals_are_averaged_too(monkeypatch):
     assert template.ddp_entries(Totals(1.0, 2), True) == Totals(10.0, 20)
 
 
+def test_a_running_window_of_losses_is_averaged_entry_by_entry(monkeypatch):
+    # (pva-faster-rcnn, batch 46: `loss_hist = collections.deque(maxlen=500)`, its mean printed as the
+    # running loss; a deque was passed through as this rank's own while DDP608 said it was averaged)
+    import collections
+
+    monkeypatch.setattr(template.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(template.dist, "all_reduce", lambda tensor, op=None: tensor.mul_(2) if op is None else None)
+    monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
+    window = collections.deque([1.0, 3.0], maxlen=5)
+    averaged = template.ddp_mean(window)
+    assert type(averaged) is collections.deque and averaged.maxlen == 5 and list(averaged) == [1.0, 3.0]
+
+
 TOTALS = """
 import collections
 import torch

@@ -235,8 +235,10 @@ class ProjectConversion:
         builder) that trains as an entry of its own: it is converted in that role, with its
         set-up, whichever group reaches it first (never as the other's library: the verdict
         would hang on the order of the files' names)."""
-        members = self._members(member)
-        return bool(members) and _reaches_training(member, members, _entry_code(member.source))
+        # (its own group need not wrap: pva-faster-rcnn's pytorch_train.py, a script of its own that a
+        # configuration module's computed import reaches, trains at its top level: batch 46)
+        members = [member, *self.project.reachable(member)]
+        return _reaches_training(member, members, _entry_code(member.source))
 
     def likely_conversions(self, candidates: list[ModuleInfo]) -> list[tuple[ModuleInfo, ProjectLinks]]:
         """The files the groups will analyse (read from the import graph alone), with the links

@@ -973,6 +973,8 @@ class DdpModel(DistributedDataParallel):
         Those that are weights (a module's parameters, tensors a wrapped model holds; not a
         perturbation of this rank's own batch) start as rank 0's and have their gradients
         averaged before each step, as DDP does for its own."""
+        import weakref
+
         if dist.get_world_size() == 1:
             return
         DdpModel.watch_steps()  # (called right after backward() before any wrap's)
@@ -985,9 +987,17 @@ class DdpModel(DistributedDataParallel):
             weights = [p for p in weights if isinstance(p, torch.nn.Parameter) or id(p) in held]
         if not weights:
             return
-        for p in weights:
-            if id(p) not in DdpModel.started:  # (as DDP broadcasts its module's when it is built)
-                DdpModel.started.add(id(p))
+        # New weights start as rank 0's (as DDP broadcasts its module's when it is built). The ranks
+        # decide together, and send every one of these weights when any rank sees a new one: an id
+        # is reused once its object is freed, at another moment on each rank (a probe rebuilt each
+        # epoch: one rank broadcast while the other went on, a hang; Andrewzh112's SimSiam, batch 46)
+        unseen = torch.tensor([float(any(id(p) not in DdpModel.started for p in weights))], device=ddp_device())
+        dist.all_reduce(unseen, op=dist.ReduceOp.MAX)
+        if unseen.item():
+            for p in weights:
+                if id(p) not in DdpModel.started:
+                    DdpModel.started.add(id(p))
+                    weakref.finalize(p, DdpModel.started.discard, id(p))  # (its id leaves with it)
                 dist.broadcast(p.data, 0)
         ddp_average_gradients(weights)
 
@@ -1256,7 +1266,7 @@ def ddp_sum(value, mean=False):
     every rank holds one of the same keys and shapes; an average meter over every process's
     batches; anything else is this rank's own. Reduced on this process's device: NCCL has no
     CPU path."""
-    if isinstance(value, (dict, list, tuple)):
+    if isinstance(value, (dict, list, tuple)) or type(value).__name__ == "deque":  # (a running window of losses)
         return ddp_entries(value, mean)
     if ddp_a_meter(value):
         return ddp_meter(value)
@@ -1324,6 +1334,8 @@ def ddp_entries(value, mean):
         return made
     if hasattr(value, "_fields"):  # a named tuple
         return type(value)(*reduced)
+    if type(value).__name__ == "deque":  # (pva-faster-rcnn's `loss_hist`, its running loss printed: batch 46)
+        return type(value)(reduced, maxlen=value.maxlen)
     return type(value)(reduced) if type(value) in (list, tuple) else value  # (another kind of sequence: as it is)
 
 
