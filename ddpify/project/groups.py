@@ -91,7 +91,8 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     files = open_files(list(sources), jobs)
     try:
         candidates = project.candidates()
-        if _unreadable_first(project, candidates, results, options):
+        apart = _unreadable_alone(project, candidates)
+        if _unreadable_first(candidates, results, root, options, apart):
             return [results.get(path) or FileResult(str(path), source, source) for path, source in sources.items()]
         run = ProjectConversion(project, options, results)
         run.files = files
@@ -115,7 +116,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
     finally:
         files.close()
     if not options.allow_partial:
-        _leave_all_if_refused(results, root, _unreadable_alone(project, candidates))
+        _leave_all_if_refused(results, root, apart)
     return [_said_in_folder_mode(results.get(path) or FileResult(str(path), source, source)) for path, source in sources.items()]
 
 
@@ -143,22 +144,22 @@ def _said_in_folder_mode(result: FileResult) -> FileResult:
     return replace(result, diagnostics=diagnostics)
 
 
-def _unreadable_first(project: Project, candidates: list[ModuleInfo], results: dict[Path, FileResult], options: ConvertOptions) -> bool:
+def _unreadable_first(
+    candidates: list[ModuleInfo], results: dict[Path, FileResult], root: Path, options: ConvertOptions, apart: set[Path]
+) -> bool:
     """A script or DataParallel module Python cannot read (a merge-conflict marker, Python 2)
     is refused with its parse error, never judged to train nothing. It holds the project's
     DataParallel files back (what it takes from them cannot be known; unless partial output is
     allowed), but not beside a readable script that trains: it cannot run as it is, so what
     is converted for that script cannot break it (DTDN's `baseline_office.py`, a copy with
     merge-conflict markers nothing imports, refused `baseline.py`'s conversion: batch 44).
-    True if that settled the project."""
+    True if that settled the project. ``apart``: those refused on their own (_unreadable_alone)."""
     unreadable = [info for info in candidates if not info.parses and (info.wraps or info.trains) and info.path not in results]
     for info in unreadable:
         results[info.path] = unreadable_result(info)
-    alone = _unreadable_alone(project, candidates)
-    unreadable = [info for info in unreadable if info.path not in alone]
+    unreadable = [info for info in unreadable if info.path not in apart]
     if not unreadable or options.allow_partial:
         return False
-    root = project.root
     name = unreadable[0].path.relative_to(root) if unreadable[0].path.is_relative_to(root) else unreadable[0].path
     reason = f"{name} does not parse, so what it takes from this file cannot be known, and a project converts whole or not at all"
     for info in candidates:

@@ -479,6 +479,19 @@ def is_import(statement: cst.BaseStatement) -> bool:
     )
 
 
+def option_declaration(nodes, *flags: str, dest: str | None = None) -> cst.Call | None:
+    """The ``parser.add_argument(...)`` call among ``nodes`` that declares one of ``flags``, or
+    (with ``dest``) stores into that name (retinanet's ``add_argument('--distributed_true',
+    dest='distributed', action='store_true')``)."""
+    for node in nodes:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            names = {getattr(arg.value, "evaluated_value", None) for arg in node.args if arg.keyword is None}
+            stored = keyword_arg(node, "dest")
+            if names & set(flags) or dest is not None and stored is not None and getattr(stored.value, "evaluated_value", None) == dest:
+                return node
+    return None
+
+
 def batch_size_arg(call: cst.Call) -> cst.Arg | None:
     """``batch_size=`` of a DataLoader call, by keyword or as its second positional argument."""
     arg = keyword_arg(call, "batch_size")

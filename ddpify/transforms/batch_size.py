@@ -89,7 +89,7 @@ from ddpify.analysis.batch_values import with_aliases
 from ddpify.analysis.statistics import names_holding
 from ddpify.analysis.tree import without_moves
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args
+from ddpify.transforms.base import Transform, append_arg, batch_size_arg, keyword, keyword_arg, option_declaration, positional_args
 
 
 # Calls that make a tensor of a given shape, and tensor methods that take one.
@@ -589,18 +589,10 @@ def _steps_outside_inner_loops(node: cst.CSTNode) -> bool:
 def _parser_default(module: cst.Module, value: cst.BaseExpression) -> int | None:
     """The integer default of the command-line option ``args.batch_size`` reads
     (``parser.add_argument("--batch_size", type=int, default=64)``, ``--batch-size`` or
-    ``dest="batch_size"`` too); None where there is none, or more than one."""
+    ``dest="batch_size"`` too); None where there is none."""
     if not isinstance(value, cst.Attribute):
         return None
     name = value.attr.value
-    found = set()
-    for node in walk(module):
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
-            continue
-        flags = [arg.value.evaluated_value for arg in node.args if arg.keyword is None and isinstance(arg.value, cst.SimpleString)]
-        dest = next((arg.value.evaluated_value for arg in node.args if arg.keyword and arg.keyword.value == "dest" and isinstance(arg.value, cst.SimpleString)), None)
-        names = {dest} if dest else {flag.lstrip("-").replace("-", "_") for flag in flags if flag.startswith("--")}
-        default = next((arg.value for arg in node.args if arg.keyword and arg.keyword.value == "default"), None)
-        if name in names and isinstance(default, cst.Integer):
-            found.add(int(default.value))
-    return found.pop() if len(found) == 1 else None
+    declared = option_declaration(walk(module), f"--{name}", f"--{name.replace('_', '-')}", dest=name)
+    default = keyword_arg(declared, "default") if declared is not None else None
+    return int(default.value.value) if default is not None and isinstance(default.value, cst.Integer) else None

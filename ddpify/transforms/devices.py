@@ -209,29 +209,10 @@ class DevicesTransform(Transform):
                 if kept:
                     kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
                 return updated_node.with_changes(args=kept)
-        given = keyword_arg(original_node, "map_location")
-        if "torch.load" in self.context.qualified(func) and given is not None and self._may_be_none(given.value, original_node) \
-                and not in_data_loading(original_node, self.context.parent):
-            # (`map_location=None`, or a helper's `map_location=None` parameter handed on: cuda:0 on every rank)
-            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) where it was given "
-                                f"none (`{self.context.code(given.value)}`): onto this process's device")
-            shown = self.context.code(given.value)
-            chosen = "ddp_device()" if shown == "None" else f"{shown} if {shown} is not None else ddp_device()"
-            args = [a.with_changes(value=cst.parse_expression(chosen)) if a.keyword and a.keyword.value == "map_location" else a for a in updated_node.args]
-            return updated_node.with_changes(args=args)
-        if "torch.load" in self.context.qualified(func) and given is None \
-                and not in_data_loading(original_node, self.context.parent):  # (a worker process: no CUDA of its own)
-            spread = next((i for i, arg in enumerate(updated_node.args) if arg.star == "**"), None)
-            if spread is not None:  # (MGN's `torch.load(path, **kwargs)`, kwargs holding map_location on --cpu)
-                self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) unless the "
-                                    "call's own keywords choose one: onto this process's device")
-                args = list(updated_node.args)
-                given = self.context.code(args[spread].value)
-                args[spread] = args[spread].with_changes(value=cst.parse_expression(f'{{"map_location": ddp_device(), **{given}}}'))
-                return updated_node.with_changes(args=args)
-            if len(positional_args(original_node)) < 2:
-                self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
-                return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))
+        if "torch.load" in self.context.qualified(func) and not in_data_loading(original_node, self.context.parent):
+            loaded = self._loaded_here(original_node, updated_node)  # (not in a worker process: no CUDA of its own)
+            if loaded is not None:
+                return loaded
         if "torch.cuda.set_device" in self.context.qualified(func) and not self._is_set_device(
             self.context.parent(self.context.parent(original_node))
         ):
@@ -385,13 +366,37 @@ class DevicesTransform(Transform):
                 return _value(args[1].value, self.context)
         return None
 
+    def _loaded_here(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call | None:
+        """``torch.load(...)`` onto this process's device where it chooses none (DDP705)."""
+        given = keyword_arg(original_node, "map_location")
+        if given is not None and self._may_be_none(given.value, original_node):
+            # (`map_location=None`, or a helper's `map_location=None` parameter handed on: cuda:0 on every rank)
+            shown = self.context.code(given.value)
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) where it was given "
+                                f"none (`{shown}`): onto this process's device")
+            chosen = "ddp_device()" if shown == "None" else f"{shown} if {shown} is not None else ddp_device()"
+            args = [a.with_changes(value=cst.parse_expression(chosen)) if a.keyword and a.keyword.value == "map_location" else a for a in updated_node.args]
+            return updated_node.with_changes(args=args)
+        if given is not None:
+            return None
+        spread = next((i for i, arg in enumerate(updated_node.args) if arg.star == "**"), None)
+        if spread is not None:  # (MGN's `torch.load(path, **kwargs)`, kwargs holding map_location on --cpu)
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) unless the "
+                                "call's own keywords choose one: onto this process's device")
+            args = list(updated_node.args)
+            spread_code = self.context.code(args[spread].value)
+            args[spread] = args[spread].with_changes(value=cst.parse_expression(f'{{"map_location": ddp_device(), **{spread_code}}}'))
+            return updated_node.with_changes(args=args)
+        if len(positional_args(original_node)) < 2:
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
+            return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))
+        return None
+
     def _may_be_none(self, value: cst.BaseExpression, call: cst.Call) -> bool:
         """``None``, or a parameter of the function around ``call`` whose default is None."""
         if isinstance(value, cst.Name) and value.value == "None":
             return True
-        node = self.context.parent(call)
-        while node is not None and not isinstance(node, cst.FunctionDef):
-            node = self.context.parent(node)
+        node = self._function_of(call)
         if not isinstance(value, cst.Name) or node is None:
             return False
         params = [*node.params.params, *node.params.kwonly_params]

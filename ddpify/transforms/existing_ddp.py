@@ -85,7 +85,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, first_positional, walk
 from ddpify.diagnostics import Severity
-from ddpify.transforms.base import Transform, append_arg, keyword_arg
+from ddpify.transforms.base import Transform, append_arg, keyword_arg, option_declaration
 
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 # An evaluation loader names its data so (eval_dataset, dev_sampler, test_data, valid_...).
@@ -153,16 +153,7 @@ class ExistingDdpTransform(Transform):
         return result
 
     def _argument(self, *flags: str, dest: str | None = None) -> cst.Call | None:
-        """The ``parser.add_argument(...)`` call that declares one of `flags`, or (with ``dest``)
-        stores into that name (retinanet's ``add_argument('--distributed_true', dest='distributed',
-        action='store_true')``)."""
-        for node in self.facts.contexts:
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
-                names = {getattr(arg.value, "evaluated_value", None) for arg in node.args if arg.keyword is None}
-                stored = keyword_arg(node, "dest")
-                if names & set(flags) or dest is not None and stored is not None and getattr(stored.value, "evaluated_value", None) == dest:
-                    return node
-        return None
+        return option_declaration(self.facts.contexts, *flags, dest=dest)
 
     def check(self) -> None:
         self._choose_launch()

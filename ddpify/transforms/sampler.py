@@ -97,7 +97,7 @@ from ddpify.analysis.scatter_points import bound_elsewhere_too
 from ddpify.analysis.step_drivers import driven_data
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
-from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args, replace_arg
+from ddpify.transforms.base import Block, Transform, append_arg, batch_size_arg, keyword, keyword_arg, positional_args, replace_arg
 
 SAMPLER_IMPORT = ("torch.utils.data.distributed", "DistributedSampler", None)
 # Dataset expressions that can be evaluated twice (in the loader and in the sampler).
@@ -1072,9 +1072,8 @@ def _items_are_batches(call: cst.Call) -> bool:
     """``DataLoader(minibatches, batch_size=1, collate_fn=...)``: each item is the step's batch
     (Conv-TasNet's collate takes `batch[0]`); sharded by item, the global batch would grow by
     the world size."""
-    size = keyword_arg(call, "batch_size")
-    positional = [arg for arg in call.args if arg.keyword is None]
-    value = size.value if size is not None else positional[1].value if len(positional) > 1 else None
+    size = batch_size_arg(call)
+    value = size.value if size is not None else None
     collate = keyword_arg(call, "collate_fn")
     return isinstance(value, cst.Integer) and value.value == "1" and collate is not None and not (
         isinstance(collate.value, cst.Name) and collate.value.value == "None"

@@ -822,9 +822,9 @@ class WrapModelTransform(Transform):
                     test, "DDP102", f"{counted} (the GPU count) in the guard around the wrap -> dist.get_world_size()"
                 )
                 continue
-            if not _about_devices(self.context.code(test)) and self._a_part_of_another_wrap(site):
+            if not about_devices(self.context.code(test)) and self._a_part_of_another_wrap(site):
                 continue  # LEDNet: the encoder either path makes is handed to the decoder model wrapped next
-            if not _about_devices(self.context.code(test)) and (guard.unwrapped_branches or guard.falls_through_unwrapped):
+            if not about_devices(self.context.code(test)) and (guard.unwrapped_branches or guard.falls_through_unwrapped):
                 # A model choice whose other paths go on with a model of their own: wrapped there too.
                 self.other_paths[guard.node] = (site, guard)
                 self.context.report(
@@ -834,7 +834,7 @@ class WrapModelTransform(Transform):
                     "left as it is): the model the run goes on with otherwise is wrapped too (every rank must wrap)",
                 )
                 continue
-            if not _about_devices(self.context.code(test)):
+            if not about_devices(self.context.code(test)):
                 # A model choice (`if args.pretrained:`), not a multi-GPU switch: left as it is.
                 self.context.report(
                     test,
@@ -1381,7 +1381,7 @@ def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
     return [test]
 
 
-def _about_devices(test_code: str) -> bool:
+def about_devices(test_code: str) -> bool:
     words = {word for word in re.split(r"[^a-z0-9]+", test_code.lower()) if word}
     return any(marker in word for word in words for marker in DEVICE_WORDS) or bool(words & {"dp", "ddp"})
 

@@ -34,7 +34,7 @@ from ddpify.analysis import dotted, same_path_on_every_rank, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Transform
-from ddpify.transforms.wrap_model import _about_devices
+from ddpify.transforms.wrap_model import about_devices
 
 
 class WrapSwitchesTransform(Transform):
@@ -70,7 +70,7 @@ class WrapSwitchesTransform(Transform):
         call is in its body; None where the other branches wrap too (the test decides nothing)."""
         child, node = call, self.context.parent(call)
         while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-            if isinstance(node, cst.If) and child is not node.test and _about_devices(self.context.code(node.test)):
+            if isinstance(node, cst.If) and child is not node.test and about_devices(self.context.code(node.test)):
                 in_body = child is node.body
                 other = node.orelse if in_body else node.body
                 if other is not None and self._wraps(other):
