@@ -50,6 +50,10 @@ OTHER_CODES = {
     "project imports, or names in a string (a class path found at run time), is an old copy no one runs (W-DCGAN-GP's "
     "`temp/attention/train.py`): it is left as it is, and the files the scripts import convert without it (refused "
     "alone, DDP202, it held back the whole project).",
+    "DDP217": "DDP217  (warning) project mode: a module that was refused on its own, which no script that trains "
+    "imports directly or not (an evaluation helper that wraps for inference: Deep_Metric's Model2Feature.py, imported "
+    "by a test script that trains nothing, DDP212): its refusal is about code the converted training never runs, so it "
+    "is left as it is and the training scripts' files convert without it. A script that runs is never left so.",
     "DDP213": "DDP213  (warning) project mode: an imported module defines a DataParallel subclass that ddpify "
     "cannot convert (Synchronized-BatchNorm-PyTorch's DataParallelWithCallback), but nothing else in the "
     "group uses it: the module is left as it is instead of refusing the project.",

@@ -2552,3 +2552,60 @@ def test_a_loss_module_the_script_reaches_through_a_computed_sys_path_is_read(tm
     result = convert_file(script)
     assert "DDP117" in {d.code for d in result.diagnostics}
     assert "ddp_whole_batch(criterion, model(x), y)" in result.output
+
+
+METRIC_LOSSES = '''import torch
+import torch.nn as nn
+
+
+class Contrastive(nn.Module):
+    def forward(self, feats, labels):
+        sim = feats @ feats.t()  # every pair of the batch
+        same = (labels[:, None] == labels[None, :]).float()
+        return ((sim - same) ** 2).mean()
+
+
+def create(name):
+    return {"contrastive": Contrastive}[name]()
+'''
+METRIC_TRAINER = '''def train(epoch, model, criterion, optimizer, loader):
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+METRIC = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import losses
+from trainer import train
+
+torch.manual_seed(0)
+model = nn.DataParallel(nn.Linear(4, 3))
+criterion = losses.create("contrastive")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.arange(16) % 4), batch_size=8)
+for epoch in range(2):
+    train(epoch, model, criterion, optimizer, loader)
+torch.save(model.module.state_dict(), "weights.pt")
+'''
+
+
+def test_a_loss_handed_to_a_project_trainer_gets_the_whole_global_batch(tmp_path):
+    torch = pytest.importorskip("torch")
+    # Deep_Metric (batch 47): train.py builds a pairwise loss with a project factory and hands it
+    # to trainer.py's train(); converted alone, each rank compared its half batch (0.09 off)
+    from conftest import run_launched
+
+    project(tmp_path, {"losses.py": METRIC_LOSSES, "trainer.py": METRIC_TRAINER, "train.py": METRIC})
+    subprocess.run([sys.executable, "train.py"], cwd=tmp_path, check=True, timeout=120)
+    original = torch.load(tmp_path / "weights.pt")
+    result = convert_file(tmp_path / "train.py")
+    assert "train(epoch, model, DdpWholeBatchLoss(criterion), optimizer, loader)" in result.output, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    launched = run_launched(command, cwd=tmp_path, timeout=240)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    converted = torch.load(tmp_path / "weights.pt")
+    assert all(torch.allclose(original[key], converted[key], atol=1e-6) for key in original)

@@ -590,6 +590,56 @@ def test_a_class_weight_pass_over_a_loader_built_in_another_module_is_reported(t
     assert results["train.py"].changed and not results["train.py"].error
 
 
+def test_a_project_whose_step_batches_are_cut_from_loader_items_counts_as_sharded(tmp_path: Path) -> None:
+    # FastSpeech2 (batch 47): whole loader batches drawn alike, each step's batch split (DDP406) is
+    # a sharded training loader; folder mode refused it (DDP211) while the file alone converted
+    script = (FIXTURES / "loaders" / "regrouped_batches.py").read_text()
+    model = "import torch.nn as nn\n\n\ndef build_model():\n    return nn.Linear(3, 1)\n"
+    write_project(tmp_path, {
+        "model.py": model,
+        "train.py": script.replace("import torch.nn as nn\n", "import torch.nn as nn\nfrom model import build_model\n", 1)
+        .replace("nn.DataParallel(nn.Linear(3, 1))", "nn.DataParallel(build_model())"),
+    })
+    results = convert_tree(tmp_path)
+    assert not results["train.py"].error, results["train.py"].diagnostics
+    assert "DDP406" in {d.code for d in results["train.py"].diagnostics}
+
+
+INFERENCE_HELPER = {
+    "models.py": "import torch.nn as nn\n\n\ndef create():\n    return nn.Linear(4, 2)\n",
+    "train.py": (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nimport models\n\n\n"
+        "def main():\n    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 2))\n"
+        "    loader = DataLoader(data, batch_size=4)\n    model = nn.DataParallel(models.create())\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n"
+        "        for x, y in loader:\n            loss = ((model(x) - y) ** 2).mean()\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n"
+        "    torch.save(model.module.state_dict(), 'w.pt')\n\n\nif __name__ == '__main__':\n    main()\n"
+    ),
+    # (Deep_Metric's Model2Feature.py: a model wrapped to extract features, for test.py only)
+    "features.py": (
+        "import torch\nimport models\nfrom evaluations import extract_features\n\n\ndef features(checkpoint, x):\n"
+        "    model = models.create()\n    model.load_state_dict(checkpoint)\n    model = torch.nn.DataParallel(model)\n"
+        "    return extract_features(model, x)\n"
+    ),
+    "evaluations/__init__.py": "from .cnn import extract_features\n",
+    "evaluations/cnn.py": "def extract_features(model, x):\n    model.eval()\n    return model(x)\n",
+    # (a script with no `__main__` block: its top-level code evaluates)
+    "test.py": "import torch\nfrom features import features\n\nprint(features(torch.load('w.pt'), torch.randn(3, 4)))\n",
+}
+
+
+def test_a_refused_module_no_training_script_reaches_holds_nothing_back(tmp_path: Path) -> None:
+    # Deep_Metric (batch 47): an inference helper imported by an evaluation script alone refused
+    # the whole project (DDP202, then DDP210 for train.py and everything it imports)
+    write_project(tmp_path, INFERENCE_HELPER)
+    results = convert_tree(tmp_path)
+    assert "DDP217" in {d.code for d in results["features.py"].diagnostics}
+    assert not results["features.py"].changed and not results["features.py"].error
+    assert results["train.py"].changed and not results["train.py"].error, results["train.py"].diagnostics
+    assert not results["test.py"].changed
+
+
 TEXTBOOK_TRAIN = (
     "import torch\nfrom data import build_loaders\nfrom models import build_model\n\n\ndef main():\n"
     "    model = build_model()\n    train_loader, val_loader = build_loaders(8)\n"

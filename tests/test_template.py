@@ -838,6 +838,50 @@ def test_a_skip_is_decided_alike_on_every_rank(tmp_path):
     assert "agreed" in result.stdout
 
 
+FAILURES = """
+import torch
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_failed_here, ddp_failures_agreed, ddp_setup
+
+
+class Unpicklable(Exception):
+    def __reduce__(self):
+        raise TypeError("not sent as it is")
+
+
+ddp_setup()
+skipped = []
+for step, failing in enumerate([None, (1, KeyError), (0, Unpicklable), (1, KeyError)]):
+    try:
+        ddp_failures_agreed()
+        if failing and failing[0] == dist.get_rank():
+            raise failing[1]("bad sample")
+        ddp_failures_agreed(before_backward=True)
+    except KeyError as error:
+        ddp_failed_here()
+        skipped.append((step, "KeyError", error.args[0]))
+    except Exception as error:
+        ddp_failed_here()
+        skipped.append((step, type(error).__name__, str(error)))
+assert skipped == [(1, "KeyError", "bad sample"), (2, *(("Unpicklable", "bad sample") if dist.get_rank() == 0 else ("RuntimeError", "Unpicklable: bad sample"))), (3, "KeyError", "bad sample")], skipped
+print("skipped together")
+try:
+    ddp_failures_agreed(before_backward=True)
+    if dist.get_rank() == 1:
+        raise ValueError("in backward")
+    dist.barrier()  # (backward's all-reduce: rank 1 never comes)
+except ValueError:
+    ddp_failed_here()
+"""
+
+
+def test_a_step_failure_is_taken_by_every_rank_and_one_in_backward_stops_the_run(tmp_path):
+    result = _torchrun(tmp_path, FAILURES)
+    assert "skipped together" in result.stdout
+    assert result.returncode != 0
+    assert "rank 1 failed in a training step while the ranks exchanged its gradients" in result.stderr
+
+
 class DataIterator:
     """ShuffleNet-Series' DataIterator: `.next()` only, re-walking its loader when it runs out."""
 

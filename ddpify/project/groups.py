@@ -30,6 +30,7 @@ from ddpify.project.verdicts import (
     unreadable_result,
     _refusal,
     _refuse_together,
+    leave_what_no_training_reaches,
     _wraps,
 )
 from ddpify.workers import open_files
@@ -98,6 +99,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
         run.files = files
         run.load(run.likely_conversions(candidates))
         groups = run.convert_groups([entry for entry in candidates if entry.runs])
+        leave_what_no_training_reaches(project, results)
         while any(_refuse_together(group, results, root) for group in groups):
             pass  # a module shared by two groups, refused in one: the other goes too
         for info in candidates:  # a DataParallel module no script of the project imports
@@ -115,6 +117,7 @@ def convert_project(root: Path, sources: dict[Path, str], options: ConvertOption
                 results[info.path] = converted[info.path]
     finally:
         files.close()
+    leave_what_no_training_reaches(project, results)  # (and the modules refused alone since)
     if not options.allow_partial:
         _leave_all_if_refused(results, root, apart)
     return [_said_in_folder_mode(results.get(path) or FileResult(str(path), source, source)) for path, source in sources.items()]
@@ -556,7 +559,7 @@ def _route(project: Project, member: ModuleInfo, foreign, builders: dict, conver
 # where the training loop draws it, a drawn batch split.
 # (DDP314: the whole batch drawn alike on every rank, the wrapped model's calls taking their
 # share of it, as DataParallel's scatter did: rsfn's batch-coupled reconstruction loss)
-SHARDING_CODES = ("DDP301", "DDP312", "DDP313", "DDP314")
+SHARDING_CODES = ("DDP301", "DDP312", "DDP313", "DDP314", "DDP315", "DDP406")  # (DDP406: whole batches drawn alike, each step's split)
 
 
 def _shards(result: FileResult) -> bool:
@@ -591,7 +594,14 @@ def _untraced_loader(result: FileResult, reason: str, allow_partial: bool) -> Fi
     return _refusal(result, "DDP308", reason)
 
 
+# A loss class that selects elements by a mask (FastSpeech2's model/loss.py: `masked_select`):
+# its means are weighted per rank where it is defined (DDP135)
+MASKED_LOSS_CLASS = re.compile(r"^\s*class \w*(Loss|Criterion)\w*\b", re.IGNORECASE | re.MULTILINE)
+
+
 def _has_side_effects(source: str) -> bool:
+    if MASKED_LOSS_CLASS.search(source) and ("masked_select(" in source or "mask]" in source):
+        return True
     return any(word in source for word in SIDE_EFFECT_WORDS)
 
 

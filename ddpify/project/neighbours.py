@@ -119,6 +119,10 @@ class Neighbours:
     # `CIFAR10(root, download=True)` at import), as the import names them: every rank runs it
     # at once, before the set-up (DDP607 warns at the import)
     downloading_imports: frozenset[str] = frozenset()
+    # functions and classes of those modules that fetch or unpack data on disk when called
+    # (pointMLP's ModelNet40, whose constructor reaches data.py's download(): `os.system('wget
+    # ...; unzip ...')`), as bound here: rank 0 builds first, the others after it (DDP607)
+    downloaders: frozenset[str] = frozenset()
     # functions of those modules that return a mean over what one of their parameters selects
     # (GwcNet's model_loss(disp_ests, disp_gt, mask)), as bound here -> that parameter's position:
     # a training loss that calls one is weighted by its selection's share, as a masked mean
@@ -151,7 +155,7 @@ class Neighbours:
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, summing_parts=self.summing_parts, selecting=self.selecting,
             count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
-            wrapping_calls=self.wrapping_calls,
+            wrapping_calls=self.wrapping_calls, downloaders=self.downloaders,
         )
 
 
@@ -244,6 +248,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     pickers: set[str] = set()
     readers: set[str] = set()
     evaluators: set[str] = set()
+    fetching: set[str] = set()  # downloaders, as bound here
 
     def as_module(bound: str, summary: ModuleSummary) -> None:
         """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
@@ -268,6 +273,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         pickers.update(f"{bound}.{name}" for name in summary.device_pickers)
         readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
         evaluators.update(f"{bound}.{name}" for name in summary.writing_evaluators)
+        fetching.update(f"{bound}.{name}" for name in summary.downloaders)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -299,6 +305,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                 for names, kind in (
                     (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
                     (evaluators, summary.writing_evaluators), (counted, summary.count_normalized),
+                    (fetching, summary.downloaders),
                 ):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
             for alias in node.names:
@@ -372,7 +379,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
-        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, downloading_imports=frozenset(downloading), selecting=selecting, device_pickers=frozenset(pickers),
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, downloading_imports=frozenset(downloading), downloaders=frozenset(fetching), selecting=selecting, device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
         writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
@@ -647,6 +654,7 @@ class ModuleSummary:
     selecting: dict[str, int] = field(default_factory=dict)  # see Neighbours
     summing_parts: dict[str, int] = field(default_factory=dict)  # see Neighbours
     downloads_at_import: bool = False  # see Neighbours.downloading_imports
+    downloaders: frozenset[str] = frozenset()  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -892,6 +900,10 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
         )),
         downloads_at_import=_downloads_at_import(tree),
+        downloaders=_through_calls(
+            tree, {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and _fetches_data(node)},
+            set(_imported(path, tree, lambda summary: dict.fromkeys(summary.downloaders, ""))),
+        ),
         summing_parts={
             **_imported(path, tree, lambda summary: summary.summing_parts),
             **{node.name: place for node in tree.body if isinstance(node, ast.FunctionDef) for place in [_summed_place(node)] if place is not None and place >= 0},
@@ -1082,6 +1094,35 @@ def _downloads_at_import(tree: ast.Module) -> bool:
         )
         for statement in tree.body
     )
+
+
+# Calls that fetch or unpack data (by their last name), and shell commands that do
+FETCHING_CALLS = {
+    "urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "download_file_from_google_drive",
+    "extract_archive", "extractall", "unpack_archive",
+}
+SHELL_CALLS = {"system", "run", "call", "check_call", "check_output", "Popen", "popen"}
+FETCHING_COMMANDS = re.compile(r"\b(wget|curl|unzip|gdown|tar\s+-?x|git\s+clone)\b")
+
+
+def _fetches_data(definition: ast.AST) -> bool:
+    """Does the function or class fetch or unpack data on disk itself: ``download=True``, a
+    download call (``urlretrieve``, ``self.download()``, ``gdown.download``), an archive
+    extracted, a shell command that runs wget/curl/unzip (pointMLP's data.py)?"""
+    for node in ast.walk(definition):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(node.func, ast.Name) else ""
+        if name in FETCHING_CALLS or "download" in name.lower():
+            return True
+        if any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords):
+            return True
+        if name in SHELL_CALLS and any(
+            isinstance(part, ast.Constant) and isinstance(part.value, str) and FETCHING_COMMANDS.search(part.value)
+            for arg in node.args for part in ast.walk(arg)
+        ):
+            return True
+    return False
 
 
 def _summed_place(function: ast.FunctionDef) -> int | None:

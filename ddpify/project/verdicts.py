@@ -126,6 +126,52 @@ def _leave_unreached_copy(member: ModuleInfo, converted: dict, sources: dict[Pat
     converted[member.path] = FileResult(str(member.path), member.source, member.source, (warning,))
 
 
+def leave_what_no_training_reaches(project: Project, results: dict[Path, FileResult]) -> None:
+    """A refused module that no script that trains imports, directly or not: an evaluation
+    helper that wraps for inference (Deep_Metric's Model2Feature.py, imported by test.py alone,
+    which trains nothing: DDP212). Its refusal is about code the converted training never runs:
+    it is left as it is, said in a warning, and holds back none of the files the training
+    scripts run (refused, it held back the whole project: batch 47). A script that runs is
+    never left so: its own refusal stands."""
+    modules = project.modules_by_path()
+    training = [
+        info for path, info in modules.items()
+        if info.runs and path in results and not any(d.code == "DDP212" for d in results[path].diagnostics)
+    ]
+    reached = {info.path for info in training} | {module.path for info in training for module in project.reachable(info)}
+    for path, result in list(results.items()):
+        info = modules.get(path)
+        if not result.error or path in reached or info is None or info.runs or not training:
+            continue
+        if not _imported_only_by_name(project, info):
+            continue  # (perhaps found by importlib from a name in a string: a training script may run it)
+        errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
+        warning = Diagnostic(
+            errors[0].line, errors[0].col, "DDP217",
+            f"no script that trains imports it, directly or not (it was refused alone: {errors[0].code}): left as it is; "
+            "the training scripts' files convert without it",
+            Severity.WARNING,
+        )
+        results[path] = FileResult(str(path), result.source, result.source, (warning,))
+
+
+def _imported_only_by_name(project: Project, info: ModuleInfo) -> bool:
+    """Does a module of the project import ``info`` by name (directly or not), and are it and
+    every module that does so never named in a string (a class path importlib may load:
+    dynamic_refused's `importlib.import_module("mymodel")`, whose module imports nets.py)?"""
+    names = [project.module(name) for name in project.paths]
+    chain = [info, *(module for module in names if info in project.reachable(module))]
+    if len(chain) == 1:
+        return False
+    for module in chain:
+        last = re.escape(module.name.rpartition(".")[2])
+        # (the module's dotted path, or a class in it: not a file of the same name, 'test.txt')
+        quoted = re.compile(rf"[\"'](?:[\w.]*\.)?{last}(?:\.[A-Z]\w*)?[\"']")
+        if any(quoted.search(source) for path, source in project.sources.items() if path != module.path):
+            return False
+    return True
+
+
 def _imports(source: str, importer: str, target: str) -> bool:
     """Does the module ``importer`` import ``target`` (``import nets``, ``from . import nets``,
     ``from models.nets import x``)? Unreadable: it may."""

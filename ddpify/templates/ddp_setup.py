@@ -1188,6 +1188,23 @@ def ddp_whole_batch(loss, *args, ddp_pieces=1, **kwargs):
     return loss(*ddp_leaves(args, gathered), **ddp_leaves(kwargs, gathered))
 
 
+class DdpWholeBatchLoss:
+    """A loss handed to code ddpify does not rewrite (a trainer of another module, the script
+    converted alone): each call computes it on the whole global batch (ddp_whole_batch), as
+    DataParallel did; anything else asked of it is the loss's own."""
+
+    def __init__(self, loss):
+        self.ddp_loss = loss
+
+    def __call__(self, *args, **kwargs):
+        return ddp_whole_batch(self.ddp_loss, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "ddp_loss":
+            raise AttributeError(name)
+        return getattr(self.ddp_loss, name)
+
+
 def ddp_gathered(outputs, pieces=1):
     """The model's outputs for the whole global batch, gathered from every process in rank
     order (DdpGathered: each share's gradient goes back to its process), as DataParallel
@@ -1363,6 +1380,60 @@ def ddp_agreed(flag):
     decided = torch.tensor(float(bool(flag)), device=ddp_device())
     dist.broadcast(decided, src=0)
     return bool(decided.item())
+
+
+def ddp_failures_agreed(before_backward=False):
+    """A point in a training step's ``try`` that every rank passes (every process calls it): where
+    another rank failed earlier in the step, its error is raised here too, so every rank takes the
+    script's ``except`` branch together instead of waiting in a collective for the failed one.
+    ``before_backward``: the step's gradients are exchanged after this point, and a failure there
+    cannot be skipped by one rank alone."""
+    DdpStepFailures.exchanging = before_backward
+    DdpStepFailures.agree(None)
+
+
+def ddp_failed_here():
+    """First in the ``except`` branch of a training step's ``try``: a rank whose own step failed
+    hands its error to the others at their next agreement point. One that failed once the
+    gradients were being exchanged stops the run with its error (the others wait in backward's
+    all-reduce for it: a hang otherwise)."""
+    import sys
+
+    error = sys.exc_info()[1]
+    if dist.get_world_size() == 1 or getattr(error, "ddp_from_rank", None) is not None:
+        return
+    if DdpStepFailures.exchanging:
+        raise RuntimeError(
+            f"rank {dist.get_rank()} failed in a training step while the ranks exchanged its gradients: the "
+            "others cannot skip the step with it"
+        ) from error
+    DdpStepFailures.agree(error)  # (rank 0 takes the except branch with this error: its own prints show it)
+
+
+class DdpStepFailures:
+    """A training step's failures, agreed across the ranks (see ddp_failures_agreed)."""
+
+    exchanging = False  # past the step's last agreement point: its gradients are being exchanged
+
+    @staticmethod
+    def agree(error):
+        """Every rank learns whether one failed; the ranks that did not raise the first one's error."""
+        import pickle
+
+        if dist.get_world_size() == 1 or not ddp_any(error is not None):
+            return
+        sent = None
+        if error is not None:
+            try:
+                sent = pickle.loads(pickle.dumps(error))  # (the same kind of error: the script's handler may test it)
+            except Exception:
+                sent = RuntimeError(f"{type(error).__name__}: {error}")
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, sent)
+        if error is None:
+            rank, first = next((rank, found) for rank, found in enumerate(errors) if found is not None)
+            first.ddp_from_rank = rank
+            raise first
 
 
 def ddp_no_sync(model, accumulating):

@@ -7,6 +7,7 @@ transform has scheduled what it needs.
 """
 
 from ddpify.transforms.agreed_branches import AgreedBranchesTransform
+from ddpify.transforms.agreed_failures import AgreedFailuresTransform
 from ddpify.transforms.batch_losses import BatchLossesTransform
 from ddpify.transforms.batch_reads import BatchReadsTransform
 from ddpify.transforms.counted_cuts import CountedCutsTransform
@@ -14,6 +15,7 @@ from ddpify.transforms.batch_size import BatchSizeTransform
 from ddpify.transforms.decisions import DecisionsTransform
 from ddpify.transforms.devices import DevicesTransform
 from ddpify.transforms.existing_ddp import ExistingDdpTransform
+from ddpify.transforms.handed_losses import HandedLossesTransform
 from ddpify.transforms.imports import ImportsTransform
 from ddpify.transforms.late_gradients import LateGradientsTransform
 from ddpify.transforms.merged_backwards import MergedBackwardsTransform
@@ -38,6 +40,7 @@ TRANSFORMS = (
     WrapModelTransform,
     WrapPlacementTransform,
     BatchLossesTransform,
+    HandedLossesTransform,
     SummedLossesTransform,
     ReplicaOutputsTransform,
     ReplicaSyncTransform,
@@ -54,6 +57,7 @@ TRANSFORMS = (
     RankZeroTransform,
     SharedStatisticsTransform,  # (after RankZero's check: never where rank 0 runs alone; RankZero's prints read what it averaged)
     AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
+    AgreedFailuresTransform,  # (after the others: its points go before the collectives they put in a step)
     RunNamesTransform,
     OwnInitTransform,
     ProcessGroupTransform,
@@ -74,6 +78,7 @@ ENTRY_TRANSFORMS = (
 )
 LIBRARY_SIDE_EFFECTS = (
     # (a step function there decides on the mean loss: SRFBN's solver skips a step on its loss)
-    DevicesTransform, WrapModelTransform, DecisionsTransform, RankZeroTransform, OwnInitTransform, ProcessGroupTransform,
-    ImportsTransform,
+    # (and its loss classes weight their masked means: FastSpeech2's model/loss.py)
+    DevicesTransform, WrapModelTransform, SelectedMeansTransform, DecisionsTransform, RankZeroTransform, OwnInitTransform,
+    ProcessGroupTransform, ImportsTransform,
 )

@@ -89,7 +89,9 @@ every rank gets rank 0's values, so the folder is made once and every rank names
 
     args = get_args()  ->  args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)
 
-DDP607  a dataset built with ``download=True`` is downloaded by rank 0 first; the other
+DDP607  a dataset built with ``download=True`` (or by a project function or class that fetches
+data on disk: pointMLP's ``ModelNet40(...)``, whose constructor runs wget and unzip) is
+downloaded by rank 0 first; the other
 ranks build it after rank 0 is done (no two processes write the same files) (a warning where
 it runs at import time: the script's own top level above its ``__main__`` block, or a project
 module's top level, imported here)::
@@ -1393,11 +1395,14 @@ class RankZeroTransform(Transform):
     def _downloads(self, owner: cst.CSTNode, original: cst.BaseStatement | None) -> bool:
         if not isinstance(original, cst.SimpleStatementLine) or self._under_rank_guard(original):
             return False
+        # (or a project function or class that fetches data on disk: pointMLP's ModelNet40, whose
+        # constructor runs `wget` and `unzip` through data.py's download())
+        fetching = self.context.neighbours.downloaders
         downloading = any(
             arg.keyword is not None and arg.keyword.value == "download" and self.context.code(arg.value) == "True"
             for call in calls_in(original)
             for arg in call.args
-        )
+        ) or any(dotted(call.func) in fetching for call in calls_in(original))
         if downloading and isinstance(owner, cst.Module) and self.facts.setup_anchor is self.facts.main_guard:
             # Module-level code above the `__main__` block runs before ddp_setup().
             self.context.report(

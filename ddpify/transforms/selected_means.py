@@ -24,11 +24,20 @@ by its selection's share::
     targets = pack_padded_sequence(targets, lengths, batch_first=True).data
     loss = criterion(scores, targets)   ->   loss = ddp_selected_mean(criterion(scores, targets), targets)
 
+A loss class's ``forward`` counts as what backward() takes (``class FastSpeech2Loss(nn.Module)``: in
+the file, a class the file makes; in a project's module, every class named as a loss), and an
+input selected in the branches of a test (``pitch = pitch.masked_select(src_masks)`` under one
+branch, ``mel_masks`` under another) is counted by its own size::
+
+    loss = self.mse_loss(pitch, pitch_targets)   ->   loss = ddp_selected_mean(self.mse_loss(pitch, pitch_targets), pitch)
+
 Only what backward() takes, where every rank computes it (the count's mean is a collective);
 a metric averaged so is left as it is.
 """
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -50,6 +59,10 @@ MEAN_LOSS_MODULES = {
 }
 IGNORING = {"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.nn.CrossEntropyLoss", "torch.nn.NLLLoss"}
 # What a mask is made of: a comparison, a logical test, or a tensor said to be boolean.
+# Methods that reshape a mask and keep it one (what it selects is counted the same, up to a factor)
+RESHAPING = {"unsqueeze", "view", "reshape", "expand", "expand_as", "squeeze", "flatten", "contiguous"}
+# A class whose name says it is a loss
+LOSS_CLASS = re.compile(r"Loss|Criterion", re.IGNORECASE)
 MASK_METHODS = {"bool", "ne", "eq", "gt", "lt", "ge", "le", "isfinite", "logical_and", "logical_or", "logical_not", "detach", "detach_"}
 
 
@@ -74,9 +87,10 @@ class SelectedMeansTransform(Transform):
         self._selected: dict[cst.Call, str] = {}  # loss call -> the selection's code
 
     def check(self) -> None:
-        if not self.facts.has_training_step or not self.facts.wraps and not self.context.model_elsewhere:
-            return
-        for loop in self.facts.training_steps:
+        steps = self._loss_forwards()
+        if self.facts.has_training_step and (self.facts.wraps or self.context.model_elsewhere):
+            steps = [*self.facts.training_steps, *steps]
+        for loop in steps:
             origins = loop_origins(loop)
             if isinstance(loop, cst.FunctionDef):  # (a step or loss function: MCPDepth's trainDisp(..., mask, ...))
                 origins = {**self._given(loop), **origins}
@@ -86,6 +100,23 @@ class SelectedMeansTransform(Transform):
                 selection = self._selection(node, origins)
                 if selection is not None and same_path_on_every_rank(node, self.context.parent):
                     self._selected[node] = selection
+
+    def _loss_forwards(self) -> list[cst.FunctionDef]:
+        """The ``forward`` of each loss class of the file (``class FastSpeech2Loss(nn.Module)``):
+        what it returns is the loss backward() takes where the class trains. Converted alone, a
+        class the file makes (a loss the training calls); in a project's module, every one (the
+        scripts that train with it are converted with it)."""
+        made = {dotted(call.func) for calls in self._calls_bound.values() for call in calls}
+        found = []
+        for node in walk(self.context.module):
+            if not isinstance(node, cst.ClassDef) or not LOSS_CLASS.search(node.name.value):
+                continue
+            if not self.context.is_library and (node.name.value not in made or not self.facts.has_training_step):
+                continue
+            forward = next((f for f in node.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "forward"), None)
+            if forward is not None and any(isinstance(n, cst.Return) and n.value is not None for n in walk(forward.body)):
+                found.append(forward)
+        return found
 
     def _given(self, function: cst.FunctionDef) -> dict[str, list[cst.BaseExpression]]:
         """A loss function's parameters -> what its calls pass for them, read through the names
@@ -128,7 +159,24 @@ class SelectedMeansTransform(Transform):
         if _packed(positional[0], origins) and len(positional) > 1:
             return self.context.code(positional[1])  # (its elements are the batch's tokens: counted by numel)
         mask = self._rebound_selection(positional[0], call) if isinstance(positional[0], cst.Name) else None
-        return self.context.code(mask) if mask is not None and self._a_mask(mask, origins) else None
+        if mask is not None and self._a_mask(mask, origins):
+            return self.context.code(mask)
+        if isinstance(positional[0], cst.Name) and self._selected_in_branches(positional[0].value, origins):
+            return positional[0].value  # (its elements are the selected ones: counted by numel)
+        return None
+
+    def _selected_in_branches(self, name: str, origins: dict[str, list[cst.BaseExpression]]) -> bool:
+        """Is the loss's input bound to a masked selection in the branches of a test before it
+        (FastSpeech2's ``pitch_predictions = pitch_predictions.masked_select(src_masks)`` under
+        ``if self.pitch_feature_level == "phoneme_level":``, ``mel_masks`` under ``elif``), and
+        otherwise only to itself reshaped? Its elements are then the selected ones."""
+        values = origins.get(name, [])
+        selections = [
+            value for value in values
+            if any((mask := _mask_of(node)) is not None and self._a_mask(mask, origins) for node in walk(value))
+        ]
+        others = [value for value in values if value not in selections]
+        return bool(selections) and all(not isinstance(value, cst.Call) or dotted(value.func) is None for value in others)
 
     def _rebound_selection(self, name: cst.Name, call: cst.Call) -> cst.BaseExpression | None:
         """The mask of a selection the loss's input was rebound to in the statements before it
@@ -193,16 +241,30 @@ class SelectedMeansTransform(Transform):
         return list(made.args) if made is not None else []
 
     def _a_mask(self, mask: cst.BaseExpression, origins: dict[str, list[cst.BaseExpression]]) -> bool:
-        """A comparison or a logical test of the batch, written in place or bound in the loop."""
+        """A comparison or a logical test of the batch, written in place or bound in the loop;
+        or whatever ``masked_select`` is given (a mask by what the call is: one drawn from the
+        data, a loss class's parameter)."""
+        holder = self.context.parent(mask)
+        call = self.context.parent(holder) if isinstance(holder, cst.Arg) else None
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "masked_select":
+            return True
         if isinstance(mask, cst.Comparison) or isinstance(mask, cst.UnaryOperation) and isinstance(mask.operator, cst.BitInvert):
             return True
         if isinstance(mask, cst.BinaryOperation) and isinstance(mask.operator, (cst.BitAnd, cst.BitOr)):
             return True
         if isinstance(mask, cst.Call) and isinstance(mask.func, cst.Attribute) and mask.func.attr.value in MASK_METHODS:
             return mask.func.attr.value not in ("detach", "detach_") or self._a_mask(mask.func.value, origins)
+        if isinstance(mask, cst.Call) and isinstance(mask.func, cst.Attribute) and mask.func.attr.value in RESHAPING:
+            return self._a_mask(mask.func.value, origins)  # (FastSpeech2's `mel_masks.unsqueeze(-1)`: the mask again)
         if isinstance(mask, cst.Name):
             return any(self._a_mask(value, {}) for value in origins.get(mask.value, []))
         return False
+
+    def _said(self, call: cst.Call, selection: str) -> str:
+        first = next((arg.value for arg in call.args if arg.keyword is None), None)
+        if first is not None and self.context.code(first) == selection:
+            return f"of `{selection}`, a masked selection (counted by its size)"
+        return f"`{selection}` selects"
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         selection = self._selected.get(original_node)
@@ -212,7 +274,7 @@ class SelectedMeansTransform(Transform):
         self.context.report(
             original_node,
             "DDP135",
-            f"`{self.context.code(original_node)}` averages over the elements `{selection}` selects: each process's mean "
+            f"`{self.context.code(original_node)}` averages over the elements {self._said(original_node, selection)}: each process's mean "
             "is weighted by its count over the mean count across ranks (ddp_selected_mean), so DDP's average is the "
             "mean over every selected element of the global batch, as DataParallel's was",
         )

@@ -1,0 +1,87 @@
+"""DDP145: a loss handed to a trainer of another module gets the whole global batch.
+
+Converted alone, a script that hands its loss to a training function of another project
+module (Deep_Metric's ``train(epoch, model, criterion, optimizer, train_loader, args)`` of
+trainer.py) has its loader sharded at the call, but the step that calls the loss is out of
+reach: each rank would compute it on its share. A loss that compares the batch's samples
+(Binomial, contrastive, lifted-structure), sums over it or divides by a count of it then
+trains another model. Whatever it computes, on the whole global batch it is DataParallel's
+loss: the loss handed on is wrapped so that each call gathers its tensor arguments from
+every process (``ddp_whole_batch``; each share's gradient goes back to its process).
+
+DDP145  a name that holds a loss (``criterion``, ``loss_fn``), made here by a call other than
+one of torch's own losses, handed to a training function of another module::
+
+    criterion = losses.create(args.loss, margin=args.margin)
+    train(epoch, model, criterion, optimizer, train_loader, args)
+    # becomes
+    train(epoch, model, DdpWholeBatchLoss(criterion), optimizer, train_loader, args)
+
+One of torch's losses (``nn.CrossEntropyLoss()``) is a mean over the samples: each rank's
+share gives DDP's mean of the gradients already, and it is handed on as it is. In folder
+mode the trainer's module is converted with the script: its calls of the loss are read there
+(DDP117).
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ddpify.analysis import dotted, walk
+from ddpify.transforms.base import Transform
+
+LOSS_NAME = re.compile(r"loss|criterion|objective", re.IGNORECASE)
+WRAPPER = "DdpWholeBatchLoss"
+
+
+class HandedLossesTransform(Transform):
+    CODE_PREFIX = "DDP14"
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._handed: set[cst.Arg] = set()
+
+    def check(self) -> None:
+        trainers = self.context.neighbours.trainers
+        if not trainers or not (self.facts.wraps or self.context.model_elsewhere):
+            return
+        bindings = self._bindings()
+        for call in (node for node in walk(self.context.module) if isinstance(node, cst.Call)):
+            if dotted(call.func) not in trainers:
+                continue
+            for arg in call.args:
+                name = arg.value.value if isinstance(arg.value, cst.Name) else None
+                made = bindings.get(name) if name and LOSS_NAME.search(name) else None
+                if made is not None and not self._torchs_own(made):
+                    self._handed.add(arg)
+                    self.context.report(
+                        arg,
+                        "DDP145",
+                        f"`{name}` is handed to `{dotted(call.func)}()` of another module, which computes the loss out of "
+                        "sight on each rank's share: as DataParallel computed it, it gets the whole global batch "
+                        "(DdpWholeBatchLoss gathers its arguments from every process, each share's gradient sent back)",
+                    )
+
+    def _bindings(self) -> dict[str, cst.Call]:
+        """Names bound once in the file, to a call (``criterion = losses.create(...)``)."""
+        found: dict[str, list] = {}
+        for node in walk(self.context.module):
+            if isinstance(node, cst.Assign):
+                for target in node.targets:
+                    if isinstance(target.target, cst.Name):
+                        found.setdefault(target.target.value, []).append(node.value)
+        return {name: values[0] for name, values in found.items() if len(values) == 1 and isinstance(values[0], cst.Call)}
+
+    def _torchs_own(self, made: cst.Call) -> bool:
+        """One of torch's losses (``nn.CrossEntropyLoss()``, ``.to(device)`` of one)."""
+        while isinstance(made.func, cst.Attribute) and made.func.attr.value in ("to", "cuda", "cpu") and isinstance(made.func.value, cst.Call):
+            made = made.func.value
+        return any(name.startswith("torch.") for name in self.context.qualified(made.func))
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        if original_node not in self._handed:
+            return updated_node
+        self.context.use_helper(WRAPPER)
+        return updated_node.with_changes(value=cst.Call(func=cst.Name(WRAPPER), args=[cst.Arg(updated_node.value)]))
