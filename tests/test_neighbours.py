@@ -2609,3 +2609,14 @@ def test_a_loss_handed_to_a_project_trainer_gets_the_whole_global_batch(tmp_path
     assert launched.returncode == 0, launched.stderr[-3000:]
     converted = torch.load(tmp_path / "weights.pt")
     assert all(torch.allclose(original[key], converted[key], atol=1e-6) for key in original)
+
+
+def test_a_masked_loss_class_of_another_module_refuses_the_file_alone_naming_folder_mode(tmp_path):
+    # FastSpeech2 (batch 47): model/loss.py's masked means, read only in single-file mode, were
+    # averaged per rank (7% off); the folder converts them (projects/masked_loss_class)
+    from conftest import FIXTURES
+
+    source = FIXTURES / "projects" / "masked_loss_class"
+    project(tmp_path, {name: (source / name).read_text() for name in ("loss.py", "train.py")})
+    result = convert_file(tmp_path / "train.py")
+    assert result.error and any(d.code == "DDP146" and "ddpify convert DIR" in d.message for d in result.diagnostics)

@@ -640,6 +640,34 @@ def test_a_refused_module_no_training_script_reaches_holds_nothing_back(tmp_path
     assert not results["test.py"].changed
 
 
+CALLED_TRAINER = {
+    "training.py": (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\nclass Trainer:\n"
+        "    def __init__(self, batch_size):\n"
+        "        self.loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 2)), batch_size=batch_size)\n\n"
+        "    def __call__(self, model, epoch):\n        model = torch.nn.DataParallel(model)\n"
+        "        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "        for x, y in self.loader:\n            loss = ((model(x) - y) ** 2).mean()\n"
+        "            optimizer.zero_grad()\n            loss.backward()\n            optimizer.step()\n"
+    ),
+    "main.py": (
+        "import torch.nn as nn\nfrom training import Trainer\n\n\nif __name__ == '__main__':\n"
+        "    model = nn.Linear(4, 2)\n    trainer = Trainer(8)\n"
+        "    for epoch in range(2):\n        trainer(model, epoch)\n"
+    ),
+}
+
+
+def test_a_trainer_object_called_like_a_function_trains_through_its_call_method(tmp_path: Path) -> None:
+    # Lipreading-DenseNet3D (batch 48): `trainer(model, epoch)` runs Trainer.__call__, which
+    # trains: main.py was said to train nothing (DDP212) and training.py refused (DDP202)
+    write_project(tmp_path, CALLED_TRAINER)
+    results = convert_tree(tmp_path)
+    assert not any(r.error for r in results.values()), {n: r.diagnostics for n, r in results.items()}
+    assert "ddp_setup()" in results["main.py"].output
+    assert "DistributedSampler(" in results["training.py"].output
+
+
 TEXTBOOK_TRAIN = (
     "import torch\nfrom data import build_loaders\nfrom models import build_model\n\n\ndef main():\n"
     "    model = build_model()\n    train_loader, val_loader = build_loaders(8)\n"

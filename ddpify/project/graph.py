@@ -497,6 +497,8 @@ class Project:
                     continue
             methods = _training_method_names(target[0].class_sources.get(target[1], ""))
             found.update(f"{instance}.{method}" for method in methods if f"{instance}.{method}(" in info.source)
+            if "__call__" in methods and re.search(rf"(?<![\w.]){re.escape(instance)}\s*\(", info.source):
+                found.add(instance)  # (Lipreading-DenseNet3D's `trainer(model, epoch)`: Trainer.__call__ trains)
         return frozenset(found)
 
     def shared_builders(self, info: ModuleInfo) -> frozenset[str]:

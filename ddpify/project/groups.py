@@ -218,7 +218,9 @@ class ProjectConversion:
             # (AttGAN's test.py builds the project's model, whose constructor wraps it, and calls
             # none of its training methods: it evaluates)
             self._evaluation[entry.path] = len(members) > 1 and (
-                not trains or _evaluates_only(self.project, entry, members) or not _reaches_training(entry, members)
+                not trains or _evaluates_only(self.project, entry, members)
+                # (or an object of a project class that trains when called: `trainer(model, epoch)`)
+                or not _reaches_training(entry, members) and not self.project.training_calls(entry)
             )
         return [] if self._evaluation[entry.path] else members
 

@@ -123,6 +123,10 @@ class Neighbours:
     # (pointMLP's ModelNet40, whose constructor reaches data.py's download(): `os.system('wget
     # ...; unzip ...')`), as bound here: rank 0 builds first, the others after it (DDP607)
     downloaders: frozenset[str] = frozenset()
+    # loss classes and functions of those modules that average over what a mask selects inside
+    # (FastSpeech2's model/loss.py: `masked_select` of the padding masks), as bound here: read
+    # only, each rank would average over its own share's selection (folder mode weights them)
+    masked_losses: frozenset[str] = frozenset()
     # functions of those modules that return a mean over what one of their parameters selects
     # (GwcNet's model_loss(disp_ests, disp_gt, mask)), as bound here -> that parameter's position:
     # a training loss that calls one is weighted by its selection's share, as a masked mean
@@ -249,6 +253,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
     readers: set[str] = set()
     evaluators: set[str] = set()
     fetching: set[str] = set()  # downloaders, as bound here
+    masking: set[str] = set()  # masked_losses, as bound here
 
     def as_module(bound: str, summary: ModuleSummary) -> None:
         """A module bound to a name (`import utils`, `from tools import utils`): `bound.name`."""
@@ -274,6 +279,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         readers.update(f"{bound}.{name}" for name in summary.checkpoint_readers)
         evaluators.update(f"{bound}.{name}" for name in summary.writing_evaluators)
         fetching.update(f"{bound}.{name}" for name in summary.downloaders)
+        masking.update(f"{bound}.{name}" for name in summary.masked_losses)
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
@@ -305,7 +311,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
                 for names, kind in (
                     (summing, summary.summing), (pickers, summary.device_pickers), (readers, summary.checkpoint_readers),
                     (evaluators, summary.writing_evaluators), (counted, summary.count_normalized),
-                    (fetching, summary.downloaders),
+                    (fetching, summary.downloaders), (masking, summary.masked_losses),
                 ):
                     names.update(_bind({}, dict.fromkeys(kind), alias))
             for alias in node.names:
@@ -379,7 +385,7 @@ def _read_neighbours(script: Path, tree: ast.Module, folders: list[Path]) -> Nei
         wrapping_modules=tuple(dict.fromkeys(wrapping)), freezing_classes=frozenset(freezing), wrapping_files=tuple(files),
         naming_modules=tuple(dict.fromkeys(naming)), pairwise=frozenset(pairwise), trainers=trainers, idle_parts=idle,
         writing_trainers=frozenset(writing & set(trainers)), memory_banks=frozenset(banks), dp_classes=dp_classes,
-        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, downloading_imports=frozenset(downloading), downloaders=frozenset(fetching), selecting=selecting, device_pickers=frozenset(pickers),
+        wrapping_calls=wrapping_calls, summing=frozenset(summing), summing_parts=summing_parts, downloading_imports=frozenset(downloading), downloaders=frozenset(fetching), masked_losses=frozenset(masking), selecting=selecting, device_pickers=frozenset(pickers),
         checkpoint_readers=frozenset(readers), constructor_loaders=constructed, mutating_writers=mutating,
         writing_evaluators=frozenset(evaluators - writers - set(trainers)), count_normalized=frozenset(counted),
     )
@@ -655,6 +661,7 @@ class ModuleSummary:
     summing_parts: dict[str, int] = field(default_factory=dict)  # see Neighbours
     downloads_at_import: bool = False  # see Neighbours.downloading_imports
     downloaders: frozenset[str] = frozenset()  # see Neighbours
+    masked_losses: frozenset[str] = frozenset()  # see Neighbours
 
 
 _SUMMARISING: set[Path] = set()  # modules whose summary is being made (imports may cycle)
@@ -900,6 +907,11 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.count_normalized, ""))),
         )),
         downloads_at_import=_downloads_at_import(tree),
+        masked_losses=frozenset(
+            node.name for node in tree.body
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and MASKED_LOSS_NAME.search(node.name)
+            and "masked_select(" in ast.unparse(node) and (not isinstance(node, ast.FunctionDef) or selecting_parameter(node) is None)
+        ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.masked_losses, ""))),
         downloaders=_through_calls(
             tree, {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and _fetches_data(node)},
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.downloaders, ""))),
@@ -1096,6 +1108,7 @@ def _downloads_at_import(tree: ast.Module) -> bool:
     )
 
 
+MASKED_LOSS_NAME = re.compile(r"loss|criterion", re.IGNORECASE)
 # Calls that fetch or unpack data (by their last name), and shell commands that do
 FETCHING_CALLS = {
     "urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "download_file_from_google_drive",

@@ -377,7 +377,7 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
     if whole_batches:
         rebuilt = make(dataset, batch_sampler=DdpShard(batches, dataset, per_batch=True, whole=True), **options)
     elif type(batches) is BatchSampler and (type(batches.sampler).__module__ == "torch.utils.data.sampler" or batches.batch_size == 1):
-        shard = DdpShard(batches.sampler, dataset, per_batch=False)
+        shard = DdpShard(batches.sampler, dataset, per_batch=False, drop_last=batches.drop_last)
         # batch_size=1 of single samples (torch's collate): nothing to divide
         local = ddp_local_batch_size(batches.batch_size) if global_batch and batches.batch_size > 1 else batches.batch_size
         rebuilt = make(dataset, local, sampler=shard, drop_last=batches.drop_last, **options)
@@ -657,8 +657,9 @@ class DdpShard(torch.utils.data.Sampler):
     seeded by the epoch), then takes every world-size-th index (padded, so every rank takes
     as many steps), or of a batch sampler its part of each batch (ddp_part)."""
 
-    def __init__(self, sampler, dataset, per_batch, whole=False):
+    def __init__(self, sampler, dataset, per_batch, whole=False, drop_last=False):
         self.sampler, self.dataset, self.per_batch, self.epoch, self.chosen = sampler, dataset, per_batch, 0, None
+        self.drop_last = drop_last  # (the loader drops its last partial batch: the tail is dropped, not padded)
         self.whole = whole  # every rank keeps every batch whole (the model's calls split it)
         self.ddp_own_share = not whole  # (its loader's random draws are this rank's own: ddp_own_data_draws)
 
@@ -683,10 +684,17 @@ class DdpShard(torch.utils.data.Sampler):
             padded = 0 <= len(self.sampler) < 2**30
         except (TypeError, NotImplementedError, ValueError):
             padded = False
+        if padded and self.drop_last:
+            import itertools
+
+            return ddp_every_nth(itertools.islice(drawn, len(self.sampler) // world * world), world, rank, False)
         return ddp_every_nth(drawn, world, rank, padded)
 
     def __len__(self):
-        return len(self.sampler) if self.per_batch else -(-len(self.sampler) // dist.get_world_size())
+        if self.per_batch:
+            return len(self.sampler)
+        world = dist.get_world_size()
+        return len(self.sampler) // world if self.drop_last else -(-len(self.sampler) // world)
 
 
 def ddp_part(batch, world, rank):

@@ -20,6 +20,10 @@ DDP301  sampler added::
     loader = DataLoader(train_set, batch_size=ddp_local_batch_size(64),
                         sampler=DistributedSampler(train_set, shuffle=True))
 
+A loader that drops its last partial batch (``drop_last=True``) gives its sampler the same
+``drop_last``: the tail is dropped instead of padded with repeated samples, and an epoch takes
+as many steps as the original's.
+
 DDP305  a dataset built inside the loader call moves to a variable just above it, so the
 sampler shares it (evaluated once, as before)::
 
@@ -983,9 +987,13 @@ class SamplerTransform(Transform):
             ]
         # single-file mode: its epoch loop runs in a project module (read, not rewritten)
         each_pass = original_node in self.facts.epochs_out_of_sight and bool(self.context.neighbours.trainers)
+        # (the loader's drop_last drops the sampler's tail too, instead of padding it with repeated
+        # samples: as many steps per epoch as the original's, Real_Time_Segmentation's 15 images)
+        dropping = next((arg for arg in original_node.args if arg.keyword is not None and arg.keyword.value == "drop_last"), None)
+        dropped = [keyword("drop_last", dropping.value.deep_clone())] if dropping is not None and self.context.code(dropping.value) != "False" else []
         sampler = cst.Call(
             func=cst.Name("DdpNextEpochSampler" if each_pass else "DistributedSampler"),
-            args=[cst.Arg(dataset.deep_clone()), *placement, keyword("shuffle", shuffle_value)],
+            args=[cst.Arg(dataset.deep_clone()), *placement, keyword("shuffle", shuffle_value), *dropped],
         )
         self.context.report(
             original_node,

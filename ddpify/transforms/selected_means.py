@@ -33,6 +33,12 @@ branch, ``mel_masks`` under another) is counted by its own size::
 
 Only what backward() takes, where every rank computes it (the count's mean is a collective);
 a metric averaged so is left as it is.
+
+DDP146  (refuses; a warning with ``--allow-partial``) single-file mode: the training loss is a
+class or function of another project module that averages over what a mask selects inside
+(FastSpeech2's ``FastSpeech2Loss`` of model/loss.py): read only there, each rank would average
+over its own share's selection. Convert the folder (``ddpify convert DIR``): its means are
+weighted per rank in that module (DDP135).
 """
 
 from __future__ import annotations
@@ -100,6 +106,23 @@ class SelectedMeansTransform(Transform):
                 selection = self._selection(node, origins)
                 if selection is not None and same_path_on_every_rank(node, self.context.parent):
                     self._selected[node] = selection
+                elif self._masked_out_of_reach(node):
+                    self.context.report_unsound(
+                        node,
+                        "DDP146",
+                        f"`{self.context.code(node.func)}` averages over what a mask selects inside a loss of another module, "
+                        "which single-file mode only reads: each rank would average over its own share's selection (another "
+                        "model on padded or masked data); convert the folder (`ddpify convert DIR`): there its means are "
+                        "weighted per rank where they are computed (DDP135)",
+                    )
+
+    def _masked_out_of_reach(self, call: cst.Call) -> bool:
+        """A call of a loss class or function of another project module that selects by a mask
+        inside (neighbours' masked_losses), the script converted alone."""
+        masked = self.context.neighbours.masked_losses if self.context.neighbours else frozenset()
+        name = dotted(call.func) or ""
+        made = self._calls_bound.get(name, []) if isinstance(call.func, (cst.Name, cst.Attribute)) else []
+        return bool(masked) and (name in masked or len(made) == 1 and dotted(made[0].func) in masked)
 
     def _loss_forwards(self) -> list[cst.FunctionDef]:
         """The ``forward`` of each loss class of the file (``class FastSpeech2Loss(nn.Module)``):
