@@ -2620,3 +2620,44 @@ def test_a_masked_loss_class_of_another_module_refuses_the_file_alone_naming_fol
     project(tmp_path, {name: (source / name).read_text() for name in ("loss.py", "train.py")})
     result = convert_file(tmp_path / "train.py")
     assert result.error and any(d.code == "DDP146" and "ddpify convert DIR" in d.message for d in result.diagnostics)
+
+
+METRIC_TRAINER_CLASS = '''class Trainer:
+    def __init__(self, model, criterion):
+        self.model, self.criterion = model, criterion
+
+    def train(self, epoch, loader, optimizer):
+        for x, y in loader:
+            out = self.model(x)
+            loss = self.criterion[0](out, y) + self.criterion[1](out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+'''
+METRIC_BY_OBJECT = METRIC.replace("from trainer import train\n", "from trainer import Trainer\n").replace(
+    'criterion = losses.create("contrastive")\n',
+    'criterion_pair = losses.create("contrastive")\ncriterion_mse = losses.create("contrastive")\n'
+    "criterion = [criterion_pair, criterion_mse]\ntrainer = Trainer(model, criterion)\n",
+).replace("    train(epoch, model, criterion, optimizer, loader)\n", "    trainer.train(epoch, loader, optimizer)\n")
+
+
+def test_losses_handed_to_a_project_trainer_object_in_a_list_get_the_whole_global_batch(tmp_path):
+    # RAGA's open-reid trainer (batch 48): `ImgTrainer(model, [criterion_cls, criterion_tri], ...)`,
+    # its train() calling self.criterion[1] on each rank's half batch (5.4e-4 off; 3.4e-8 now)
+    torch = pytest.importorskip("torch")
+    from conftest import run_launched
+
+    assert "trainer.train(epoch, loader, optimizer)" in METRIC_BY_OBJECT
+    project(tmp_path, {"losses.py": METRIC_LOSSES, "trainer.py": METRIC_TRAINER_CLASS, "train.py": METRIC_BY_OBJECT})
+    subprocess.run([sys.executable, "train.py"], cwd=tmp_path, check=True, timeout=120)
+    original = torch.load(tmp_path / "weights.pt")
+    result = convert_file(tmp_path / "train.py")
+    assert "criterion = [DdpWholeBatchLoss(criterion_pair), DdpWholeBatchLoss(criterion_mse)]" in result.output, result.diagnostics
+    (tmp_path / "train.py").write_text(result.output)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train.py"]
+    launched = run_launched(command, cwd=tmp_path, timeout=240)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    converted = torch.load(tmp_path / "weights.pt")
+    assert all(torch.allclose(original[key], converted[key], atol=1e-5) for key in original), {
+        key: (original[key] - converted[key]).abs().max().item() for key in original
+    }

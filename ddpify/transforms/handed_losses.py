@@ -17,6 +17,11 @@ one of torch's own losses, handed to a training function of another module::
     # becomes
     train(epoch, model, DdpWholeBatchLoss(criterion), optimizer, train_loader, args)
 
+So is one handed to the constructor of a trainer object whose method trains (RAGA's ``trainer =
+ImgTrainer(model, criterion, writer)``, then ``trainer.train(...)``), and each loss of a list of
+them handed on (``criterion = [criterion_cls, criterion_tri]``: each element wrapped where the
+list is made).
+
 One of torch's losses (``nn.CrossEntropyLoss()``) is a mean over the samples: each rank's
 share gives DDP's mean of the gradients already, and it is handed on as it is. In folder
 mode the trainer's module is converted with the script: its calls of the loss are read there
@@ -48,31 +53,48 @@ class HandedLossesTransform(Transform):
         if not trainers or not (self.facts.wraps or self.context.model_elsewhere):
             return
         bindings = self._bindings()
-        for call in (node for node in walk(self.context.module) if isinstance(node, cst.Call)):
-            if dotted(call.func) not in trainers:
+        calls = [node for node in walk(self.context.module) if isinstance(node, cst.Call)]
+        # (and the constructor of a trainer object whose method trains: RAGA's `trainer =
+        # ImgTrainer(model, criterion, writer)`, then `trainer.train(...)`)
+        built = {value for name, value in bindings.items() if any(key.startswith(f"{name}.") for key in trainers)}
+        for call in calls:
+            if dotted(call.func) not in trainers and call not in built:
                 continue
             for arg in call.args:
                 name = arg.value.value if isinstance(arg.value, cst.Name) else None
                 made = bindings.get(name) if name and LOSS_NAME.search(name) else None
-                if made is not None and not self._torchs_own(made):
+                if isinstance(made, cst.Call) and not self._torchs_own(made):
                     self._handed.add(arg)
-                    self.context.report(
-                        arg,
-                        "DDP145",
-                        f"`{name}` is handed to `{dotted(call.func)}()` of another module, which computes the loss out of "
-                        "sight on each rank's share: as DataParallel computed it, it gets the whole global batch "
-                        "(DdpWholeBatchLoss gathers its arguments from every process, each share's gradient sent back)",
-                    )
+                    self._report(arg, name, call)
+                elif isinstance(made, (cst.List, cst.Tuple)):
+                    # (a list of losses the trainer's methods call by position: RAGA's `[criterion_cls, criterion_tri]`)
+                    for element in made.elements:
+                        inner = element.value.value if isinstance(element.value, cst.Name) else None
+                        part = bindings.get(inner) if inner else None
+                        if isinstance(part, cst.Call) and not self._torchs_own(part):
+                            self._handed.add(element)
+                            self._report(element, inner, call)
 
-    def _bindings(self) -> dict[str, cst.Call]:
-        """Names bound once in the file, to a call (``criterion = losses.create(...)``)."""
+    def _report(self, node: cst.CSTNode, name: str, call: cst.Call) -> None:
+        self.context.report(
+            node,
+            "DDP145",
+            f"`{name}` is handed to `{dotted(call.func)}()` of another module, which computes the loss out of "
+            "sight on each rank's share: as DataParallel computed it, it gets the whole global batch "
+            "(DdpWholeBatchLoss gathers its arguments from every process, each share's gradient sent back)",
+        )
+
+    def _bindings(self) -> dict[str, cst.BaseExpression]:
+        """Names bound once in the file, to a call or a list of names (``criterion =
+        losses.create(...)``, ``criterion = [criterion_cls, criterion_tri]``)."""
         found: dict[str, list] = {}
         for node in walk(self.context.module):
             if isinstance(node, cst.Assign):
                 for target in node.targets:
                     if isinstance(target.target, cst.Name):
                         found.setdefault(target.target.value, []).append(node.value)
-        return {name: values[0] for name, values in found.items() if len(values) == 1 and isinstance(values[0], cst.Call)}
+        kept = (cst.Call, cst.List, cst.Tuple)
+        return {name: values[0] for name, values in found.items() if len(values) == 1 and isinstance(values[0], kept)}
 
     def _torchs_own(self, made: cst.Call) -> bool:
         """One of torch's losses (``nn.CrossEntropyLoss()``, ``.to(device)`` of one)."""
@@ -81,6 +103,12 @@ class HandedLossesTransform(Transform):
         return any(name.startswith("torch.") for name in self.context.qualified(made.func))
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return self._wrapped(original_node, updated_node)
+
+    def leave_Element(self, original_node: cst.Element, updated_node: cst.Element) -> cst.Element:
+        return self._wrapped(original_node, updated_node)
+
+    def _wrapped(self, original_node, updated_node):
         if original_node not in self._handed:
             return updated_node
         self.context.use_helper(WRAPPER)
