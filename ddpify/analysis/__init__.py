@@ -66,6 +66,7 @@ from ddpify.analysis.tree import (
     bound_names,
     calls_in,
     dotted,
+    enclosing_function,
     argument_in_slot,
     first_positional,
     innermost_loop,
@@ -89,7 +90,7 @@ __all__ = [
     "DEVICE_COUNT", "EpochHook", "FORWARDING_METHODS", "Facts", "ForeignLoader", "Function", "Guard", "HARMLESS_METHODS",
     "ITERABLE_WRAPPERS", "LoaderSite", "Loop", "NOT_A_PASS", "Problem", "SCHEDULER_WORDS", "STAR_IMPORTED_ROOTS",
     "TRAINING_METHODS", "TRAINING_WORDS", "UNIFORM_CALLS", "WrapSite", "analyze", "batch_length", "bound_names",
-    "argument_in_slot", "calls_in", "dotted", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
+    "argument_in_slot", "calls_in", "dotted", "enclosing_function", "first_positional", "innermost_loop", "is_main_guard", "loop_names_around", "names_in", "same_on_every_rank",
     "same_path_on_every_rank", "star_imported_torch", "star_roots", "under_rank_guard", "walk", "without_gradients", "in_data_loading",
 ]
 

@@ -317,6 +317,14 @@ def without_gradients(node: cst.CSTNode, parent_of, code_of) -> bool:
     return False
 
 
+def enclosing_function(node: cst.CSTNode, parent_of) -> cst.FunctionDef | None:
+    """The function ``node`` is written in (the innermost), None at module level."""
+    node = parent_of(node)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = parent_of(node)
+    return node
+
+
 def innermost_loop(node: cst.CSTNode, parent_of) -> cst.CSTNode | None:
     """The loop right around ``node`` in its function (or the function, or the module)."""
     node = parent_of(node)

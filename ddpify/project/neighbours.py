@@ -909,7 +909,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
         downloads_at_import=_downloads_at_import(tree),
         masked_losses=frozenset(
             node.name for node in tree.body
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and MASKED_LOSS_NAME.search(node.name)
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and LOSS_CLASS_NAME.search(node.name)
             and "masked_select(" in ast.unparse(node) and (not isinstance(node, ast.FunctionDef) or selecting_parameter(node) is None)
         ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.masked_losses, ""))),
         downloaders=_through_calls(
@@ -1108,7 +1108,8 @@ def _downloads_at_import(tree: ast.Module) -> bool:
     )
 
 
-MASKED_LOSS_NAME = re.compile(r"loss|criterion", re.IGNORECASE)
+# A class or function named as a loss (FastSpeech2Loss, `masked_l1_loss`, a Criterion)
+LOSS_CLASS_NAME = re.compile(r"loss|criterion", re.IGNORECASE)
 # Calls that fetch or unpack data (by their last name), and shell commands that do
 FETCHING_CALLS = {
     "urlretrieve", "urlopen", "download_url", "download_and_extract_archive", "download_file_from_google_drive",

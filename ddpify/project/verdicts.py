@@ -138,12 +138,17 @@ def leave_what_no_training_reaches(project: Project, results: dict[Path, FileRes
         info for path, info in modules.items()
         if info.runs and path in results and not any(d.code == "DDP212" for d in results[path].diagnostics)
     ]
+    if not training:
+        return
     reached = {info.path for info in training} | {module.path for info in training for module in project.reachable(info)}
+    importers: dict[Path, list[ModuleInfo]] | None = None  # module -> the modules that import it, directly or not
     for path, result in list(results.items()):
         info = modules.get(path)
-        if not result.error or path in reached or info is None or info.runs or not training:
+        if not result.error or path in reached or info is None or info.runs:
             continue
-        if not _imported_only_by_name(project, info):
+        if importers is None:
+            importers = _importers(project)
+        if not _imported_only_by_name(project, info, importers.get(path, [])):
             continue  # (perhaps found by importlib from a name in a string: a training script may run it)
         errors = [d for d in result.diagnostics if d.severity is Severity.ERROR]
         warning = Diagnostic(
@@ -155,15 +160,23 @@ def leave_what_no_training_reaches(project: Project, results: dict[Path, FileRes
         results[path] = FileResult(str(path), result.source, result.source, (warning,))
 
 
-def _imported_only_by_name(project: Project, info: ModuleInfo) -> bool:
-    """Does a module of the project import ``info`` by name (directly or not), and are it and
-    every module that does so never named in a string (a class path importlib may load:
-    dynamic_refused's `importlib.import_module("mymodel")`, whose module imports nets.py)?"""
-    names = [project.module(name) for name in project.paths]
-    chain = [info, *(module for module in names if info in project.reachable(module))]
-    if len(chain) == 1:
+def _importers(project: Project) -> dict[Path, list[ModuleInfo]]:
+    """Each module of the project -> the modules that import it, directly or not."""
+    found: dict[Path, list[ModuleInfo]] = {}
+    for name in project.paths:
+        module = project.module(name)
+        for reached in project.reachable(module):
+            found.setdefault(reached.path, []).append(module)
+    return found
+
+
+def _imported_only_by_name(project: Project, info: ModuleInfo, importers: list[ModuleInfo]) -> bool:
+    """Does a module of the project import ``info`` by name (directly or not: ``importers``), and
+    are it and every module that does so never named in a string (a class path importlib may
+    load: dynamic_refused's `importlib.import_module("mymodel")`, whose module imports nets.py)?"""
+    if not importers:
         return False
-    for module in chain:
+    for module in [info, *importers]:
         last = re.escape(module.name.rpartition(".")[2])
         # (the module's dotted path, or a class in it: not a file of the same name, 'test.txt')
         quoted = re.compile(rf"[\"'](?:[\w.]*\.)?{last}(?:\.[A-Z]\w*)?[\"']")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, innermost_loop, is_main_guard, under_rank_guard, walk
+from ddpify.analysis import calls_in, dotted, enclosing_function, innermost_loop, is_main_guard, under_rank_guard, walk
 from ddpify.analysis.settled import SettledNames
 from ddpify.transforms.base import Transform
 
@@ -141,7 +141,7 @@ class AgreedBranchesTransform(Transform):
     def _needs_every_rank(self, node: cst.If | cst.While) -> str | None:
         """What in the branch every rank must do alike: a call that may run the model or a
         collective, or a way out of a loop or function that trains."""
-        function = self._function_of(node)
+        function = enclosing_function(node, self.context.parent)
         params = {p.name.value for p in function.params.params} if function is not None else set()
         branches = [node.body, *([node.orelse] if node.orelse is not None else [])]
         for branch in branches:
@@ -171,9 +171,6 @@ class AgreedBranchesTransform(Transform):
             yield parent
             parent = self.context.parent(parent)
 
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        return next((parent for parent in self._ancestors(node) if isinstance(parent, cst.FunctionDef)), None)
-
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         return self._agree(original_node, updated_node)
 
@@ -187,8 +184,7 @@ class AgreedBranchesTransform(Transform):
         keyword = "if" if isinstance(original, cst.If) else "while"
         self.context.use_helper("ddp_agreed")
         # (a hang DDP803 warned of here is gone: every rank takes the same branch)
-        at = self.context.position(original)
-        self.context.diagnostics[:] = [d for d in self.context.diagnostics if not (d.code == "DDP803" and (d.line, d.col) == at)]
+        self.context.withdraw(original, "DDP803")
         self.context.report(
             original,
             "DDP809",

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import calls_in, dotted, innermost_loop, same_path_on_every_rank, under_rank_guard, walk
-from ddpify.transforms.base import Block, Transform
+from ddpify.analysis import calls_in, dotted, enclosing_function, innermost_loop, same_path_on_every_rank, under_rank_guard, walk
+from ddpify.transforms.base import Block, Transform, above, keyword
 
 AGREE, FAILED = "ddp_failures_agreed", "ddp_failed_here"
 # Emitted helpers that never exchange anything with the other ranks
@@ -66,20 +66,14 @@ class AgreedFailuresTransform(Transform):
         that every rank reaches."""
         if not any(_calls_backward(call) for call in calls_in(node.body)):
             return False
-        if innermost_loop(node, self.context.parent) not in scopes and self._function_of(node) not in scopes:
+        if innermost_loop(node, self.context.parent) not in scopes and enclosing_function(node, self.context.parent) not in scopes:
             return False
         if under_rank_guard(node, self.context.parent, self.context.code):
             return False
         return same_path_on_every_rank(node, self.context.parent)
 
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        parent = self.context.parent(node)
-        while parent is not None and not isinstance(parent, cst.FunctionDef):
-            parent = self.context.parent(parent)
-        return parent
-
     def _collective_callees(self, node: cst.Try) -> set[str]:
-        function = self._function_of(node)
+        function = enclosing_function(node, self.context.parent)
         params = {p.name.value for p in function.params.params} if function is not None else set()
         return {
             dotted(call.func) for call in calls_in(node.body)
@@ -89,7 +83,7 @@ class AgreedFailuresTransform(Transform):
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
         if owner in self._handlers:
             first, *rest = block
-            told, statement = _above(_call_line(FAILED), first[1])
+            told, statement = above(_call_line(FAILED), first[1])
             return [(None, told), (first[0], statement), *rest]
         callees = self._steps.get(owner)
         if callees is None:
@@ -103,17 +97,16 @@ class AgreedFailuresTransform(Transform):
         result: Block = []
         for index, (original, updated) in enumerate(block):
             if index == backward:
-                point, updated = _above(_call_line(AGREE, before_backward=True), updated)
+                point, updated = above(_call_line(AGREE, before_backward=True), updated)
                 result.append((None, point))
             elif index == 0 or index < backward and self._exchanges(updated, callees):
-                point, updated = _above(_call_line(AGREE), updated)
+                point, updated = above(_call_line(AGREE), updated)
                 result.append((None, point))
             result.append((original, updated))
         self.context.use_helper(AGREE)
         self.context.use_helper(FAILED)
         # (the hang DDP803 warned of here is gone: every rank takes the except branch together)
-        at = self.context.position(step)
-        self.context.diagnostics[:] = [d for d in self.context.diagnostics if not (d.code == "DDP803" and (d.line, d.col) == at)]
+        self.context.withdraw(step, "DDP803")
         self.context.report(
             step,
             "DDP813",
@@ -145,11 +138,5 @@ def _calls_backward(call: cst.Call) -> bool:
 
 
 def _call_line(name: str, before_backward: bool = False) -> cst.SimpleStatementLine:
-    args = [cst.Arg(cst.Name("True"), keyword=cst.Name("before_backward"), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))] if before_backward else []
+    args = [keyword("before_backward", cst.Name("True"))] if before_backward else []
     return cst.SimpleStatementLine([cst.Expr(cst.Call(func=cst.Name(name), args=args))])
-
-
-def _above(new: cst.BaseStatement, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, cst.BaseStatement]:
-    """``new`` to go right above ``statement``, taking the comments and blank lines above it."""
-    return new.with_changes(leading_lines=statement.leading_lines), statement.with_changes(leading_lines=[])

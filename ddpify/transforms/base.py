@@ -198,6 +198,12 @@ class ConversionContext:
         line, col = self.position(node)
         self.diagnostics.append(Diagnostic(line, col, code, message, severity))
 
+    def withdraw(self, node: cst.CSTNode, code: str) -> None:
+        """Take back a finding reported at ``node`` that a later rewrite made untrue (DDP803's
+        hang, once the ranks decide alike)."""
+        at = self.position(node)
+        self.diagnostics[:] = [d for d in self.diagnostics if not (d.code == code and (d.line, d.col) == at)]
+
     def report_unsound(self, node: cst.CSTNode, code: str, message: str) -> None:
         """A finding that means the result would train wrongly: the file is refused, unless
         the user asked for a partial conversion (then it is a warning)."""
@@ -454,14 +460,6 @@ def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     )
 
 
-def move_leading_lines(source: cst.BaseStatement, target: cst.BaseStatement) -> tuple[Any, Any]:
-    """Give ``target`` the comments and blank lines above ``source`` (for wrapping)."""
-    return (
-        source.with_changes(leading_lines=[]),
-        target.with_changes(leading_lines=[*source.leading_lines, *target.leading_lines]),
-    )
-
-
 def is_header(statement: cst.BaseStatement) -> bool:
     """Docstring and imports at the top of a module: new imports go right after them."""
     if not isinstance(statement, cst.SimpleStatementLine):
@@ -477,6 +475,11 @@ def is_import(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and any(
         isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
     )
+
+
+def above(new: cst.BaseStatement, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, cst.BaseStatement]:
+    """``new`` to go right above ``statement``, taking the comments and blank lines above it."""
+    return new.with_changes(leading_lines=statement.leading_lines), statement.with_changes(leading_lines=[])
 
 
 def option_declaration(nodes, *flags: str, dest: str | None = None) -> cst.Call | None:

@@ -84,7 +84,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, innermost_loop, is_training_call, walk
+from ddpify.analysis import DEVICE_COUNT, batch_length, dotted, enclosing_function, innermost_loop, is_training_call, walk
 from ddpify.analysis.batch_values import with_aliases
 from ddpify.analysis.statistics import names_holding
 from ddpify.analysis.tree import without_moves
@@ -279,7 +279,7 @@ class BatchSizeTransform(Transform):
             if isinstance(node, cst.Assign) and any(dotted(t.target) == name for t in node.targets)
             and isinstance(without_moves(node.value), cst.Call) and self.context.position(node) < at
             and not any(inner is wrap for inner in walk(node.value))  # (not the wrap's own statement)
-            and self._function_of(node) is (scope if isinstance(scope, cst.FunctionDef) else None)
+            and enclosing_function(node, self.context.parent) is (scope if isinstance(scope, cst.FunctionDef) else None)
         ]
         return {without_moves(before[-1].value)} if before else set()
 
@@ -438,7 +438,7 @@ class BatchSizeTransform(Transform):
             return True
         if not isinstance(node, cst.Name):
             return False
-        scope = self._function_of(node) or self.context.module
+        scope = enclosing_function(node, self.context.parent) or self.context.module
         for assign in walk(scope):
             if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
                 continue
@@ -483,20 +483,14 @@ class BatchSizeTransform(Transform):
         value = node.args[0].value
         if not (isinstance(value, cst.Attribute) and value.attr.value == "dataset"):
             return False
-        key = (self._function_of(node), self.context.code(value.value))
+        key = (enclosing_function(node, self.context.parent), self.context.code(value.value))
         return key in self.facts.training_loader_names or key in self.context.run_time_shards
-
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        parent = self.context.parent(node)
-        while parent is not None and not isinstance(parent, cst.FunctionDef):
-            parent = self.context.parent(parent)
-        return parent
 
     def _shard_length(self, length: cst.Call) -> cst.Call:
         self.context.shard_lengths.add(length)
         loader_node = length.args[0].value.value
         loader = self.context.code(loader_node)
-        if (self._function_of(length), loader) in self.context.run_time_shards:
+        if (enclosing_function(length, self.context.parent), loader) in self.context.run_time_shards:
             loader = self.context.shard_call(loader)
             loader_node = cst.parse_expression(loader)
         self.context.report(

@@ -68,7 +68,7 @@ import re
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import calls_in, dotted, in_data_loading, walk
+from ddpify.analysis import calls_in, dotted, enclosing_function, in_data_loading, walk
 from ddpify.diagnostics import Severity
 from ddpify.transforms.base import Block, Transform, append_arg, keyword, keyword_arg, positional_args
 
@@ -113,16 +113,10 @@ class DevicesTransform(Transform):
         statement, value, literal = self._removed_visible[0]
         if literal:
             return repr(value)
-        here, there = self._function_of(read), self._function_of(statement)
+        here, there = enclosing_function(read, self.context.parent), enclosing_function(statement, self.context.parent)
         if here is there or there is None:
             return f"str({value})"
         return '"0"'
-
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        node = self.context.parent(node)
-        while node is not None and not isinstance(node, cst.FunctionDef):
-            node = self.context.parent(node)
-        return node
 
     def leave_SimpleString(self, original_node: cst.SimpleString, updated_node: cst.SimpleString) -> cst.SimpleString:
         value = original_node.evaluated_value
@@ -396,7 +390,7 @@ class DevicesTransform(Transform):
         """``None``, or a parameter of the function around ``call`` whose default is None."""
         if isinstance(value, cst.Name) and value.value == "None":
             return True
-        node = self._function_of(call)
+        node = enclosing_function(call, self.context.parent)
         if not isinstance(value, cst.Name) or node is None:
             return False
         params = [*node.params.params, *node.params.kwonly_params]

@@ -30,14 +30,13 @@ mode the trainer's module is converted with the script: its calls of the loss ar
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from ddpify.analysis import dotted, walk
+from ddpify.analysis.tree import without_moves
+from ddpify.project.neighbours import LOSS_NAME
 from ddpify.transforms.base import Transform
 
-LOSS_NAME = re.compile(r"loss|criterion|objective", re.IGNORECASE)
 WRAPPER = "DdpWholeBatchLoss"
 
 
@@ -98,9 +97,8 @@ class HandedLossesTransform(Transform):
 
     def _torchs_own(self, made: cst.Call) -> bool:
         """One of torch's losses (``nn.CrossEntropyLoss()``, ``.to(device)`` of one)."""
-        while isinstance(made.func, cst.Attribute) and made.func.attr.value in ("to", "cuda", "cpu") and isinstance(made.func.value, cst.Call):
-            made = made.func.value
-        return any(name.startswith("torch.") for name in self.context.qualified(made.func))
+        made = without_moves(made)
+        return isinstance(made, cst.Call) and any(name.startswith("torch.") for name in self.context.qualified(made.func))
 
     def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
         return self._wrapped(original_node, updated_node)

@@ -989,7 +989,7 @@ class SamplerTransform(Transform):
         each_pass = original_node in self.facts.epochs_out_of_sight and bool(self.context.neighbours.trainers)
         # (the loader's drop_last drops the sampler's tail too, instead of padding it with repeated
         # samples: as many steps per epoch as the original's, Real_Time_Segmentation's 15 images)
-        dropping = next((arg for arg in original_node.args if arg.keyword is not None and arg.keyword.value == "drop_last"), None)
+        dropping = keyword_arg(original_node, "drop_last")
         dropped = [keyword("drop_last", dropping.value.deep_clone())] if dropping is not None and self.context.code(dropping.value) != "False" else []
         sampler = cst.Call(
             func=cst.Name("DdpNextEpochSampler" if each_pass else "DistributedSampler"),

@@ -43,12 +43,11 @@ weighted per rank in that module (DDP135).
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, walk
 from ddpify.analysis.tree import calls_bound, loop_origins, names_bound_in, reaching_backward
+from ddpify.project.neighbours import LOSS_CLASS_NAME
 from ddpify.transforms.base import Transform
 
 # torch.nn.functional losses that average over their input's elements (reduction="mean")
@@ -67,8 +66,6 @@ IGNORING = {"torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss",
 # What a mask is made of: a comparison, a logical test, or a tensor said to be boolean.
 # Methods that reshape a mask and keep it one (what it selects is counted the same, up to a factor)
 RESHAPING = {"unsqueeze", "view", "reshape", "expand", "expand_as", "squeeze", "flatten", "contiguous"}
-# A class whose name says it is a loss
-LOSS_CLASS = re.compile(r"Loss|Criterion", re.IGNORECASE)
 MASK_METHODS = {"bool", "ne", "eq", "gt", "lt", "ge", "le", "isfinite", "logical_and", "logical_or", "logical_not", "detach", "detach_"}
 
 
@@ -132,7 +129,7 @@ class SelectedMeansTransform(Transform):
         made = {dotted(call.func) for calls in self._calls_bound.values() for call in calls}
         found = []
         for node in walk(self.context.module):
-            if not isinstance(node, cst.ClassDef) or not LOSS_CLASS.search(node.name.value):
+            if not isinstance(node, cst.ClassDef) or not LOSS_CLASS_NAME.search(node.name.value):
                 continue
             if not self.context.is_library and (node.name.value not in made or not self.facts.has_training_step):
                 continue

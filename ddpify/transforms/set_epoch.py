@@ -40,7 +40,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import EpochHook, walk
-from ddpify.transforms.base import Block, Transform
+from ddpify.transforms.base import Block, Transform, above
 
 COUNTER = "sampler_epoch"
 RANGES = ("range", "trange")
@@ -127,7 +127,7 @@ class SetEpochTransform(Transform):
                 sampler = self._sampler_of(loader)
                 self.context.report(original, "DDP501", f"{sampler}.set_epoch() right before the statement that uses it")
                 every_one = all(call in self.context.sharded_loaders for call in calls)
-                statement, updated = _above(self._set_epoch(sampler, epoch, every_one), updated)
+                statement, updated = above(self._set_epoch(sampler, epoch, every_one), updated)
                 result.append((None, statement))
             result.append((original, updated))
         return result
@@ -161,7 +161,7 @@ class SetEpochTransform(Transform):
                 self.context.report(original, "DDP503", f"each pass over {code} moves its sampler to the next epoch (no epoch loop in sight)")
                 self.context.use_helper("ddp_sampler")
                 self.context.use_helper("ddp_next_epoch")
-                statement, updated = _above(cst.parse_statement(f"ddp_next_epoch({code})"), updated)
+                statement, updated = above(cst.parse_statement(f"ddp_next_epoch({code})"), updated)
                 result.append((None, statement))
             result.append((original, updated))
         return result
@@ -172,15 +172,10 @@ class SetEpochTransform(Transform):
         for original, updated in block:
             hook = self.facts.epoch_hooks.get(original)
             if hook is not None and self._counts_or_sets(hook) and _epoch_variable(original) is None:
-                counter, updated = _above(cst.parse_statement(f"{COUNTER} = 0"), updated)
+                counter, updated = above(cst.parse_statement(f"{COUNTER} = 0"), updated)
                 result.append((None, counter))
             result.append((original, updated))
         return result
-
-
-def _above(new: cst.BaseStatement, statement: cst.BaseStatement) -> tuple[cst.BaseStatement, cst.BaseStatement]:
-    """``new`` to go right above ``statement``, taking the comments and blank lines above it."""
-    return new.with_changes(leading_lines=statement.leading_lines), statement.with_changes(leading_lines=[])
 
 
 def _rebinds(loop: cst.CSTNode, code: str) -> bool:
