@@ -196,6 +196,16 @@ def test_a_phase_loop_prints_each_phase_s_loss_over_its_data_set_as_the_original
         assert numbers(run) == pytest.approx(original, abs=2e-6), run
 
 
+@only("step_results_logged")
+def test_what_a_step_returns_of_its_losses_is_logged_as_the_original_logged_it(runs):
+    # (a dict of numbers handed to a logging helper, a history, a tuple beside an output: DDP814;
+    # an epoch function's meters in a dict it logs and returns: DDP812)
+    numbers = lambda run: [float(n) for line in runs[run].stdout.splitlines() if line.startswith(("step", "epoch")) for n in re.findall(r"\d+\.\d+", line)]  # noqa: E731
+    assert len(numbers("original")) == 40
+    for run in ("ddp", "single"):
+        assert numbers(run) == pytest.approx(numbers("original"), abs=5e-6), run
+
+
 @only("summed_loss")
 def test_a_summed_loss_per_sample_prints_the_original_value(runs):
     numbers = lambda run: [float(line.split()[-1]) for line in lines_with(runs[run].stdout, "loss per sample")]  # noqa: E731

@@ -246,6 +246,7 @@ def test_a_loss_on_the_whole_batch_is_the_loss_itself_without_a_group():
 def test_mean_of_a_cpu_tensor_is_reduced_on_this_process_s_device(monkeypatch):
     seen = []
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: seen.append(tensor))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     value = torch.tensor([3.0])
@@ -273,6 +274,7 @@ def test_an_average_meter_is_combined_over_every_process_s_batches(monkeypatch):
     # rank 0 saw 3 samples summing 6 (last batch 1.0), rank 1 saw 1 summing 4 (last batch 3.0)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: tensor.add_(torch.tensor([4.0, 1.0, 3.0], dtype=tensor.dtype)))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     mine = AverageMeter(1.0, 6.0, 3)
     combined = template.ddp_mean(mine)
@@ -294,6 +296,7 @@ class RunningAverage:
 def test_a_meter_whose_average_is_a_property_is_combined_through_its_sum_and_count(monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor: tensor.add_(torch.tensor([4.0, 1.0, 0.0], dtype=tensor.dtype)))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     assert template.ddp_mean(RunningAverage(6.0, 3)).avg == 2.5
 
@@ -1804,6 +1807,7 @@ def test_named_tuples_of_totals_are_averaged_too(monkeypatch):
     monkeypatch.setattr(template.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(template, "ddp_sum", lambda value, mean=False: value * 10 if not isinstance(value, tuple) else template.ddp_entries(value, mean))
     monkeypatch.setattr(template.dist, "all_reduce", lambda tensor, op=None: None)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     assert template.ddp_entries(Totals(1.0, 2), True) == Totals(10.0, 20)
 
@@ -1815,6 +1819,7 @@ def test_a_running_window_of_losses_is_averaged_entry_by_entry(monkeypatch):
 
     monkeypatch.setattr(template.dist, "get_world_size", lambda: 2)
     monkeypatch.setattr(template.dist, "all_reduce", lambda tensor, op=None: tensor.mul_(2) if op is None else None)
+    monkeypatch.setattr(template.dist, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     window = collections.deque([1.0, 3.0], maxlen=5)
     averaged = template.ddp_mean(window)
@@ -2024,6 +2029,7 @@ def test_sum_of_a_numpy_count_is_reduced_as_a_number(monkeypatch):
         tensor *= 2  # as if another rank held the same value
 
     monkeypatch.setattr(torch.distributed, "all_reduce", doubled)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)  # (a process group: ddp_sum reduces)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
     monkeypatch.setattr(template, "ddp_device", lambda: torch.device("cpu"))
     total = template.ddp_sum(np.int64(3))
@@ -2043,3 +2049,80 @@ def test_a_part_of_a_cut_keeps_its_kind_and_covers_the_cut_once():
     assert all(torch.is_tensor(part) and part.shape == (1, 2) for part in short)
     assert template.ddp_part([4, 5, 6, 7], 2, 1) == [6, 7]
     assert template.ddp_part([], 2, 1) == []
+
+
+def test_a_load_keeps_what_the_cpu_saved_and_brings_gpu_storage_here(tmp_path, monkeypatch):
+    # (a Dataset's tensors saved from the CPU must stay there: forked DataLoader workers cannot use CUDA)
+    path = tmp_path / "data.pt"
+    torch.save({"x": torch.arange(4.0)}, path)
+    assert torch.load(path, map_location=template.ddp_map_location)["x"].device == torch.device("cpu")
+    moved = []
+    monkeypatch.setattr(torch.serialization, "default_restore_location", lambda storage, where: moved.append(where) or storage)
+    storage = torch.arange(2.0).untyped_storage()
+    assert template.ddp_map_location(storage, "cpu") is storage and not moved
+    template.ddp_map_location(storage, "cuda:3")
+    assert moved == [str(template.ddp_device())]
+
+
+def test_a_progress_bar_over_a_loader_draws_from_the_loader_s_shard(monkeypatch):
+    # AttGAN (batch 48): `ddp_shard(progressbar(loader))`, a project helper returning `tqdm(loader)`:
+    # split batch by batch, every rank loaded the whole global batch; the loader under the bar is sharded
+    from tqdm import tqdm
+
+    _as_rank(monkeypatch, 1)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    for _ in range(2):  # (a new bar each epoch, over the same loader: sharded once)
+        bar = tqdm(loader, disable=True)
+        assert template.ddp_shard(bar) is bar and bar.iterable is template.ddp_shard(loader)
+        assert len(bar) == len(loader) and [len(batch[0]) for batch in bar] == [2] * len(loader)
+
+
+def test_a_mean_in_a_process_with_no_group_is_its_own_value():
+    # (an imported module's step returns ddp_mean(...) of its losses: a script that was not converted runs it too)
+    assert not torch.distributed.is_initialized()
+    losses = {"d_loss": 0.5, "gp": torch.tensor(2.0)}
+    assert template.ddp_mean(losses) is losses and template.ddp_mean(1.5) == 1.5
+
+
+POSITIONAL_ENCODING = """
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from ddpify.templates.ddp_setup import ddp_setup, ddp_wrap
+
+
+class PositionalEncoding(nn.Module):  # (the PyTorch tutorial's: its buffer's strides overlap)
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pe", torch.arange(96.0).reshape(6, 16).unsqueeze(0).transpose(0, 1))
+        self.linear = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.linear(x + self.pe[: x.size(0)])
+
+
+ddp_setup()
+model = ddp_wrap(PositionalEncoding())
+model(torch.ones(6, 1, 16)).sum().backward()
+assert torch.equal(model.module.pe, torch.arange(96.0).reshape(6, 1, 16))
+print("trained", dist.get_rank())
+dist.destroy_process_group()
+"""
+
+
+def test_a_buffer_whose_strides_overlap_is_broadcast_as_a_plain_one(tmp_path):
+    # ersatz (batch 49): DDP's buffer broadcast stopped the first forward on both ranks
+    result = _torchrun(tmp_path, POSITIONAL_ENCODING)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["trained", "0"]  # (both ranks trained: rank 1's output is silenced)
+
+
+def test_a_builder_s_loader_is_rebuilt_in_a_world_of_one_too_so_its_epoch_can_be_set(monkeypatch):
+    # OKDDip (batch 49): `ddp_shard(DataLoader(trainset, shuffle=True, **kwargs), everywhere=True)` in the
+    # builder; train.py calls `train_loader.sampler.set_epoch(epoch)`: a SequentialSampler has none
+    _as_rank(monkeypatch, 0, world=1)
+    loader = torch.utils.data.DataLoader(INDICES, batch_size=4)
+    assert template.ddp_shard(loader) is loader
+    rebuilt = template.ddp_shard(loader, everywhere=True)
+    rebuilt.sampler.set_epoch(1)
+    assert [i for batch in rebuilt for i in batch[0].tolist()] == list(range(16))

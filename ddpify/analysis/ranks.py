@@ -360,4 +360,38 @@ def in_data_loading(node: cst.CSTNode, parent_of) -> bool:
         return False
     # (by its name or a base's: LRWDataset(LRWDatasetInterface), whose base subclasses Dataset)
     names = [owner.name.value, *((dotted(base.value) or "").rpartition(".")[2] for base in owner.bases)]
-    return any("Dataset" in name or name.endswith("Sampler") for name in names)
+    if not any("Dataset" in name or name.endswith("Sampler") for name in names):
+        return False
+    # (a method only the constructor calls runs in the main process: DiffASD's preprocessing(),
+    # which writes the features every rank's dataset reads)
+    return function.name.value in _worker_methods(owner)
+
+
+# What DataLoader workers call on a dataset or a sampler.
+WORKER_ENTRIES = ("__getitem__", "__getitems__", "__iter__", "__next__", "__len__")
+
+
+def _worker_methods(cls: cst.ClassDef) -> set[str]:
+    """The methods a DataLoader worker may run: the entries, what they call on ``self``, and so
+    on; a method of the class that none of them calls, nor any other method but the constructor,
+    belongs to the main process (a base class's entries may call it: kept when the class has none)."""
+    methods = {f.name.value: f for f in cls.body.body if isinstance(f, cst.FunctionDef)}
+    if not any(entry in methods for entry in WORKER_ENTRIES):
+        return set(methods) - {"__init__"}
+    called_by = {
+        name: {
+            node.func.attr.value for node in walk(method)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and dotted(node.func.value) == "self"
+        }
+        for name, method in methods.items()
+    }
+    reached = {entry for entry in WORKER_ENTRIES if entry in methods}
+    # (a method the constructor does not call may be the script's own: `dataset.prepare()`, or the base's)
+    reached |= {name for name in methods if name != "__init__" and not any(name in called for caller, called in called_by.items() if caller != name)}
+    pending = list(reached)
+    while pending:
+        for callee in called_by.get(pending.pop(), set()):
+            if callee in methods and callee not in reached and callee != "__init__":
+                reached.add(callee)
+                pending.append(callee)
+    return reached

@@ -57,14 +57,15 @@ def _backward_taken(scope: cst.CSTNode) -> set[str]:
 
 
 def text_value(value: cst.BaseExpression) -> bool:
-    """A string made from values: an f-string, ``"...".format(...)``, ``"..." % x``, ``str(x)``,
-    or a sum that starts with one."""
+    """A string made from values: an f-string, ``"...".format(...)``, ``"...".join(...)``, ``"..." % x``,
+    ``str(x)``, or a sum that starts with one."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Modulo, cst.Multiply)):
         # (`("%10s" * 2) % (...)`: Rotation-RetinaNet's log line)
         return text_value(value.left)
     if isinstance(value, (cst.FormattedString, cst.SimpleString, cst.ConcatenatedString)):
         return True
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("format", "join"):
+        # (and `" ; ".join(...)`: OKDDip's metrics_string)
         return isinstance(value.func.value, (cst.SimpleString, cst.FormattedString))
     return isinstance(value, cst.Call) and dotted(value.func) == "str"
 

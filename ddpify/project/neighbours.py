@@ -913,7 +913,7 @@ def _read_summary(path: Path, script_folders: tuple[Path, ...] = ()) -> ModuleSu
             and "masked_select(" in ast.unparse(node) and (not isinstance(node, ast.FunctionDef) or selecting_parameter(node) is None)
         ) | frozenset(_imported(path, tree, lambda summary: dict.fromkeys(summary.masked_losses, ""))),
         downloaders=_through_calls(
-            tree, {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and _fetches_data(node)},
+            tree, {node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and (_fetches_data(node) or _prepares_data(node))},
             set(_imported(path, tree, lambda summary: dict.fromkeys(summary.downloaders, ""))),
         ),
         summing_parts={
@@ -1136,6 +1136,36 @@ def _fetches_data(definition: ast.AST) -> bool:
             for arg in node.args for part in ast.walk(arg)
         ):
             return True
+    return False
+
+
+# Calls that write data files (by their last name): a dataset's features, a cache
+DATA_WRITING_CALLS = {"save", "savez", "savez_compressed", "savetxt", "dump", "imwrite", "imsave", "write_text", "write_bytes", "to_csv"}
+
+
+def _prepares_data(definition: ast.AST) -> bool:
+    """A Dataset class whose constructor (or a method it calls on ``self``) writes data files:
+    DiffASD's DCASE2022Dataset makes each clip's features, then normalises them in place
+    (``np.load(p)``, ``np.save(p, ...)``). Built by every rank at once, the ranks rewrite the same
+    files under each other; rank 0 builds it first, the others after it (its writes are rank 0's)."""
+    if not isinstance(definition, ast.ClassDef):
+        return False
+    names = [definition.name, *(ast.unparse(base).rpartition(".")[2] for base in definition.bases)]
+    if not any("Dataset" in name for name in names):
+        return False
+    methods = {f.name: f for f in definition.body if isinstance(f, ast.FunctionDef)}
+    pending, reached = ["__init__"], set()
+    while pending:
+        method = methods.get(pending.pop())
+        if method is None or method.name in reached:
+            continue
+        reached.add(method.name)
+        for call in (n for n in ast.walk(method) if isinstance(n, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
+            if name in DATA_WRITING_CALLS or name in ("open", "File") and _write_mode(call):
+                return True
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
+                pending.append(name)
     return False
 
 

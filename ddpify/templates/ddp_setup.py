@@ -300,12 +300,14 @@ class DdpNextEpochSampler(DistributedSampler):
         return order
 
 
-def ddp_shard(loader, global_batch=True, whole_batches=False):
+def ddp_shard(loader, global_batch=True, whole_batches=False, everywhere=False):
     """A training DataLoader rebuilt once with each rank drawing its share of every epoch
     (DataParallel's global batch kept, unless global_batch=False); each pass is the next epoch.
     Anything else the loop draws batches from is split batch by batch (DdpSplit).
-    ``whole_batches``: every rank draws the same whole batches (the model's calls split them)."""
-    if dist.get_world_size() == 1 or getattr(loader, "ddp_sharded", False) or ddp_iterates_a_shard(loader):
+    ``whole_batches``: every rank draws the same whole batches (the model's calls split them).
+    ``everywhere``: rebuilt in a world of one too (a builder's loader whose callers call
+    ``loader.sampler.set_epoch``)."""
+    if dist.get_world_size() == 1 and not everywhere or getattr(loader, "ddp_sharded", False) or ddp_iterates_a_shard(loader):
         return loader
     if isinstance(getattr(loader, "sampler", None), DistributedSampler):
         # sharded where it was built (another module's loader: WoodScape's trainers): each pass that
@@ -354,6 +356,13 @@ def ddp_rebuilt(loader, global_batch, whole_batches=False):
 
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+    inner = getattr(loader, "iterable", None)
+    if type(loader).__module__.split(".")[0] == "tqdm" and isinstance(inner, DataLoader):
+        # a tqdm bar over a DataLoader (made by a helper out of sight: AttGAN's `progressbar(loader)`):
+        # the loader under it is sharded, so each rank loads only its share; the bar shows its length
+        loader.iterable = ddp_shard(inner, global_batch, whole_batches)
+        loader.total = len(loader.iterable)
+        return loader
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         # not a DataLoader (a list of batches, a generator, a project's own loader class, a
         # stream): every rank draws its batches alike, and takes its share of each (or, with
@@ -818,6 +827,15 @@ def ddp_device():
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def ddp_map_location(storage, location):
+    """torch.load's map_location: what was saved on a GPU loads onto this process's device, what
+    was saved on the CPU stays there, as it loaded before (a Dataset's tensors kept off the GPU:
+    forked DataLoader workers cannot use CUDA)."""
+    if location.startswith("cpu"):
+        return storage
+    return torch.serialization.default_restore_location(storage, str(ddp_device()))
+
+
 def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
     """DDP on this process's device; a module with nothing to train (DDP refuses it), or any
     module in a process with no group, is only moved there. With ``keys_unwrapped`` (a head
@@ -832,6 +850,7 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
         part._modules.update({k: c.module for k, c in part._modules.items() if isinstance(c, DistributedDataParallel)})
     module = module.to(ddp_device())
     if dist.is_initialized() and any(p.requires_grad for p in module.parameters()):
+        ddp_plain_buffers(module)
         ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
         module = DdpModel(module, device_ids=ids, **options)
         module.ddp_keys_unwrapped = keys_unwrapped
@@ -842,6 +861,17 @@ def ddp_wrap(module, keys_unwrapped=False, scatter_dim=0, **options):
     if dist.is_initialized():
         DdpModel.watch_steps()
     return module
+
+
+def ddp_plain_buffers(module):
+    """Buffers laid out in memory as a new tensor of their shape would be: DDP's broadcast of the
+    buffers at each forward refuses one whose strides overlap on a dimension of size one (the
+    PyTorch tutorial's positional encoding, ``pe.unsqueeze(0).transpose(0, 1)``: "some elements of
+    the input tensor and the written-to tensor refer to a single memory location")."""
+    for part in module.modules():
+        for name, buffer in part._buffers.items():
+            if buffer is not None and buffer.stride() != torch.empty(buffer.shape, device="meta").stride():
+                part._buffers[name] = buffer.clone(memory_format=torch.contiguous_format)
 
 
 class DdpModel(DistributedDataParallel):
@@ -1275,9 +1305,21 @@ def ddp_selected_mean(loss, selection):
     if dist.get_world_size() == 1 or not torch.is_grad_enabled():
         return loss
     selection = torch.as_tensor(selection)  # (a numpy mask too)
-    count = (selection.sum() if selection.dtype == torch.bool else torch.tensor(selection.numel())).to(ddp_device(), torch.float64)
+    # (a mask counts what it selects; weights of the targets add up; anything else counts its elements)
+    counted = selection.dtype == torch.bool or selection.is_floating_point()
+    count = (selection.detach().sum() if counted else torch.tensor(selection.numel())).to(ddp_device(), torch.float64)
     weight = (count / ddp_mean(count)).to(loss.device, loss.dtype)
     return torch.where(count.to(loss.device) > 0, loss * weight, torch.zeros_like(loss))
+
+
+def ddp_class_weights(weight, target, ignore_index=-100):
+    """What a class-weighted cross entropy or NLL loss's mean divides by, target by target: the
+    weight of each target's class (0 where it is ignored); for targets that are probabilities,
+    one per sample (their mean divides by the batch)."""
+    if target.is_floating_point() or weight is None:
+        return torch.ones(target.shape[0], device=target.device)
+    kept = target != ignore_index
+    return torch.where(kept, weight.to(target.device)[target.masked_fill(~kept, 0)], torch.zeros((), device=target.device))
 
 
 def ddp_mean(value):
@@ -1290,7 +1332,10 @@ def ddp_sum(value, mean=False):
     or tuple of them (a dict of epoch totals, a list of per-epoch losses) entry by entry where
     every rank holds one of the same keys and shapes; an average meter over every process's
     batches; anything else is this rank's own. Reduced on this process's device: NCCL has no
-    CPU path."""
+    CPU path. In a process with no group (an imported module's step, run by a script that was not
+    converted) this process's own."""
+    if not dist.is_initialized():
+        return value
     if isinstance(value, (dict, list, tuple)) or type(value).__name__ == "deque":  # (a running window of losses)
         return ddp_entries(value, mean)
     if ddp_a_meter(value):

@@ -30,6 +30,7 @@ from ddpify.transforms.sampler import SamplerTransform
 from ddpify.transforms.selected_means import SelectedMeansTransform
 from ddpify.transforms.set_epoch import SetEpochTransform
 from ddpify.transforms.shared_statistics import SharedStatisticsTransform
+from ddpify.transforms.step_results import StepResultsTransform
 from ddpify.transforms.summed_losses import SummedLossesTransform
 from ddpify.transforms.wrap_model import WrapModelTransform
 from ddpify.transforms.wrap_placement import WrapPlacementTransform
@@ -55,6 +56,7 @@ TRANSFORMS = (
     LateGradientsTransform,
     DecisionsTransform,
     RankZeroTransform,
+    StepResultsTransform,
     SharedStatisticsTransform,  # (after RankZero's check: never where rank 0 runs alone; RankZero's prints read what it averaged)
     AgreedBranchesTransform,  # (after RankZero: it asks which statements rank 0 runs alone)
     AgreedFailuresTransform,  # (after the others: its points go before the collectives they put in a step)

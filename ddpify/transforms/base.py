@@ -266,13 +266,14 @@ class ConversionContext:
             node = self.parent(node)
         return f"getattr({name}, {quote}module{quote}, {name})"
 
-    def shard_call(self, loader: str, per_process: bool = False, whole_batches: bool = False) -> str:
+    def shard_call(self, loader: str, per_process: bool = False, whole_batches: bool = False, everywhere: bool = False) -> str:
         """``ddp_shard(loader)``: the training loader sharded at run time (emitted code);
-        ``whole_batches``: every rank draws DataParallel's whole batches (the model's calls split them)."""
+        ``whole_batches``: every rank draws DataParallel's whole batches (the model's calls split them);
+        ``everywhere``: rebuilt in a world of one too (a builder's loader whose callers set its epoch)."""
         if whole_batches:
             return f"ddp_shard({loader}, whole_batches=True)"
         batch = ", global_batch=False" if self.options.per_process_batch or per_process else ""
-        return f"ddp_shard({loader}{batch})"
+        return f"ddp_shard({loader}{batch}{', everywhere=True' if everywhere else ''})"
 
     def use_helper(self, name: str) -> None:
         self.helpers_used.add(name)

@@ -33,9 +33,11 @@ DDP703  in-script ``CUDA_VISIBLE_DEVICES`` removed; GPUs are chosen on the launc
     # line: CUDA_VISIBLE_DEVICES=0,3 torchrun --standalone --nproc-per-node=2 train.py
 
 DDP705  ``torch.load`` without ``map_location`` loads onto the device it was saved from
-(usually GPU 0, for every rank): it gets this process's device::
+(usually GPU 0, for every rank): what was saved on a GPU loads onto this process's device, what
+was saved on the CPU stays there (a Dataset's tensors must stay off the GPU for forked
+DataLoader workers)::
 
-    state = torch.load("model.pt")  ->  state = torch.load("model.pt", map_location=ddp_device())
+    state = torch.load("model.pt")  ->  state = torch.load("model.pt", map_location=ddp_map_location)
 
 DDP704  ``torch.cuda.set_device(N)`` on a line of its own is removed: it would put every
 rank on GPU N, over the GPU chosen by set-up (inside an expression it is left alone, a
@@ -366,24 +368,24 @@ class DevicesTransform(Transform):
         if given is not None and self._may_be_none(given.value, original_node):
             # (`map_location=None`, or a helper's `map_location=None` parameter handed on: cuda:0 on every rank)
             shown = self.context.code(given.value)
-            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) where it was given "
-                                f"none (`{shown}`): onto this process's device")
-            chosen = "ddp_device()" if shown == "None" else f"{shown} if {shown} is not None else ddp_device()"
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_map_location) where it was given "
+                                f"none (`{shown}`): what was saved on a GPU onto this process's device, the CPU's kept there")
+            chosen = "ddp_map_location" if shown == "None" else f"{shown} if {shown} is not None else ddp_map_location"
             args = [a.with_changes(value=cst.parse_expression(chosen)) if a.keyword and a.keyword.value == "map_location" else a for a in updated_node.args]
             return updated_node.with_changes(args=args)
         if given is not None:
             return None
         spread = next((i for i, arg in enumerate(updated_node.args) if arg.star == "**"), None)
         if spread is not None:  # (MGN's `torch.load(path, **kwargs)`, kwargs holding map_location on --cpu)
-            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()) unless the "
-                                "call's own keywords choose one: onto this process's device")
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_map_location) unless the "
+                                "call's own keywords choose one: what was saved on a GPU onto this process's device, the CPU's kept there")
             args = list(updated_node.args)
             spread_code = self.context.code(args[spread].value)
-            args[spread] = args[spread].with_changes(value=cst.parse_expression(f'{{"map_location": ddp_device(), **{spread_code}}}'))
+            args[spread] = args[spread].with_changes(value=cst.parse_expression(f'{{"map_location": ddp_map_location, **{spread_code}}}'))
             return updated_node.with_changes(args=args)
         if len(positional_args(original_node)) < 2:
-            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_device()): onto this process's device")
-            return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_device()")))
+            self.context.report(original_node, "DDP705", "torch.load(..., map_location=ddp_map_location): what was saved on a GPU onto this process's device, the CPU's kept there")
+            return append_arg(updated_node, keyword("map_location", cst.parse_expression("ddp_map_location")))
         return None
 
     def _may_be_none(self, value: cst.BaseExpression, call: cst.Call) -> bool:

@@ -90,8 +90,10 @@ every rank gets rank 0's values, so the folder is made once and every rank names
     args = get_args()  ->  args = ddp_from_rank_zero(get_args() if dist.get_rank() == 0 else None)
 
 DDP607  a dataset built with ``download=True`` (or by a project function or class that fetches
-data on disk: pointMLP's ``ModelNet40(...)``, whose constructor runs wget and unzip) is
-downloaded by rank 0 first; the other
+data on disk: pointMLP's ``ModelNet40(...)``, whose constructor runs wget and unzip; or a project
+Dataset class whose constructor writes its data files: DiffASD's features, normalised in place) is
+made by rank 0 first; never a function that also runs the model (rank 0 alone would wait in
+DDP's collectives); the other
 ranks build it after rank 0 is done (no two processes write the same files) (a warning where
 it runs at import time: the script's own top level above its ``__main__`` block, or a project
 module's top level, imported here)::
@@ -116,7 +118,7 @@ save may be in another module: Informer's EarlyStopping, hedwig's trainer)::
     model.load_state_dict(torch.load("best.pt"))
     # becomes
     dist.barrier()
-    model.load_state_dict(torch.load("best.pt", map_location=ddp_device()))
+    model.load_state_dict(torch.load("best.pt", map_location=ddp_map_location))
 
 DDP609  a file handle kept for writing (``self.file = open(path, "w")``, a logger's) is
 opened on rank 0 only; the other ranks write to the null device, a real file whatever is
@@ -167,8 +169,9 @@ or move it into the ``__main__`` block.
 DDP608  a printed loss is the mean across ranks: DataParallel printed the loss of the
 global batch, each DDP rank only has its share. The reduction runs on every rank, just
 before the guard, and only where every rank surely reaches it (conditions on loop
-counters and settings, no exception handler); elsewhere rank 0's own value is printed
-and a warning says so::
+counters and settings, no exception handler; in an imported module, only in a function whose
+own loop trains: every rank calls it); elsewhere rank 0's own value is printed and a warning
+says so::
 
     if i % 100 == 99:
         print(f"loss: {loss.item():.3f}")
@@ -1362,6 +1365,8 @@ class RankZeroTransform(Transform):
             return False
         if self._under_rank_guard(original) or self._inside_guarded(original) or self._inside_unit(original):
             return False
+        if self._in_a_worker(original):
+            return False  # (a Dataset's __getitem__ writing what it loads: each rank's own samples, sharded)
         call = self._side_effect(original.body[0])
         if call is None or any(self._reaches_model(inner) for inner in calls_in(call.func)):
             return False
@@ -1402,7 +1407,11 @@ class RankZeroTransform(Transform):
             arg.keyword is not None and arg.keyword.value == "download" and self.context.code(arg.value) == "True"
             for call in calls_in(original)
             for arg in call.args
-        ) or any(dotted(call.func) in fetching for call in calls_in(original))
+        ) or any(dotted(call.func) in fetching for call in calls_in(original)) and not any(
+            # (a function that builds such a dataset and trains or runs the model with it, DiffASD's
+            # `train(config)`, `cal_metric(model, ...)`: rank 0 alone would wait in DDP's collectives)
+            self._may_run_model_for_a_value(call) for call in calls_in(original) if not _a_class_call(call)
+        )
         if downloading and isinstance(owner, cst.Module) and self.facts.setup_anchor is self.facts.main_guard:
             # Module-level code above the `__main__` block runs before ddp_setup().
             self.context.report(
@@ -1414,7 +1423,7 @@ class RankZeroTransform(Transform):
     def _download_first_on_rank_zero(self, run: list[Pair]) -> Block:
         self.context.add_import("torch.distributed", None, "dist")
         for original, _ in run:
-            self.context.report(original, "DDP607", "rank 0 downloads first; the other ranks wait, then read its files")
+            self.context.report(original, "DDP607", "rank 0 fetches or prepares the data on disk first; the other ranks wait, then read its files")
         (first_original, first), rest = run[0], run[1:]
         before = cst.parse_statement(f"if {self._other_ranks}:\n    dist.barrier()  # rank 0 downloads first\n")
         # (an imported module's, in a process with no group: a script of the project left as it
@@ -1537,7 +1546,8 @@ class RankZeroTransform(Transform):
             where = "this loop also evaluates, on data every rank holds whole"
         elif self.context.own_ddp_path:
             where = "the script's own DDP path runs it, and its DataParallel path has no process group"
-        elif self.context.is_library:
+        elif self.context.is_library and not self._in_a_training_function(original):
+            # (a function that trains is called by every rank: its collectives need them all, DiffASD's train())
             where = "the callers of this imported module's function are not in sight"
         elif self._guarded_above(original):
             where = "only rank 0 runs this line"
@@ -1569,6 +1579,11 @@ class RankZeroTransform(Transform):
             "(an average meter's sum and count are added up; any other object prints rank 0's own values)",
         )
         return original, updated.visit(_AcrossRanks(shown, phase))
+
+    def _in_a_training_function(self, original: cst.BaseStatement) -> bool:
+        """Is the statement in a function whose own loop trains (not a helper it calls)?"""
+        function = self._function_of(original)
+        return function is not None and any(self._function_of(loop) is function for loop in self.facts.training_loops)
 
     @functools.cached_property
     def _called_names(self) -> set[str]:
@@ -1606,6 +1621,8 @@ class RankZeroTransform(Transform):
                 shown[name] = combined[name]
         whole = self._added_up_over_whole_data(original, shown)
         averaged = {name for scope, name in self.context.averaged_statistics if scope is self._function_of(original)}
+        if averaged:  # (and what is made of them: OKDDip's `metrics_string` of the averaged `train_metrics`)
+            averaged = _made_only_from(averaged, self._function_of(original) or self.context.module)
         shown = {name: how for name, how in shown.items() if name not in whole | averaged}
         return {name: "ddp_sum" if self._share_over_whole_data(original, name) else how for name, how in shown.items()}
 
@@ -1796,6 +1813,32 @@ def _a_batch_mean_bound(node: cst.CSTNode, code) -> bool:
     if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
         return False
     return re.search(r"\bmean\(", code(node.value)) is not None or _a_ratio(node.value)
+
+
+def _a_class_call(call: cst.Call) -> bool:
+    """``DCASE2022Dataset(...)``, ``data.ModelNet40(...)``: an object made from a class (by its name)."""
+    return (dotted(call.func) or "_").rpartition(".")[2][:1].isupper()
+
+
+def _made_only_from(averaged: set[str], scope: cst.CSTNode) -> set[str]:
+    """``averaged`` and the names every binding of which in ``scope`` is computed from them
+    (``metrics_string = " ; ".join(... for k, v in train_metrics.items())``): the global values too."""
+    bindings: dict[str, list[cst.BaseExpression]] = {}
+    for node in walk(scope):
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    bindings.setdefault(target.target.value, []).append(node.value)
+        elif isinstance(node, cst.AugAssign) and isinstance(node.target, cst.Name):
+            bindings.setdefault(node.target.value, []).append(None)  # (added to: not made from them alone)
+    found, grown = set(averaged), True
+    while grown:
+        grown = False
+        for name, values in bindings.items():
+            if name not in found and all(value is not None and {n.value for n in names_in(value)} & found for value in values):
+                found.add(name)
+                grown = True
+    return found
 
 
 def _loss_names(call: cst.Call, derived: frozenset[str] = frozenset()) -> list[str]:

@@ -57,6 +57,13 @@ alike, taking its share of each batch::
     # becomes (only the training pass is sharded)
     for inputs, labels in ddp_shard(dataloaders[phase]) if phase == 'train' else dataloaders[phase]:
 
+In a converted project, a training DataLoader that a builder returns to another module's loop, its
+call not rewritable (OKDDip's batch size inside ``**kwargs``), is sharded as the builder makes it::
+
+    trainloader = torch.utils.data.DataLoader(trainset, shuffle=True, **kwargs)
+    # becomes
+    trainloader = ddp_shard(torch.utils.data.DataLoader(trainset, shuffle=True, **kwargs))
+
 DDP313  a training loop that draws its batch by calling the script's own batch function each
 step (``batch_x, batch_y = dataset.slide_seq2seq_batch(bs, L)``, the result fed to the wrapped
 model): every rank draws alike and takes its share of the batch::
@@ -89,7 +96,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, first_positional, innermost_loop, walk, without_gradients
+from ddpify.analysis import TRAINING_WORDS, LoaderSite, bound_names, calls_in, dotted, enclosing_function, first_positional, innermost_loop, walk, without_gradients
 from ddpify.analysis.tree import without_moves
 from ddpify.project.neighbours import imported_project_modules
 from ddpify.analysis.data_sites import (
@@ -118,6 +125,7 @@ class SamplerTransform(Transform):
         # data expression of a training loop (original node) -> (its site, why): wrapped in
         # ddp_shard(...), sharded where the loop draws from it
         self._run_time: dict[cst.BaseExpression, tuple[DataSite, str]] = {}
+        self._built_at_run_time: set[cst.Call] = set()  # of those, loaders another module's loops draw: sharded as made
         # the script's own batch function called by a training loop -> that loop (ddp_drawn)
         self._drawn: dict[cst.Call, cst.CSTNode] = {}
         # what the loop inside a regrouped loader's loop iterates (`batchs`) -> its site: split
@@ -484,13 +492,27 @@ class SamplerTransform(Transform):
             for argument, (trainer, loaders, function) in passed:
                 if argument not in self._run_time:
                     self._run_time[argument] = (DataSite(trainer, argument, loaders, function), reason)
-            if not passed:
+            if not passed and self._returned_for_training(call):
+                # (OKDDip's `dataloader()` of models/data_loader.py, its batch size inside **kwargs,
+                # returns the loader that train.py's loop draws: sharded as it is made, at run time)
+                self._built_at_run_time.add(call)
+                self._run_time[call] = (DataSite(call, call, (call,), self._function_around(call)), reason)
+            elif not passed:
                 self.context.report_unsound(
                     call,
                     "DDP304",
                     f"this training DataLoader cannot be sharded where it is built ({reason}), and no loop of this "
                     "file draws from it where it could be: every rank would train on all the data; shard it by hand",
                 )
+
+    def _returned_for_training(self, call: cst.Call) -> bool:
+        """Is ``call`` in a function whose returned loaders the project's training loops draw
+        (a builder another module calls, ``facts.loader_functions``)?"""
+        function = self._function_around(call)
+        return function is not None and function.name.value in self.facts.loader_functions
+
+    def _function_around(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        return enclosing_function(node, self.context.parent)
 
     def _inner_loop(self, site: DataSite) -> cst.For | None:
         """The loop inside a regrouped site's loop that iterates each loaded item (`for batch in
@@ -558,6 +580,14 @@ class SamplerTransform(Transform):
                 "whole batch (ddp_shard(..., whole_batches=True), alike on every rank), and the wrapped model's calls in "
                 "the loop take their share of their inputs and gather every process's outputs (ddp_scattered), as "
                 "DataParallel's scatter and gather did; the data loading is not divided between the processes")
+        elif original in self._built_at_run_time:
+            self.context.report(
+                original,
+                "DDP312",
+                f"this training DataLoader is sharded as it is made (ddp_shard, at run time): {reason}; the training "
+                f"loops of the modules that call `{site.function.name.value}()` draw from it; {batch}; each pass over it "
+                "is the next epoch",
+            )
         else:
             self.context.report(
                 original,
@@ -565,7 +595,8 @@ class SamplerTransform(Transform):
                 f"`{code}` is sharded where the training loop draws from it (ddp_shard, at run time): {reason}; "
                 f"{batch}; each pass over it is the next epoch",
             )
-        shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped, whole_batches=whole))
+        everywhere = original in self._built_at_run_time  # (the callers' set_epoch needs its sampler in a world of one too)
+        shard = cst.parse_expression(self.context.shard_call("_", per_process=site.regrouped, whole_batches=whole, everywhere=everywhere))
         sharded = shard.with_changes(args=[shard.args[0].with_changes(value=updated), *shard.args[1:]])
         if condition is None:
             return sharded

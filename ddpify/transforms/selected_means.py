@@ -20,6 +20,9 @@ by its selection's share::
     criterion = nn.CrossEntropyLoss(ignore_index=255)
     loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), y != 255)
 
+    criterion = nn.NLLLoss(weight=weights)   # classes weighted: the mean divides by the targets' weights
+    loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), ddp_class_weights(criterion.weight, y))
+
     scores = pack_padded_sequence(scores, lengths, batch_first=True).data
     targets = pack_padded_sequence(targets, lengths, batch_first=True).data
     loss = criterion(scores, targets)   ->   loss = ddp_selected_mean(criterion(scores, targets), targets)
@@ -164,11 +167,20 @@ class SelectedMeansTransform(Transform):
         kind = self._mean_loss(call)
         options = [arg for arg in self._constructor_args(call) + list(call.args) if arg.keyword is not None]
         if kind is None or not call.args or any(
-            arg.keyword.value in ("reduction", "size_average", "reduce", "weight") and not _says_mean(arg.value) for arg in options
+            arg.keyword.value in ("reduction", "size_average", "reduce") and not _says_mean(arg.value) for arg in options
         ):
-            return None  # (a sum, or classes weighted: not a plain mean over the selection)
+            return None  # (a sum: not a mean over the selection)
         ignored = next((arg.value for arg in options if arg.keyword.value == "ignore_index"), None)
         positional = [arg.value for arg in call.args if arg.keyword is None]
+        weighted = next((arg for arg in options if arg.keyword.value == "weight" and not _says_mean(arg.value)), None)
+        if weighted is not None:
+            if kind not in IGNORING or len(positional) < 2:
+                return None  # (an element-wise weight of another loss: a plain mean of weighted terms)
+            # classes weighted (ersatz's `nn.NLLLoss(weight=torch.tensor([args.eos_weight, 1]))`): the mean
+            # divides by the weights of the batch's targets, which differ between shares
+            weight = self.context.code(weighted.value) if weighted in call.args else f"{self.context.code(call.func)}.weight"
+            ignore = f", {self.context.code(ignored)}" if ignored is not None else ""
+            return f"ddp_class_weights({weight}, {self.context.code(positional[1])}{ignore})"
         if ignored is not None and kind in IGNORING and len(positional) > 1:
             target = self.context.code(positional[1])
             return f"{target} != {self.context.code(ignored)}"
@@ -281,6 +293,8 @@ class SelectedMeansTransform(Transform):
         return False
 
     def _said(self, call: cst.Call, selection: str) -> str:
+        if selection.startswith("ddp_class_weights("):
+            return f"of its targets, weighted by class (`{selection}`: the mean divides by their weights' sum)"
         first = next((arg.value for arg in call.args if arg.keyword is None), None)
         if first is not None and self.context.code(first) == selection:
             return f"of `{selection}`, a masked selection (counted by its size)"

@@ -32,6 +32,17 @@ ranks for a share divided by the whole data set's size)::
 
     return total / n   ->   return ddp_mean(total / n)
 
+A loop adds up by ``+=`` or by updating a meter with each batch's number (OKDDip's
+``loss_avg.update(loss.item())``; not a clock's ``batch_time.update(time.time() - end)``), and a dict
+written out of such values is averaged entry by entry::
+
+    train_metrics = {'train_loss': loss_avg.value(), 'train_accTop1': accTop1_avg.value()}
+    # becomes
+    train_metrics = ddp_mean({'train_loss': loss_avg.value(), 'train_accTop1': accTop1_avg.value()})
+
+The callers' names for an averaged return, and text made of it (``metrics_string``), are printed as
+they are (DDP608 adds no second mean).
+
 Only where every rank computes it (conditions on counters and settings, no exception handler,
 no rank guard), in the script itself (an imported module's callers are out of sight), and never
 for a loss that backward() takes (its gradient is DDP's to average).
@@ -47,6 +58,7 @@ from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching
 from ddpify.analysis.data_sites import training_condition
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, names_holding, over_whole_data, text_value
 from ddpify.transforms.base import Transform
+from ddpify.transforms.step_results import bound_results
 
 
 class SharedStatisticsTransform(Transform):
@@ -94,6 +106,14 @@ class SharedStatisticsTransform(Transform):
             if isinstance(scope, cst.FunctionDef):
                 self._plan_returned(scope, loop, added_up)
         self.context.averaged_statistics |= {(self._scope_of(node), name) for node, name in self._averaged.items()}
+        # (and the callers' names for what a training function returns averaged, DDP812: OKDDip's
+        # `train_metrics = train(...)`, then logged: no second mean there)
+        averaged_returns = {self._scope_of(node) for node in [*self._returned, *self._returned_bindings]}
+        if averaged_returns:
+            results = bound_results(self.context.module, self.context.parent)
+            for function in averaged_returns:
+                if isinstance(function, cst.FunctionDef):
+                    self.context.averaged_statistics |= results.get(function.name.value, set())
 
     @property
     def _world_scaled_names(self) -> frozenset[str]:
@@ -225,13 +245,29 @@ def _returned_names(function: cst.CSTNode) -> set[str]:
 
 
 def _added_up(loop: cst.CSTNode, derived: frozenset[str]) -> set[str]:
-    """Names the training loop adds a loss's value to (``loss_sum += loss.item()``)."""
-    return {
+    """Names the training loop adds a loss's value to (``loss_sum += loss.item()``), and meters
+    it updates with each batch's statistic (OKDDip's ``loss_avg.update(loss.item())``, an accuracy
+    meter's ``update(metrics[0].item())``; not a clock's ``batch_time.update(time.time() - end)``)."""
+    sums = {
         node.target.value
         for node in walk(loop)
         if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign)
         and isinstance(node.target, cst.Name) and node.target.value in derived
     }
+    meters = {
+        node.func.value.value
+        for node in walk(loop)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "update"
+        and isinstance(node.func.value, cst.Name) and node.args and node.args[0].keyword is None
+        and not any(name.value == "time" for name in names_in(node.args[0].value))
+        and _a_statistic(node.args[0].value)
+    }
+    return sums | meters
+
+
+def _a_statistic(value: cst.BaseExpression) -> bool:
+    """A batch's number (``loss.item()``, ``acc[0]``, ``float(x)``), not a container or an object made here."""
+    return not constructs(value) and not text_value(value) and not isinstance(value, (cst.Dict, cst.List, cst.Tuple, cst.Set))
 
 
 def _statistic_bound(node: cst.CSTNode, added_up: set[str]) -> str | None:
@@ -245,7 +281,12 @@ def _statistic_bound(node: cst.CSTNode, added_up: set[str]) -> str | None:
         return None
     if not any(found.value in added_up for found in names_in(value)):
         return None
-    if any(isinstance(found, (cst.Lambda, cst.ListComp, cst.List, cst.Dict, cst.Tuple)) for found in walk(value)):
+    # (a dict written out of such numbers, OKDDip's `train_metrics = {'train_loss': loss_avg.value(), ...}`:
+    # averaged entry by entry)
+    parts = [element.value for element in value.elements if isinstance(element, cst.DictElement)] if isinstance(value, cst.Dict) else [value]
+    if isinstance(value, cst.Dict) and len(parts) != len(value.elements):
+        return None
+    if any(isinstance(found, (cst.Lambda, cst.ListComp, cst.List, cst.Dict, cst.Tuple)) for part in parts for found in walk(part)):
         return None
     return name
 

@@ -31,7 +31,7 @@ sent to every rank right after the last change, so every rank trains the same mo
     # becomes
     model = ddp_wrap(model)
     if args.resume:
-        model.load_state_dict(torch.load(args.resume, map_location=ddp_device())["state_dict"])
+        model.load_state_dict(torch.load(args.resume, map_location=ddp_map_location)["state_dict"])
     ddp_broadcast_weights(model)
 """
 
