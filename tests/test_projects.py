@@ -640,6 +640,35 @@ def test_a_refused_module_no_training_script_reaches_holds_nothing_back(tmp_path
     assert not results["test.py"].changed
 
 
+PREPARING_TRAINER = {
+    "dataset.py": (
+        "import numpy as np\nimport torch\nfrom torch.utils.data import Dataset\n\n\nclass Clips(Dataset):\n"
+        "    def __init__(self):\n        self.preprocessing()\n\n"
+        "    def preprocessing(self):\n        for i in range(8):\n            np.save(f'clip_{i}.npy', np.ones(4))\n\n"
+        "    def __getitem__(self, i):\n        return torch.from_numpy(np.load(f'clip_{i}.npy')).float()\n\n"
+        "    def __len__(self):\n        return 8\n"
+    ),
+    "train.py": (
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom dataset import Clips\n\n\ndef train(config):\n"
+        "    loader = DataLoader(Clips(), batch_size=4)\n    model = torch.nn.DataParallel(torch.nn.Linear(4, 1))\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x in loader:\n        loss = model(x).pow(2).mean()\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    ),
+    "main.py": "from train import train\n\n\nif __name__ == '__main__':\n    train({})\n",
+}
+
+
+def test_a_dataset_that_writes_its_files_is_made_by_rank_zero_first_but_not_the_training_around_it(tmp_path: Path) -> None:
+    # DiffASD (batch 49): the dataset's constructor writes the features every rank reads: made
+    # by rank 0 first; `train(config)`, which makes one and trains, is never "rank 0 first" (a hang)
+    write_project(tmp_path, PREPARING_TRAINER)
+    results = convert_tree(tmp_path)
+    assert "DDP607" in {d.code for d in results["train.py"].diagnostics}
+    assert "DDP607" not in {d.code for d in results["main.py"].diagnostics}, results["main.py"].diagnostics
+    assert "if dist.get_rank() == 0:\n            for i in range(8):" in results["dataset.py"].output.replace("ddp_rank()", "dist.get_rank()")
+
+
 CALLED_TRAINER = {
     "training.py": (
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\nclass Trainer:\n"

@@ -30,6 +30,7 @@ class SettledNames:
     def __init__(self, module: cst.Module, parent_of, calls=None) -> None:
         self.module, self.parent_of, self.calls = module, parent_of, calls
         self._bindings: dict[Key, list[Binding]] = {}
+        self._init_only: dict[int, frozenset[str]] = {}  # class id -> its settings (see _set_in_init_only)
         self._unbound: set[Key] = set()
         for node in walk(module):
             self._record(node)
@@ -197,7 +198,51 @@ class SettledNames:
                 key = (id(self.module), name.value)
             if key in self._settled or name.value in self._imported and key not in self._bindings:
                 alike.add(name.value)
+        if "self" not in alike and self._settings_of_self(expr, scope):
+            alike.add("self")
         return alike
+
+    def reads_self_settings(self, expr: cst.BaseExpression, at: cst.CSTNode) -> bool:
+        """Does ``expr`` read ``self`` only through settings of its class (see _settings_of_self)?"""
+        return self._settings_of_self(expr, self._scope_of(at))
+
+    def _settings_of_self(self, expr: cst.BaseExpression, scope: Scope) -> bool:
+        """Does ``expr`` read ``self`` only through attributes its class sets in ``__init__`` alone
+        (MoleculeX's ``self.config['loss']``): settings the object was made with, alike on every rank
+        (never bound again in another method, nor changed in place by an item or attribute set)?"""
+        uses = [node for node in walk(expr) if isinstance(node, cst.Attribute) and dotted(node.value) == "self"]
+        bare = [n for n in walk(expr) if isinstance(n, cst.Name) and n.value == "self"]
+        if not uses or len(uses) != len(bare) or not isinstance(scope, cst.FunctionDef):
+            return False
+        owner = self.parent_of(self.parent_of(scope))
+        if not isinstance(owner, cst.ClassDef):
+            return False
+        settings = self._init_only.get(id(owner))
+        if settings is None:
+            settings = self._init_only[id(owner)] = _set_in_init_only(owner)
+        return all(use.attr.value in settings for use in uses)
+
+
+# Methods that only read what they are called on (a settings dict's `get`).
+READING_METHODS = frozenset({"get", "keys", "items", "values", "copy", "index", "count", "startswith", "endswith", "lower", "upper", "split", "strip", "format"})
+
+
+def _set_in_init_only(cls: cst.ClassDef) -> frozenset[str]:
+    """Attributes a class assigns in ``__init__`` and nowhere else, and never changes in place
+    (``self.config[k] = ...``, ``self.config.x = ...``, ``self.history.append(...)``)."""
+    assigned: dict[str, set[str]] = {}
+    changed: set[str] = set()
+    for method in (f for f in cls.body.body if isinstance(f, cst.FunctionDef)):
+        for node in walk(method):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
+            for target in targets:
+                for part in walk(target):
+                    if isinstance(part, cst.Attribute) and dotted(part.value) == "self":
+                        (assigned.setdefault(part.attr.value, set()).add(method.name.value) if part is target else changed.add(part.attr.value))
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Attribute) \
+                    and dotted(node.func.value.value) == "self" and node.func.attr.value not in READING_METHODS:
+                changed.add(node.func.value.attr.value)  # (a method of it called: it may change itself)
+    return frozenset(name for name, methods in assigned.items() if methods == {"__init__"} and name not in changed)
 
 
 def _selects(value: cst.BaseExpression | None) -> bool:

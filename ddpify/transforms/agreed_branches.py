@@ -108,6 +108,8 @@ class AgreedBranchesTransform(Transform):
         # (what `hasattr`/`isinstance` ask is the object's make, not a value it computed)
         shaped = {id(n) for call in calls_in(node.test) if dotted(call.func) in STRUCTURAL_CALLS for n in walk(call)}
         attributes = [n for n in walk(node.test) if isinstance(n, cst.Attribute) and id(n) not in shaped]
+        # (a setting the object was made with, set in its __init__ alone: MoleculeX's `self.config['loss']`)
+        attributes = [n for n in attributes if not (dotted(n.value) == "self" and self._settled.reads_self_settings(n, node))]
         return not any((dotted(attribute.value) or "") in fed for attribute in attributes)
 
     def _reached_alike(self, node: cst.CSTNode, fed: set[str]) -> bool:

@@ -302,7 +302,9 @@ class DecisionsTransform(Transform):
         none where the test runs the model itself."""
         if any(dotted(call.func) in self.facts.model_names for call in calls_in(test)):
             return set()
-        return {n.value for n in walk(test) if isinstance(n, cst.Name) and "loss" in n.value.lower()}
+        # (a variable, not a field's name: DIP2021's `if args.loss == 'mseloss':` reads a setting)
+        fields = {id(n.attr) for n in walk(test) if isinstance(n, cst.Attribute)}
+        return {n.value for n in walk(test) if isinstance(n, cst.Name) and "loss" in n.value.lower() and id(n) not in fields}
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if original_node in self._stepping_after_loops:

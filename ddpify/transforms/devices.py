@@ -84,7 +84,7 @@ class DevicesTransform(Transform):
         # the CUDA_VISIBLE_DEVICES assignments edit_block removes: what reads of it fall back to
         self._removed_visible: list[tuple[cst.SimpleStatementLine, str, bool]] = []
         for node in walk(self.context.module):
-            found = self._visible_devices_value(node) if isinstance(node, cst.SimpleStatementLine) else None
+            found = self._visible_devices_value(node) if isinstance(node, (cst.SimpleStatementLine, cst.If)) else None
             if found is not None:
                 self._removed_visible.append((node, *found))
 
@@ -339,7 +339,11 @@ class DevicesTransform(Transform):
 
     def _visible_devices_value(self, statement: cst.BaseStatement | None) -> tuple[str, bool] | None:
         """The value of an ``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` statement and whether it
-        is a literal, else None."""
+        is a literal, else None; also of an ``if`` that only sets it, on one line (DIP2021's
+        ``if not args.use_avai_gpus: os.environ['CUDA_VISIBLE_DEVICES'] = args.gpu_devices``)."""
+        if isinstance(statement, cst.If) and statement.orelse is None and isinstance(statement.body, cst.SimpleStatementSuite) \
+                and len(statement.body.body) == 1:
+            return self._visible_devices_value(cst.SimpleStatementLine(body=statement.body.body))
         if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
             return None
         small = statement.body[0]

@@ -354,10 +354,11 @@ class RankZeroTransform(Transform):
         if self.context.qualified(call.func) & SHELL_CALLS and call.args and self._shell_writes(call.args[0].value):
             return call  # `os.system("cp -r ...")`, Chexpert's subprocess.getstatusoutput('cp -R ...')
         if isinstance(call.func, cst.Attribute) and SAVE_METHOD.match(call.func.attr.value) and call.args \
-                and call.func.attr.value not in self._methods_here:
+                and call.func.attr.value not in self._methods_here and not self._from_project(call.func):
             # `image.save(path)` (PIL), Darknet's `cur_model.save_weights(path)`, IIC's
             # `fig.savefig(path)` of `fig, ax = plt.subplots()`: a file written by a method (the
-            # model's own methods are reached through DdpModel)
+            # model's own methods are reached through DdpModel); not a function of a project module
+            # converted with this one (sftrackpp's `utils.save_model(net.module, path)`: guarded there)
             return call
         return None
 
@@ -491,11 +492,71 @@ class RankZeroTransform(Transform):
             return False
         if self._writes_file(original):
             return not any(self._reaches_model(call) for call in calls_in(original))
+        if isinstance(original, cst.For):
+            return self._a_loop_of_writes(original)
         if not isinstance(original, cst.SimpleStatementLine) or len(original.body) != 1:
             return False
         if self._side_effect(original.body[0]) is None:
             return False
         return not any(self._reaches_model(call) for call in calls_in(original))
+
+    def _a_loop_of_writes(self, loop: cst.For) -> bool:
+        """A ``for`` loop that only writes files (DiffASD's features, one ``np.save`` per clip):
+        guarded whole, with one barrier after it, not a guard and a barrier per iteration. Its
+        body: writes, and names bound for them that nothing after the loop reads."""
+        if loop.orelse is not None or loop.asynchronous is not None or not isinstance(loop.body, cst.IndentedBlock):
+            return False
+        if loop in self.facts.training_loops or any(self._reaches_model(call) for call in calls_in(loop)):
+            return False
+        statements = loop.body.body
+        if not all(isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 for statement in statements):
+            return False
+        writes = [statement for statement in statements if self._side_effect(statement.body[0]) is not None]
+        bound = {name for statement in statements if statement not in writes for name in self._names_bound(statement)}
+        if not writes or any(not isinstance(statement.body[0], cst.Assign) or not self._names_bound(statement) for statement in statements if statement not in writes):
+            return False
+        bound |= set(self._names_bound_by_target(loop.target))
+        return not self._read_after(loop, bound)
+
+    def _names_bound(self, statement: cst.SimpleStatementLine) -> list[str]:
+        small = statement.body[0]
+        if not isinstance(small, cst.Assign):
+            return []
+        names = [name for target in small.targets for name in self._names_bound_by_target(target.target)]
+        return names if all(isinstance(target.target, (cst.Name, cst.Tuple, cst.List)) for target in small.targets) else []
+
+    @staticmethod
+    def _names_bound_by_target(target: cst.BaseExpression) -> list[str]:
+        if isinstance(target, cst.Name):
+            return [target.value]
+        if isinstance(target, (cst.Tuple, cst.List)):
+            return [name for element in target.elements for name in RankZeroTransform._names_bound_by_target(element.value)]
+        return ["<not a name>"]
+
+    def _read_after(self, loop: cst.For, names: set[str]) -> bool:
+        """Is one of ``names`` read after the loop in its function, or elsewhere in a loop around
+        it (a next pass reads what the last one bound)? (Read before it, from a binding of its own:
+        DiffASD's `mel` of the loop above.)"""
+        if "<not a name>" in names:
+            return True
+        scope = self._function_of(loop) or self.context.module
+        nodes = walk(scope)
+        inside = {id(node) for node in walk(loop)}
+        start = next(index for index, node in enumerate(nodes) if node is loop)
+        later = nodes[start + len(inside):]
+        around = loop
+        node = self.context.parent(loop)
+        while node is not None and node is not scope:
+            if isinstance(node, (cst.For, cst.While)):
+                around = node
+            node = self.context.parent(node)
+        again = [node for node in walk(around) if id(node) not in inside] if around is not loop else []
+        # (a name the loop around binds again for itself is its own there: DiffASD's `mel = self.makemel(...)`)
+        rebound = {name for node in again if isinstance(node, cst.SimpleStatementLine) and len(node.body) == 1 for name in self._names_bound(node)}
+        rebound |= {name for node in again if isinstance(node, cst.For) for name in self._names_bound_by_target(node.target)}
+        return any(isinstance(node, cst.Name) and node.value in names for node in later) or any(
+            isinstance(node, cst.Name) and node.value in names - rebound for node in again
+        )
 
     def _inside_guarded(self, original: cst.CSTNode) -> bool:
         """Inside a statement that is guarded as a whole (``with open(path, "wb") as f:`` around
@@ -531,6 +592,8 @@ class RankZeroTransform(Transform):
             if all(self._null_device_mode(item.item) is not None for item in original.items):
                 return not any(self._reaches_model(call) for call in calls_in(original))  # (else the null device: _with_file_on_rank_zero)
             return self._safe_to_guard(original)
+        if isinstance(original, cst.For):
+            return self._would_guard(original)
         if not isinstance(original, cst.SimpleStatementLine):
             return False
         calls = [self._side_effect(small) for small in original.body]
@@ -1512,6 +1575,9 @@ class RankZeroTransform(Transform):
             return False
         if isinstance(original, cst.With):
             self.context.report(original, "DDP601", f"file written by rank 0 only (`with open(...)` block){after}")
+            return True
+        if isinstance(original, cst.For):
+            self.context.report(original, "DDP601", f"a loop that only writes files runs on rank 0 only{after}")
             return True
         call = self._side_effect(original.body[0])  # guarded lines hold one statement
         writes = not self.context.qualified(call.func) & SHOWN_ONLY

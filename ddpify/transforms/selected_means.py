@@ -173,6 +173,12 @@ class SelectedMeansTransform(Transform):
         ignored = next((arg.value for arg in options if arg.keyword.value == "ignore_index"), None)
         positional = [arg.value for arg in call.args if arg.keyword is None]
         weighted = next((arg for arg in options if arg.keyword.value == "weight" and not _says_mean(arg.value)), None)
+        if weighted is None and kind in IGNORING:
+            # (by position: `nn.CrossEntropyLoss(class_weights)`, `F.cross_entropy(x, y, class_weights)`)
+            made = [arg for arg in self._constructor_args(call) if arg.keyword is None and not arg.star]
+            given = [arg for arg in call.args if arg.keyword is None and not arg.star]
+            weighted = made[0] if made else given[2] if len(given) > 2 else None
+            weighted = None if weighted is not None and _says_mean(weighted.value) else weighted
         if weighted is not None:
             if kind not in IGNORING or len(positional) < 2:
                 return None  # (an element-wise weight of another loss: a plain mean of weighted terms)

@@ -63,7 +63,14 @@ class StepResultsTransform(Transform):
             origins = loop_origins(function)
             # (the loss's parts, read as numbers: AttGAN's `gc_loss.item()`, a `fit.item()` of `loss = fit + ...`)
             parts = {n.value for e in reaching_backward(function, origins) for n in walk(e) if isinstance(n, cst.Name)} & set(origins)
-            losses = _Losses(loss_derived(function), frozenset(parts))
+            # (a graph kept past backward(), retain_graph=True: a returned loss tensor may be differentiated
+            # again by the caller; only its number is averaged then)
+            kept = any(
+                arg.keyword is not None and arg.keyword.value in ("retain_graph", "create_graph")
+                for node in walk(function) if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "backward" for arg in node.args
+            )
+            losses = _Losses(loss_derived(function), frozenset(parts), numbers_only=kept)
             for node in own_nodes(function):
                 if isinstance(node, cst.Return) and node.value is not None and self._every_rank_reaches(node):
                     for value in self._loss_values(node.value, losses):
@@ -128,6 +135,7 @@ class StepResultsTransform(Transform):
 class _Losses:
     derived: frozenset[str]  # names computed from a loss (or named one)
     parts: frozenset[str]  # names what backward() takes is computed from (a number of one is a loss's part)
+    numbers_only: bool = False  # a tensor may still be differentiated: only `.item()`, `float()` averaged
 
 
 def bound_results(module: cst.Module, parent) -> dict[str, set[tuple[cst.CSTNode, str]]]:
@@ -178,7 +186,7 @@ def _a_loss(value: cst.BaseExpression, losses: _Losses) -> bool:
             return False
     if isinstance(value, cst.Attribute) and value.attr.value == "data":
         value = value.value
-    if not isinstance(value, cst.Name):
+    if not isinstance(value, cst.Name) or losses.numbers_only and not number:
         return False
     return is_loss(value.value, losses.derived) or number and value.value in losses.parts
 
