@@ -1902,3 +1902,33 @@ def test_a_trainer_imported_by_a_name_read_from_a_configuration_is_linked_to_its
     assert not any(result.error for result in results.values())
     assert results["train.py"].changed and results["trainer/base.py"].changed
     assert "DDP101" in {d.code for d in results["trainer/base.py"].diagnostics}
+
+
+NAMESPACE_PACKAGE = {
+    "python/training/dataset.py": (
+        "import urllib.request\nimport torch\nfrom torch.utils.data import Dataset\n\n\n"
+        "def download_labels(folder):\n    urllib.request.urlretrieve('http://example.org/labels.zip', folder + '/labels.zip')\n\n\n"
+        "class Scans(Dataset):\n    def __init__(self):\n        download_labels('labels')\n\n"
+        "    def __getitem__(self, i):\n        return torch.ones(4)\n\n    def __len__(self):\n        return 8\n"
+    ),
+    "python/training/train.py": (
+        "import sys\nfrom pathlib import Path\n\nsys.path.insert(0, str(Path(__file__).resolve().parents[2]))\n\n"
+        "import torch\nfrom torch.utils.data import DataLoader\nfrom python.training.dataset import Scans\n\n\n"
+        "def main():\n    loader = DataLoader(Scans(), batch_size=4)\n    model = torch.nn.DataParallel(torch.nn.Linear(4, 1))\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x in loader:\n"
+        "        loss = model(x).pow(2).mean()\n        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    ),
+}
+
+
+def test_modules_of_a_namespace_package_are_read_in_both_modes(tmp_path: Path) -> None:
+    # visionmap (batch 50): `from python.training.dataset import ...`, no __init__.py anywhere: the
+    # dataset's label download was not seen, every rank downloaded and unzipped at once
+    from ddpify.api import convert_file
+
+    write_project(tmp_path, NAMESPACE_PACKAGE)
+    alone = convert_file(tmp_path / "python/training/train.py")
+    assert "DDP607" in {d.code for d in alone.diagnostics}, alone.diagnostics
+    results = convert_tree(tmp_path)
+    assert "DDP607" in {d.code for d in results["python/training/train.py"].diagnostics}

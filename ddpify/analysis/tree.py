@@ -198,11 +198,13 @@ NUMBER_READS = ("float", "double", "item", "long", "int", "detach", "cpu", "cuda
 
 
 def unconverted(value: cst.BaseExpression) -> cst.BaseExpression:
-    """``n.float()``, ``m.mean().item()``, ``(torch.sum(mask).cpu().data).item()``, ``float(n)``:
-    the value inside its conversions to a number, a device or a detached tensor."""
+    """``n.float()``, ``m.mean().item()``, ``(torch.sum(mask).cpu().data).item()``, ``float(n)``,
+    ``n.to(device)``: the value inside its conversions to a number, a device or a detached tensor."""
     while True:
         if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in NUMBER_READS and not value.args:
             value = value.func.value
+        elif isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda"):
+            value = value.func.value  # (a move to a device: autoplace's `nNeg.float().to(device)`)
         elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("float", "int") and len(value.args) == 1:
             value = value.args[0].value
         elif isinstance(value, cst.Attribute) and value.attr.value == "data":

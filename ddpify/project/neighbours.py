@@ -558,6 +558,11 @@ def search_folders(folder: Path, tree: ast.Module) -> list[Path]:
     tops = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     tops |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level}
     holder = next((up for up in list(folder.parents)[:4] if any((up / top / "__init__.py").is_file() for top in tops)), None)
+    if holder is None:
+        # (or a namespace package, folders without __init__.py: visionmap's `from python.training.dataset
+        # import ...` in python/training/train.py, the repository root put on sys.path at run time)
+        dotted_modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module and not node.level and "." in node.module}
+        holder = next((up for up in list(folder.parents)[:4] if any(_module_file([up], module, 0, folder) for module in dotted_modules)), None)
     if holder is not None and holder not in found:
         found.append(holder)
     # `import _init_paths` (HRNet, Faster R-CNN) puts ../lib on sys.path; 3DMPPE's

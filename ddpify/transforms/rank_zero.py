@@ -226,7 +226,10 @@ SIDE_EFFECTS = {
 OUTPUT_CALLS = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES}
 # Side effects that only show something (no file another rank may read next): no barrier.
 SHOWN_ONLY = {"builtins.print", "sys.stdout.write", "sys.stderr.write", *TQDM_WRITES, *WANDB_CALLS, *TENSORBOARD_LOGGER}
-OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open"}
+OPEN = {"builtins.open", "io.open", "gzip.open", "bz2.open", "lzma.open", "codecs.open", "h5py.File"}
+# Files whose stand-in on the other ranks is one in memory, not the null device (HDF5 writes a
+# structure it seeks in): autoplace's feature cache, `with h5py.File(cache, mode='w') as h5:`
+IN_MEMORY = {"h5py.File"}
 # pathlib writes in one call: the statement runs on rank 0 only, like a `with open(...)` block.
 # (save_pretrained: Hugging Face models and tokenizers write a folder)
 PATH_WRITES = ("write_text", "write_bytes", "save_pretrained", "save_vocabulary", "to_json_file", "to_csv")
@@ -259,6 +262,7 @@ class RankZeroTransform(Transform):
         self._would_guard_memo: dict[tuple[cst.CSTNode, bool], bool] = {}
         self._made_here: set[cst.CSTNode] = set()  # statements making a rank-0-only tracker
         self._fetches: set[cst.Call] = set()  # method results of rank-0-only objects, sent from rank 0
+        self._written_in_memory: set[cst.CSTNode] = set()  # `with` blocks writing an in-memory file on the other ranks
 
     def check(self) -> None:
         # Decided on the original tree before anything is rewritten: the blocks that go under
@@ -1078,6 +1082,11 @@ class RankZeroTransform(Transform):
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
         return mode.value if isinstance(value, str) and not set(value) & set("rx+") else None
 
+    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        while not isinstance(node, cst.BaseStatement):
+            node = self.context.parent(node)
+        return node
+
     def _with_file_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         """``with open(path, "w") as f:`` around code every rank runs (the model, a collective:
         RecycleD's IQA pass prints its results into the file as it evaluates): the block runs
@@ -1085,12 +1094,19 @@ class RankZeroTransform(Transform):
         one file emptied it)."""
         self.context.add_import("torch.distributed", None, "dist")
         self.context.add_import("os", None, None)
+        where = "an in-memory file" if self.context.qualified(original.func) & IN_MEMORY else "the null device"
         self.context.report(
             original, "DDP609",
-            f"{self.context.code(original.func)}(...) opened on rank 0 only (the null device on the others): the block "
+            f"{self.context.code(original.func)}(...) opened on rank 0 only ({where} on the others): the block "
             "also runs code every rank runs",
         )
         stand_in = f"open(os.devnull, {self.context.code(self._null_device_mode(original))})"
+        if self.context.qualified(original.func) & IN_MEMORY:
+            # (every rank creating one HDF5 file: a lock error on one rank, a hang on the others)
+            stand_in = self.context.code(updated)[:-1].rstrip().rstrip(",") + ', driver="core", backing_store=False)'
+            if not updated.args or self.context.code(updated).rstrip()[-1] != ")":
+                stand_in = f"open(os.devnull, {self.context.code(self._null_device_mode(original))})"
+            self._written_in_memory.add(self._statement_of(original))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated)
         return on_rank_zero.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
@@ -1390,6 +1406,9 @@ class RankZeroTransform(Transform):
                 run.append(pair)
             elif pair[1] is not None:
                 result.extend(self._wait_before_load(self._averaged_print(pair)))
+                if pair[0] in self._written_in_memory and self._barrier_reached(pair[0]):
+                    # the others read what rank 0 wrote (a feature cache) only once it is closed
+                    result.append((None, cst.parse_statement("dist.barrier()")))
                 if pair[0] in self._made_here and pairs[at + 1][0] not in self._made_here and self._barrier_reached(pair[0]):
                     # the others wait until rank 0 made it (a SummaryWriter makes its log folder)
                     result.append((None, cst.parse_statement("dist.barrier()")))
@@ -1829,6 +1848,25 @@ class RankZeroTransform(Transform):
         settled = self.context.settled
         return self._same_path_on_every_rank(node, lambda owner: settled is not None and settled.uniform(owner.test, owner))
 
+    @functools.cached_property
+    def _exit_handlers(self) -> frozenset[str]:
+        """Functions the file registers to run at exit or on a signal (autoplace's
+        ``atexit.register(unexpected_exit)``, ``signal.signal(SIGINT, handler)``)."""
+        found = set()
+        for call in calls_in(self.context.module):
+            names = self.context.qualified(call.func)
+            handed = [arg.value for arg in call.args if arg.keyword is None]
+            if names & {"atexit.register"} and handed:
+                found.add(dotted(handed[0]) or "")
+            elif names & {"signal.signal"} and len(handed) > 1:
+                found.add(dotted(handed[1]) or "")
+        for node in walk(self.context.module):
+            if isinstance(node, cst.FunctionDef) and any(
+                self.context.qualified(d.decorator) & {"atexit.register"} for d in node.decorators
+            ):
+                found.add(node.name.value)
+        return frozenset(found - {""})
+
     def _same_path_on_every_rank(self, node: cst.CSTNode, decided=None) -> bool:
         """Within its function, and, for a function of this file, at each of its calls
         (DeepCubeA's copy_files, called under `if last_loss < loss_thresh:`, a value of each
@@ -1841,6 +1879,8 @@ class RankZeroTransform(Transform):
             function = self.context.parent(function)
         if function is None:
             return True
+        if function.name.value in self._exit_handlers:
+            return False  # (run at exit or on a signal: after a crash one rank runs it alone, a barrier there hangs)
         seen, key = self._paths_of_functions, (function, decided is not None)
         if key not in seen:
             seen[key] = True  # (a function that calls itself)
