@@ -33,6 +33,8 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
     # `@make_nograd_func def test_sample(...)`, though it calls the shared process_sample)
     quiet = {function for function in functions if any(NO_GRAD_DECORATOR.search(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator) or "") for d in function.decorators)}
     calls_of = {function: calls_in(function.body) for function in functions}  # (walked once: a converted file has hundreds)
+    own = _own_method_calls(module, calls_of)
+    callees = lambda call: own.get(id(call)) or _callees(call, by_name)  # noqa: E731
     trains = {function for function in functions if function not in quiet and any(is_training_call(call) for call in calls_of[function])}
     switches = {function: _training_switch(function) for function in trains}
     grown = True
@@ -40,18 +42,33 @@ def step_function_calls(module: cst.Module) -> frozenset[str]:
         grown = False
         for function in functions:
             if function not in trains and function not in quiet and any(
-                callee in trains and _trains_at(callee, call, switches) for call in calls_of[function] for callee in _callees(call, by_name)
+                callee in trains and _trains_at(callee, call, switches) for call in calls_of[function] for callee in callees(call)
             ):
                 trains.add(function)
                 grown = True
     named = {
         dotted(call.func)
         for call in calls_in(module)
-        if dotted(call.func) and any(callee in trains and _trains_at(callee, call, switches) for callee in _callees(call, by_name))
+        if dotted(call.func) and any(callee in trains and _trains_at(callee, call, switches) for callee in callees(call))
     }
     # (and the step functions' own names: PatchmatchNet hands `train_sample` on as a value)
     named |= {function.name.value for function in trains if function.name.value in by_name and len(by_name[function.name.value]) == 1}
     return frozenset(named | _step_parameters(functions, by_name, trains, calls_of))
+
+
+def _own_method_calls(module: cst.Module, calls_of: dict) -> dict[int, list[cst.FunctionDef]]:
+    """``self.step(x, y)`` in a method of a class that defines ``step`` -> that method: the
+    class's own, whatever torch's modules and optimizers name alike (a trainer's ``def step(self,
+    batch)`` that runs backward())."""
+    found: dict[int, list[cst.FunctionDef]] = {}
+    for cls in (node for node in walk(module) if isinstance(node, cst.ClassDef)):
+        methods = {f.name.value: f for f in cls.body.body if isinstance(f, cst.FunctionDef)}
+        for method in methods.values():
+            for call in calls_of.get(method, ()):
+                func = call.func
+                if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" and func.attr.value in methods:
+                    found[id(call)] = [methods[func.attr.value]]
+    return found
 
 
 def _step_parameters(functions: list[cst.FunctionDef], by_name: dict, trains: set, calls_of: dict) -> set[str]:
