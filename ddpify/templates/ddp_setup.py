@@ -1296,7 +1296,7 @@ class DdpGathered(torch.autograd.Function):
         return grad[start : start + ctx.sizes[dist.get_rank()]].to(device), None
 
 
-def ddp_selected_mean(loss, selection):
+def ddp_selected_mean(loss, selection, weighted=False):
     """A loss averaged over the elements a mask selects (valid pixels, tokens that are not
     padding), weighted by this process's count over the mean count: DDP's average of the
     processes' gradients is then the mean over every selected element of the global batch, as
@@ -1305,8 +1305,9 @@ def ddp_selected_mean(loss, selection):
     if dist.get_world_size() == 1 or not torch.is_grad_enabled():
         return loss
     selection = torch.as_tensor(selection)  # (a numpy mask too)
-    # (a mask counts what it selects; weights of the targets add up; anything else counts its elements)
-    counted = selection.dtype == torch.bool or selection.is_floating_point()
+    # (a mask counts what it selects; `weighted`: the targets' class weights add up; anything else, an
+    # input's selected elements, counts its elements)
+    counted = selection.dtype == torch.bool or weighted
     count = (selection.detach().sum() if counted else torch.tensor(selection.numel())).to(ddp_device(), torch.float64)
     weight = (count / ddp_mean(count)).to(loss.device, loss.dtype)
     return torch.where(count.to(loss.device) > 0, loss * weight, torch.zeros_like(loss))

@@ -21,7 +21,7 @@ by its selection's share::
     loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), y != 255)
 
     criterion = nn.NLLLoss(weight=weights)   # classes weighted: the mean divides by the targets' weights
-    loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), ddp_class_weights(criterion.weight, y))
+    loss = criterion(out, y)   ->   loss = ddp_selected_mean(criterion(out, y), ddp_class_weights(criterion.weight, y), weighted=True)
 
     scores = pack_padded_sequence(scores, lengths, batch_first=True).data
     targets = pack_padded_sequence(targets, lengths, batch_first=True).data
@@ -318,7 +318,10 @@ class SelectedMeansTransform(Transform):
             "is weighted by its count over the mean count across ranks (ddp_selected_mean), so DDP's average is the "
             "mean over every selected element of the global batch, as DataParallel's was",
         )
-        return cst.Call(func=cst.Name("ddp_selected_mean"), args=[cst.Arg(updated_node), cst.Arg(cst.parse_expression(selection))])
+        args = [cst.Arg(updated_node), cst.Arg(cst.parse_expression(selection))]
+        if selection.startswith("ddp_class_weights("):  # (weights add up; an input's selected elements are counted)
+            args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("weighted"), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+        return cst.Call(func=cst.Name("ddp_selected_mean"), args=args)
 
 
 def _the_value_bound(line: cst.SimpleStatementLine, name: str) -> cst.BaseExpression | None:
