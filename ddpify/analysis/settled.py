@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpify.analysis.ranks import loop_counters_around, same_on_every_rank
+from ddpify.analysis.ranks import UNIFORM_METHODS, loop_counters_around, same_on_every_rank
 from ddpify.analysis.tree import dotted, is_main_guard, names_in, walk
 
 Scope = cst.FunctionDef | cst.Module
@@ -223,8 +223,8 @@ class SettledNames:
         return all(use.attr.value in settings for use in uses)
 
 
-# Methods that only read what they are called on (a settings dict's `get`).
-READING_METHODS = frozenset({"get", "keys", "items", "values", "copy", "index", "count", "startswith", "endswith", "lower", "upper", "split", "strip", "format"})
+# Methods that only read what they are called on (a settings dict's `get`, its views and copies).
+READING_METHODS = frozenset(UNIFORM_METHODS | {"keys", "items", "values", "copy", "format"})
 
 
 def _set_in_init_only(cls: cst.ClassDef) -> frozenset[str]:

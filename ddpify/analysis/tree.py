@@ -397,6 +397,18 @@ def own_nodes(scope: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
+def differentiated(scope: cst.CSTNode) -> set[str]:
+    """Names backward() is called on in ``scope`` (``avg.backward()``): losses whose gradient DDP averages."""
+    return {dotted(node.func.value) for node in walk(scope) if isinstance(node, cst.Call) and is_backward(node)} - {None}
+
+
+def scope_of(node: cst.CSTNode, parent_of) -> cst.CSTNode:
+    """The function ``node`` is written in (the innermost), else the module."""
+    while not isinstance(node, (cst.FunctionDef, cst.Module)):
+        node = parent_of(node)
+    return node
+
+
 def statement_of(node: cst.CSTNode | None, parent_of) -> cst.BaseStatement | None:
     """The statement a node is part of."""
     while node is not None and not isinstance(node, cst.BaseStatement):

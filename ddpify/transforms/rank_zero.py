@@ -195,9 +195,9 @@ from libcst.metadata import ScopeProvider
 
 from ddpify.analysis import calls_in, dotted, in_data_loading, innermost_loop, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.tree import calls_bound
+from ddpify.analysis.tree import calls_bound, statement_of
 from ddpify.analysis.data_sites import training_condition
-from ddpify.analysis.statistics import is_loss as _is_loss, loss_derived as _loss_derived, names_holding, over_whole_data, text_value as _text
+from ddpify.analysis.statistics import constructs, is_loss as _is_loss, loss_derived as _loss_derived, names_holding, over_whole_data, text_value as _text
 from ddpify.analysis.guard_units import EXISTENCE_CHECKS, REMOVERS, GuardUnits, argument_escapes, bound_target, path_code, stand_in_escapes
 from ddpify.names import FILE_WRITERS, TRACKER_FACTORIES, WRITE_MODES
 from ddpify.diagnostics import Severity
@@ -1082,11 +1082,6 @@ class RankZeroTransform(Transform):
         value = getattr(mode.value, "evaluated_value", None) if mode is not None else None
         return mode.value if isinstance(value, str) and not set(value) & set("rx+") else None
 
-    def _statement_of(self, node: cst.CSTNode) -> cst.CSTNode:
-        while not isinstance(node, cst.BaseStatement):
-            node = self.context.parent(node)
-        return node
-
     def _with_file_on_rank_zero(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         """``with open(path, "w") as f:`` around code every rank runs (the model, a collective:
         RecycleD's IQA pass prints its results into the file as it evaluates): the block runs
@@ -1106,7 +1101,7 @@ class RankZeroTransform(Transform):
             stand_in = self.context.code(updated)[:-1].rstrip().rstrip(",") + ', driver="core", backing_store=False)'
             if not updated.args or self.context.code(updated).rstrip()[-1] != ")":
                 stand_in = f"open(os.devnull, {self.context.code(self._null_device_mode(original))})"
-            self._written_in_memory.add(self._statement_of(original))
+            self._written_in_memory.add(statement_of(original, self.context.parent))
         on_rank_zero = cst.parse_expression(f"_ if {self._rank_zero} else {stand_in}").with_changes(body=updated)
         return on_rank_zero.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
@@ -1492,7 +1487,7 @@ class RankZeroTransform(Transform):
         ) or any(dotted(call.func) in fetching for call in calls_in(original)) and not any(
             # (a function that builds such a dataset and trains or runs the model with it, DiffASD's
             # `train(config)`, `cal_metric(model, ...)`: rank 0 alone would wait in DDP's collectives)
-            self._may_run_model_for_a_value(call) for call in calls_in(original) if not _a_class_call(call)
+            self._may_run_model_for_a_value(call) for call in calls_in(original) if not constructs(call)
         )
         if downloading and isinstance(owner, cst.Module) and self.facts.setup_anchor is self.facts.main_guard:
             # Module-level code above the `__main__` block runs before ddp_setup().
@@ -1919,11 +1914,6 @@ def _a_batch_mean_bound(node: cst.CSTNode, code) -> bool:
     if not (isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)):
         return False
     return re.search(r"\bmean\(", code(node.value)) is not None or _a_ratio(node.value)
-
-
-def _a_class_call(call: cst.Call) -> bool:
-    """``DCASE2022Dataset(...)``, ``data.ModelNet40(...)``: an object made from a class (by its name)."""
-    return (dotted(call.func) or "_").rpartition(".")[2][:1].isupper()
 
 
 def _made_only_from(averaged: set[str], scope: cst.CSTNode) -> set[str]:

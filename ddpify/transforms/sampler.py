@@ -496,7 +496,7 @@ class SamplerTransform(Transform):
                 # (OKDDip's `dataloader()` of models/data_loader.py, its batch size inside **kwargs,
                 # returns the loader that train.py's loop draws: sharded as it is made, at run time)
                 self._built_at_run_time.add(call)
-                self._run_time[call] = (DataSite(call, call, (call,), self._function_around(call)), reason)
+                self._run_time[call] = (DataSite(call, call, (call,), enclosing_function(call, self.context.parent)), reason)
             elif not passed:
                 self.context.report_unsound(
                     call,
@@ -508,11 +508,8 @@ class SamplerTransform(Transform):
     def _returned_for_training(self, call: cst.Call) -> bool:
         """Is ``call`` in a function whose returned loaders the project's training loops draw
         (a builder another module calls, ``facts.loader_functions``)?"""
-        function = self._function_around(call)
+        function = enclosing_function(call, self.context.parent)
         return function is not None and function.name.value in self.facts.loader_functions
-
-    def _function_around(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        return enclosing_function(node, self.context.parent)
 
     def _inner_loop(self, site: DataSite) -> cst.For | None:
         """The loop inside a regrouped site's loop that iterates each loaded item (`for batch in

@@ -54,7 +54,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, names_in, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.entry import callers_run_after_setup, runs_after_setup
-from ddpify.analysis.tree import derived_from, loop_origins, own_nodes, reaching_backward, unconverted
+from ddpify.analysis.tree import derived_from, differentiated, scope_of, loop_origins, own_nodes, reaching_backward, unconverted
 from ddpify.analysis.data_sites import training_condition
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, names_holding, over_whole_data, text_value
 from ddpify.transforms.base import Transform
@@ -82,14 +82,14 @@ class SharedStatisticsTransform(Transform):
         for loop in self.facts.training_loops:
             scope = self._scope_of(loop)
             added_up = _added_up(loop, derived)
-            tested, differentiated = _tested_names(scope), _differentiated(scope)
+            tested, taken = _tested_names(scope), differentiated(scope)
             # (a training function's returned statistic: its callers decide, save or log from it, DDP812)
             returned = _returned_names(scope) if self._returns_its_statistics(scope, loop) else set()
             fed_back = _read_by_the_losses(loop)
             for node in own_nodes(scope):
                 number = _loss_number_bound(node, derived)
                 name = _statistic_bound(node, added_up) or number
-                if name is None or name in differentiated or differentiated & added_up:
+                if name is None or name in taken or taken & added_up:
                     continue
                 controls = number is not None and bool(derived_from({name}, loop.body) & fed_back)
                 if (name in tested or controls or name in returned) and self._every_rank_computes(node):
@@ -147,9 +147,7 @@ class SharedStatisticsTransform(Transform):
                 self._returned[value] = added_up
 
     def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
-        while not isinstance(node, (cst.FunctionDef, cst.Module)):
-            node = self.context.parent(node)
-        return node
+        return scope_of(node, self.context.parent)
 
     def _every_rank_computes(self, node: cst.Assign) -> bool:
         """On every rank's path in its function, not for rank 0 alone (a rank guard, or a block
@@ -323,12 +321,3 @@ def _tested_names(scope: cst.CSTNode) -> set[str]:
         if isinstance(node, (cst.If, cst.While, cst.IfExp))
         for found in names_in(node.test)
     }
-
-
-def _differentiated(scope: cst.CSTNode) -> set[str]:
-    """Names backward() is called on (``avg.backward()``): a loss whose gradient DDP averages."""
-    return {
-        dotted(node.func.value)
-        for node in walk(scope)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
-    } - {None}

@@ -36,7 +36,7 @@ import libcst as cst
 
 from ddpify.analysis import dotted, same_path_on_every_rank, under_rank_guard, walk
 from ddpify.analysis.statistics import constructs, is_loss, loss_derived, text_value
-from ddpify.analysis.tree import loop_origins, own_nodes, reaching_backward
+from ddpify.analysis.tree import differentiated, is_backward, scope_of, loop_origins, own_nodes, reaching_backward
 from ddpify.transforms.base import Transform
 
 # Calls that only read a loss's number: `loss.item()`, `loss.detach()`, `float(loss)`.
@@ -63,14 +63,7 @@ class StepResultsTransform(Transform):
             origins = loop_origins(function)
             # (the loss's parts, read as numbers: AttGAN's `gc_loss.item()`, a `fit.item()` of `loss = fit + ...`)
             parts = {n.value for e in reaching_backward(function, origins) for n in walk(e) if isinstance(n, cst.Name)} & set(origins)
-            # (a graph kept past backward(), retain_graph=True: a returned loss tensor may be differentiated
-            # again by the caller; only its number is averaged then)
-            kept = any(
-                arg.keyword is not None and arg.keyword.value in ("retain_graph", "create_graph")
-                for node in walk(function) if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value == "backward" for arg in node.args
-            )
-            losses = _Losses(loss_derived(function), frozenset(parts), numbers_only=kept)
+            losses = _Losses(loss_derived(function), frozenset(parts), numbers_only=_keeps_graph(function))
             for node in own_nodes(function):
                 if isinstance(node, cst.Return) and node.value is not None and self._every_rank_reaches(node):
                     for value in self._loss_values(node.value, losses):
@@ -103,7 +96,7 @@ class StepResultsTransform(Transform):
         )
 
     def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
-        return _scope_of(node, self.context.parent)
+        return scope_of(node, self.context.parent)
 
     def leave_Return(self, original_node: cst.Return, updated_node: cst.Return) -> cst.Return:
         if original_node.value in self._averaged:
@@ -144,26 +137,32 @@ def bound_results(module: cst.Module, parent) -> dict[str, set[tuple[cst.CSTNode
     keeps: the names that hold a function's averaged return (DDP608 prints them as they are)."""
     found: dict[str, set] = {}
     refused: set[str] = set()
+    taken: dict[int, set[str]] = {}  # scope -> what backward() is called on there (walked once per scope)
     for node in walk(module):
         if not (isinstance(node, cst.Assign) and isinstance(node.value, cst.Call)):
             continue
         name = (dotted(node.value.func) or "").rpartition(".")[2]
-        scope = _scope_of(node, parent)
+        scope = scope_of(node, parent)
         for target in node.targets:
             elements = target.target.elements if isinstance(target.target, (cst.Tuple, cst.List)) else [target.target]
             for element in elements:
                 element = element.value if isinstance(element, cst.BaseElement) else element
                 if isinstance(element, cst.Name):
                     found.setdefault(name, set()).add((scope, element.value))
-                    if element.value in _differentiated(scope):
+                    if id(scope) not in taken:
+                        taken[id(scope)] = differentiated(scope)
+                    if element.value in taken[id(scope)]:
                         refused.add(name)
     return {name: uses for name, uses in found.items() if name not in refused}
 
 
-def _scope_of(node: cst.CSTNode, parent) -> cst.CSTNode:
-    while not isinstance(node, (cst.FunctionDef, cst.Module)):
-        node = parent(node)
-    return node
+def _keeps_graph(function: cst.FunctionDef) -> bool:
+    """A graph kept past backward() (``retain_graph=True``): a returned loss tensor may be
+    differentiated again by the caller, so only its number is averaged."""
+    return any(
+        arg.keyword is not None and arg.keyword.value in ("retain_graph", "create_graph")
+        for node in walk(function) if isinstance(node, cst.Call) and is_backward(node) for arg in node.args
+    )
 
 
 def _a_loss(value: cst.BaseExpression, losses: _Losses) -> bool:
@@ -189,12 +188,3 @@ def _a_loss(value: cst.BaseExpression, losses: _Losses) -> bool:
     if not isinstance(value, cst.Name) or losses.numbers_only and not number:
         return False
     return is_loss(value.value, losses.derived) or number and value.value in losses.parts
-
-
-def _differentiated(scope: cst.CSTNode) -> set[str]:
-    """Names backward() is called on in ``scope``."""
-    return {
-        dotted(node.func.value)
-        for node in walk(scope)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "backward"
-    } - {None}
