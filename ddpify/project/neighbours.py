@@ -26,7 +26,7 @@ import io
 import os
 import re
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ddpify.project.selected_losses import selecting_parameter
@@ -123,6 +123,9 @@ class Neighbours:
     # (pointMLP's ModelNet40, whose constructor reaches data.py's download(): `os.system('wget
     # ...; unzip ...')`), as bound here: rank 0 builds first, the others after it (DDP607)
     downloaders: frozenset[str] = frozenset()
+    # the script's own top-level functions that fetch data by themselves (_own_fetchers): run
+    # by rank 0 first, whole, where they are called; the others after it (DDP607)
+    own_fetchers: frozenset[str] = frozenset()
     # loss classes and functions of those modules that average over what a mask selects inside
     # (FastSpeech2's model/loss.py: `masked_select` of the padding masks), as bound here: read
     # only, each rank would average over its own share's selection (folder mode weights them)
@@ -159,7 +162,7 @@ class Neighbours:
             freezing_classes=self.freezing_classes, pairwise=self.pairwise, idle_parts=self.idle_parts,
             memory_banks=self.memory_banks, dp_classes=self.dp_classes, summing=self.summing, summing_parts=self.summing_parts, selecting=self.selecting,
             count_normalized=self.count_normalized, value_writers=self.writers - self.writer_classes, checkpoint_readers=self.checkpoint_readers,
-            wrapping_calls=self.wrapping_calls, downloaders=self.downloaders,
+            wrapping_calls=self.wrapping_calls, downloaders=self.downloaders, own_fetchers=self.own_fetchers,
         )
 
 
@@ -208,19 +211,19 @@ def wrapping_neighbour(path: str, source: str) -> tuple[str, Path] | None:
 
 @functools.lru_cache(maxsize=64)
 def read_neighbours(path: str, source: str) -> Neighbours:
-    """The project modules `source` (the file at `path`) imports, summarised; nothing for a
-    file that is not on disk."""
+    """The project modules `source` (the file at `path`) imports, summarised (none for a file
+    that is not on disk), and the script's own data fetchers."""
     script = Path(path)
-    if not script.is_file():
-        return Neighbours()
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return Neighbours()
+    if not script.is_file():
+        return Neighbours(own_fetchers=_own_fetchers(tree))
     folders = search_folders(script.parent, tree)
     _SCRIPT_FOLDERS[:] = folders  # (the modules it imports find theirs on its sys.path too)
     try:
-        return _read_neighbours(script, tree, folders)
+        return replace(_read_neighbours(script, tree, folders), own_fetchers=_own_fetchers(tree))
     finally:
         _SCRIPT_FOLDERS.clear()
 
@@ -1083,22 +1086,30 @@ def mines_the_batch(definition: ast.AST) -> bool:
 
 def _a_total_count(value: ast.AST) -> bool:
     """``x.sum()`` (through ``.data``, ``.float()``, ``.item()``, ``max(1, ...)``...) with no
-    dimension, of something not read from ``self``."""
+    dimension, or over the first, the batch's (Sem_Seg_25's Dice: ``input.sum(dim=0)`` of the
+    batch's pixels, flattened: a total per class over the whole batch), of something not read
+    from ``self``."""
     for node in ast.walk(value):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sum"):
             continue
         summed = node.func.value
         if isinstance(summed, ast.Name) and summed.id == "torch":
-            total = len(node.args) == 1 and not node.keywords
+            total = len(node.args) == 1 and not node.keywords or len(node.args) == 2 and _the_first_dimension(node.args[1])
             summed = node.args[0] if node.args else summed
         else:
-            total = not node.args and not node.keywords
+            total = not node.args and not node.keywords or len(node.args) == 1 and _the_first_dimension(node.args[0])
+        if not node.args and len(node.keywords) == 1 and node.keywords[0].arg == "dim":
+            total = total or _the_first_dimension(node.keywords[0].value)
         root = summed
         while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
             root = root.func if isinstance(root, ast.Call) else root.value
         if total and not (isinstance(root, ast.Name) and root.id == "self"):
             return True
     return False
+
+
+def _the_first_dimension(value: ast.AST) -> bool:
+    return isinstance(value, ast.Constant) and value.value == 0 and not isinstance(value.value, bool)
 
 
 def _downloads_at_import(tree: ast.Module) -> bool:
@@ -1124,17 +1135,18 @@ SHELL_CALLS = {"system", "run", "call", "check_call", "check_output", "Popen", "
 FETCHING_COMMANDS = re.compile(r"\b(wget|curl|unzip|gdown|tar\s+-?x|git\s+clone)\b")
 
 
-def _fetches_data(definition: ast.AST) -> bool:
-    """Does the function or class fetch or unpack data on disk itself: ``download=True``, a
-    download call (``urlretrieve``, ``self.download()``, ``gdown.download``), an archive
-    extracted, a shell command that runs wget/curl/unzip (pointMLP's data.py)?"""
+def _fetches_data(definition: ast.AST, by_keyword: bool = True) -> bool:
+    """Does the function or class fetch or unpack data on disk itself: ``download=True`` (not
+    counted with ``by_keyword=False``), a download call (``urlretrieve``, ``self.download()``,
+    ``gdown.download``), an archive extracted, a shell command that runs wget/curl/unzip
+    (pointMLP's data.py)?"""
     for node in ast.walk(definition):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id if isinstance(node.func, ast.Name) else ""
         if name in FETCHING_CALLS or "download" in name.lower():
             return True
-        if any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords):
+        if by_keyword and any(k.arg == "download" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords):
             return True
         if name in SHELL_CALLS and any(
             isinstance(part, ast.Constant) and isinstance(part.value, str) and FETCHING_COMMANDS.search(part.value)
@@ -1142,6 +1154,17 @@ def _fetches_data(definition: ast.AST) -> bool:
         ):
             return True
     return False
+
+
+def _own_fetchers(tree: ast.Module) -> frozenset[str]:
+    """The script's own top-level functions that fetch or unpack data on disk by themselves
+    (visionmap's label download: ``urlopen``, an ``open(zip, "wb")``, ``extractall``, the zip
+    removed), not through a dataset's ``download=True``, which the script's statements show."""
+    return frozenset(
+        node.name for node in tree.body
+        if isinstance(node, ast.FunctionDef) and _fetches_data(node, by_keyword=False)
+        and not any(isinstance(k, ast.keyword) and k.arg == "download" for k in ast.walk(node))
+    )
 
 
 # Calls that write data files (by their last name): a dataset's features, a cache

@@ -98,6 +98,11 @@ ranks build it after rank 0 is done (no two processes write the same files) (a w
 it runs at import time: the script's own top level above its ``__main__`` block, or a project
 module's top level, imported here)::
 
+The script's own top-level functions that fetch data by themselves (visionmap's label
+download: the archive written, extracted and removed, with an early return once the labels
+are there), called as statements of their own, are run whole the same way, nothing guarded
+inside them (a guard on the archive's write alone let rank 1 extract a half-written zip)::
+
     train_set = datasets.MNIST("data", train=True, download=True)
     # becomes
     if dist.get_rank() != 0:
@@ -135,6 +140,10 @@ before any rank writes, and every rank takes rank 0's branch (otherwise a rank t
 another made the folder takes the other branch)::
 
     if os.path.exists(out_dir):   ->   if ddp_from_rank_zero(os.path.exists(out_dir)):
+
+So is a check whose branch picks another name for the path (vcdb_retrieval's ``if
+os.path.exists(log_dir): log_dir = f"{log_dir}_{current_time}"``): a rank that checked after
+rank 0 made the folder would name another one.
 
 So is an assert that the path is not there yet (NAIC's ``assert osp.exists(save_dir) == False``
 before a Logger, run on rank 0 alone, makes the folder)::
@@ -180,6 +189,11 @@ says so::
         loss_mean = ddp_mean(loss.item())
         if dist.get_rank() == 0:
             print(f"loss: {loss_mean:.3f}")
+
+An average meter the training loop updates, read by a print or log line after it, shows every
+rank's batches (its sum and count added up; vcdb_retrieval's logged train loss)::
+
+    logger.info(f"train_loss: {losses.avg}")   ->   logger.info(f"train_loss: {ddp_sum(losses).avg}")
 """
 
 from __future__ import annotations
@@ -683,14 +697,47 @@ class RankZeroTransform(Transform):
     def _called_by_a_chosen_rank(self, node: cst.CSTNode) -> bool:
         """Inside a function some call of which, in this file, a rank test selects already
         (VRP-DACT's own DDP path: `elif opts.distributed and rank == 1: agent.save(epoch)`): its
-        writes are that rank's; a rank-0 guard inside would skip them all."""
+        writes are that rank's; a rank-0 guard inside would skip them all. Or inside one of the
+        script's own data fetchers that rank 0 runs first, whole (_own_fetchers)."""
         chosen = self._chosen_rank_callees
         function = self._function_of(node)
         while isinstance(function, cst.FunctionDef):
-            if function.name.value in chosen:
+            if function.name.value in chosen or function in self._own_fetchers.values():
                 return True
             function = self._function_of(function)
         return False
+
+    @functools.cached_property
+    def _own_fetchers(self) -> dict[str, cst.FunctionDef]:
+        """The script's own top-level functions that fetch data on disk (a download, then the
+        archive extracted and removed: visionmap's labels), each called only as a statement of
+        its own that every rank reaches after the set-up: rank 0 runs the whole function first,
+        the others after it (they find its files); guards and barriers inside its body would split
+        what one process must do in order (a zip extracted on rank 1 while rank 0 writes it)."""
+        named = self.context.neighbours.own_fetchers
+        found = {
+            node.name.value: node for node in self.context.module.body
+            if isinstance(node, cst.FunctionDef) and node.name.value in named
+        }
+        calls: dict[str, list[cst.Call]] = {}
+        for call in calls_in(self.context.module):
+            if isinstance(call.func, cst.Name) and call.func.value in found:
+                calls.setdefault(call.func.value, []).append(call)
+        return {name: node for name, node in found.items() if calls.get(name) and all(map(self._fetched_first, calls[name]))}
+
+    def _fetched_first(self, call: cst.Call) -> bool:
+        """A call of an own fetcher that DDP607 makes rank 0's first: a statement of its own
+        (`fetch(root)`, `labels = fetch(root)`), after the set-up, on every rank, not in a worker."""
+        statement = statement_of(call, self.context.parent)
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            return False
+        small = statement.body[0]
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign, cst.Return)) else None
+        if value is not call or under_rank_guard(statement, self.context.parent, self.context.code):
+            return False
+        if in_data_loading(statement, self.context.parent) or self._import_time(statement) or self._may_run_model_for_a_value(call):
+            return False
+        return isinstance(self.context.parent(statement), (cst.Module, cst.IndentedBlock)) and self._same_path_on_every_rank(statement)
 
     @functools.cached_property
     def _chosen_rank_callees(self) -> frozenset[str]:
@@ -963,6 +1010,8 @@ class RankZeroTransform(Transform):
                     return True
             if any(isinstance(node, cst.Raise) for node in walk(branch)):
                 return True
+            if tested & {self.context.code(t.target) for node in walk(branch) if isinstance(node, cst.Assign) for t in node.targets}:
+                return True  # another name for the path (vcdb_retrieval: `log_dir = f"{log_dir}_{current_time}"`)
             if _leaves_loop(branch) and isinstance(innermost_loop(check, self.context.parent), (cst.For, cst.While)) \
                     and self._probes_a_shared_name(check):
                 return True
@@ -1373,7 +1422,7 @@ class RankZeroTransform(Transform):
         return self.context.is_library and self.context.at_module_level(node)
 
     def edit_block(self, owner: cst.CSTNode, block: Block) -> Block:
-        if self._import_time(owner):
+        if self._import_time(owner) or self._own_fetchers and self._called_by_a_chosen_rank(owner):
             return block
         result: Block = []
         run: list[Pair] = []  # consecutive statements of one kind share one guard
@@ -1479,7 +1528,7 @@ class RankZeroTransform(Transform):
             return False
         # (or a project function or class that fetches data on disk: pointMLP's ModelNet40, whose
         # constructor runs `wget` and `unzip` through data.py's download())
-        fetching = self.context.neighbours.downloaders
+        fetching = self.context.neighbours.downloaders | self._own_fetchers.keys()
         downloading = any(
             arg.keyword is not None and arg.keyword.value == "download" and self.context.code(arg.value) == "True"
             for call in calls_in(original)
@@ -1642,12 +1691,14 @@ class RankZeroTransform(Transform):
                 Severity.WARNING,
             )
             return pair
+        meters = self._meters_read(original.body[0].value, original)
         means = [name for name, how in shown.items() if how == "ddp_mean"]
-        sums = [name for name, how in shown.items() if how == "ddp_sum"]
+        sums = [name for name, how in shown.items() if how == "ddp_sum" and name not in meters]
         for helper in set(shown.values()):
             self.context.use_helper(helper)
         parts = [f"the mean of {_listed(means)}"] if means else []
         parts += [f"the sum of {_listed(sums)}"] if sums else []
+        parts += [f"the meters {_listed(sorted(meters & set(shown)))} over every rank's batches"] if meters & set(shown) else []
         phase = self._summed_over_phases(original, shown)
         # (a loop over phases: its sums are this rank's share after a training pass, the whole
         # data's after an evaluating pass, which every rank holds alike)
@@ -1693,6 +1744,9 @@ class RankZeroTransform(Transform):
         if not printed and not _logs_a_value(call):
             return {}
         shown = {name: "ddp_mean" for name in _loss_names(call, self._derived_losses)}
+        # (vcdb_retrieval's `logger.info(f"train_loss: {losses.avg}")` after the loop: a meter's sum
+        # and count, added up over the ranks, are the global batches')
+        shown.update((name, "ddp_sum") for name in self._meters_read(call, original) if name not in shown)
         if not shown:
             return {}
         combined = self._shard_sums(original)
@@ -1705,6 +1759,24 @@ class RankZeroTransform(Transform):
             averaged = _made_only_from(averaged, self._function_of(original) or self.context.module)
         shown = {name: how for name, how in shown.items() if name not in whole | averaged}
         return {name: "ddp_sum" if self._share_over_whole_data(original, name) else how for name, how in shown.items()}
+
+    def _meters_read(self, call: cst.Call, original: cst.BaseStatement) -> set[str]:
+        """Meters the call reads a field of (``losses.avg``) that a training loop of the same
+        function updates from its batches (``losses.update(loss.item(), n)``): each rank's holds
+        its share's (ddp_sum adds up an average meter's sum and count; anything else stays as it is)."""
+        read = {
+            node.value.value for node in walk(call)
+            if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.attr.value in METER_FIELDS
+        }
+        if not read:
+            return set()
+        function = self._function_of(original)
+        updated = {
+            node.func.value.value for loop in self.facts.training_loops if self._function_of(loop) is function
+            for node in walk(loop) if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "update" and isinstance(node.func.value, cst.Name) and node.args
+        }
+        return read & updated
 
     def _share_over_whole_data(self, original: cst.BaseStatement, name: str) -> bool:
         """``epoch_loss = running_loss / len(loader.dataset)``: what the training loop added up of
@@ -2019,6 +2091,10 @@ def _path_mkdir(call: cst.Call) -> bool:
         return False
     keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
     return len(keywords) == len(call.args) and keywords <= {"mode", "parents"}
+
+
+# The fields of an average meter a log line shows (the ImageNet example's AverageMeter)
+METER_FIELDS = {"avg", "sum", "val", "count", "average", "mean"}
 
 
 def _logs_a_value(call: cst.Call) -> bool:
