@@ -35,6 +35,13 @@ Where the flag did not wrap, checkpoints keep the bare model's keys, as the orig
 (``keys_unwrapped``): what reads the flag back from a checkpoint still finds keys that fit.
 An ``if`` whose every branch wraps decides nothing and is left alone.
 
+DDP147  a device chosen beside such a wrap (DBE's ``device = '{}:{}'.format(args.device,
+device_ids[0])``, ``device = 'cuda:0'``, in the block of the wrap under ``if args.device ==
+'cuda':``): where the wrap now runs, the model is on this process's device, and so must the
+batches be (``-d cpu`` under torchrun had sent them to CUDA)::
+
+    device = '{}:{}'.format(args.device, device_ids[0])   ->   device = ddp_device()
+
 DDP136  DataParallel by function in a model class's forward (pytorch/examples' DCGAN:
 ``nn.parallel.data_parallel(self.main, input, range(self.ngpu))``): the part is called
 directly, and each model built from the class (bound to a name outside any class) is wrapped
@@ -213,6 +220,7 @@ now names DistributedDataParallel, which also has ``.module``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -550,6 +558,15 @@ class WrapModelTransform(Transform):
         return isinstance(assign, cst.Assign) and len(assign.targets) == 1 and isinstance(self.context.parent(assign), cst.SimpleStatementLine)
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if self._device_beside_a_widened_wrap(original_node):
+            self.context.use_helper("ddp_device")
+            self.context.report(
+                original_node,
+                "DDP147",
+                f"`{self.context.code(original_node.targets[0].target)}` is chosen beside a wrap that now also runs "
+                "whenever the world size is above one: the data goes where the wrapped model is, ddp_device()",
+            )
+            return updated_node.with_changes(value=cst.parse_expression("ddp_device()"))
         site = next((site for site in self.facts.wraps if site.outer is original_node.value and site.call in self.whole_model), None)
         if site is None:
             return updated_node
@@ -568,6 +585,64 @@ class WrapModelTransform(Transform):
         return updated_node.with_changes(
             targets=[cst.AssignTarget(cst.Name(owner))], value=cst.parse_expression(f"ddp_wrap({owner}{keys})")
         )
+
+    def _device_beside_a_widened_wrap(self, assign: cst.Assign) -> bool:
+        """``device = '{}:{}'.format(args.device, device_ids[0])`` or ``device = 'cuda:0'`` in the
+        block of a wrap whose guard now lets every rank through (DBE's ``if args.device ==
+        'cuda':``, run with ``-d cpu`` under torchrun): the wrap puts the model on this process's
+        device, and the device the batches and targets go to must be that one; left as it was, it
+        names GPU 0, another GPU, or CUDA on a machine without it."""
+        if len(assign.targets) != 1 or dotted(assign.targets[0].target) not in self._data_devices:
+            return False
+        line = self.context.parent(assign)
+        if not isinstance(line, cst.SimpleStatementLine) or not self.guard_rewrites:
+            return False
+        block = self.context.parent(line)
+        above = set()
+        node = block
+        while node is not None:
+            above.add(id(node))
+            node = self.context.parent(node)
+        for site in self.facts.wraps:
+            widened = [g.node for g in site.guards if isinstance(g.node, cst.If) and self.guard_rewrites.get(g.node) and id(g.node) in above]
+            if not widened:
+                continue
+            if any(self.context.parent(block) is guard and self._split_apart(guard) for guard in widened):
+                continue  # (a statement beside the wraps keeps the test it had: decision-transformer's)
+            statement = site.call
+            while statement is not None and not isinstance(statement, cst.SimpleStatementLine):
+                statement = self.context.parent(statement)
+            if statement is not None and statement is not line and self.context.parent(statement) is block:
+                return True
+        return False
+
+    def _split_apart(self, original: cst.If) -> bool:
+        """Does _split_widened_guard give the statements beside the wraps their old test?"""
+        originals = [statement for statement in original.body.body if not self._removed_sync_bn(statement)]
+        wraps = [any(site.outer in walk(statement) or site.call in walk(statement) for site in self.facts.wraps) for statement in originals]
+        if len(originals) < 2 or all(wraps) or not any(wraps) or original.orelse is not None and wraps[0]:
+            return False
+        # (read as converted: the wrap's device list and its move's device are gone from it)
+        dropped = {
+            id(node) for site in self.facts.wraps
+            for arg in [*(site.move.args if site.move is not None else ()), *(a for a in site.call.args if a.value is not site.module_arg)]
+            for node in walk(arg)
+        }
+        bound = {dotted(t.target) for statement, is_wrap in zip(originals, wraps) if not is_wrap
+                 for node in walk(statement) if isinstance(node, cst.Assign) for t in node.targets} - {None}
+        read = {dotted(n) for statement, is_wrap in zip(originals, wraps) if is_wrap
+                for n in walk(statement) if isinstance(n, (cst.Name, cst.Attribute)) and id(n) not in dropped}
+        return not bound & read
+
+    @functools.cached_property
+    def _data_devices(self) -> frozenset[str]:
+        """Names the file moves tensors or modules to (``x.to(device)``, ``device=device``)."""
+        found = set()
+        for call in calls_in(self.context.module):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("to", "cuda") and call.args and call.args[0].keyword is None:
+                found.add(dotted(call.args[0].value))
+            found.update(dotted(arg.value) for arg in call.args if arg.keyword is not None and arg.keyword.value == "device")
+        return frozenset(found - {None})
 
     def _statement_calls(self, name: str) -> list[tuple[cst.SimpleStatementLine, cst.Call]]:
         """Statements that are just a call of a function called `name`."""
