@@ -1391,6 +1391,14 @@ def test_a_scattered_call_runs_the_model_on_this_rank_s_share_and_gathers_every_
     assert seen == [([2, 3], [6, 7])]
 
 
+def test_a_scattered_call_with_nothing_to_split_runs_the_model_whole_and_gathers_nothing(monkeypatch):
+    # a whole-data step (DDP316) handed a graph object: every rank runs it whole, as one process did
+    _as_rank(monkeypatch, 1)
+    graph = object()
+    monkeypatch.setattr(template, "ddp_gathered", lambda outputs: pytest.fail("gathered what was not split"))
+    assert template.ddp_scattered(lambda g, scale=2.0: (g, scale), graph, scale=torch.tensor(3.0)) == (graph, torch.tensor(3.0))
+
+
 def test_a_batch_object_with_tensor_fields_is_split_and_a_batch_with_nothing_to_split_stops(monkeypatch):
     # torchtext's Batch (`batch.src`, `batch.trg`) was handed whole to every rank
     _as_rank(monkeypatch, 1)

@@ -6,7 +6,9 @@ batch. Sharding the loader moves that split to the data, which is what a person 
 right for most loops. Two kinds of loop need DataParallel's split kept (``ddp_shard(loader,
 whole_batches=True)`` and ``ddp_scattered(model, ...)``): a batch sampler's structured batches
 cut before the model, and a loss out of this file's sight that couples the batch's samples.
-This module also finds a loop's loader bound to something from elsewhere besides.
+A loop that counts its steps and trains each step on the whole data, made before it
+(whole_data_steps), keeps it too: no loader to shard. This module also finds a loop's loader
+bound to something from elsewhere besides.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from ddpify.analysis.data_sites import DataSite, derived_from
+from ddpify.analysis.counted_draws import sliced_draws
+from ddpify.analysis.data_sites import DataSite, counted_steps, derived_from
 from ddpify.analysis.facts import Facts
 from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, loop_origins, reaching_backward, walk, without_moves
 
@@ -48,7 +51,7 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
     ]
     models = facts.model_names
     if calls and coupled and any(
-        dotted(call.func) in coupled and (dotted(call.func) or "").removesuffix(".forward") not in models
+        computes_with(call, coupled) and (dotted(call.func) or "").removesuffix(".forward") not in models
         and _in_the_step(call, loop, parent_of) and _a_loss(call, loop) for call in calls_in(loop.body)
     ):
         return tuple(calls)
@@ -62,6 +65,58 @@ def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str]
         for call in calls for arg in call.args
     )
     return tuple(calls) if cut else ()
+
+
+def computes_with(call: cst.Call, coupled: frozenset[str]) -> bool:
+    """The call is such a loss, or is handed one to compute with (Sem_Seg_25's ``SegLoss(outputs,
+    targets, criterion, cx1, cx2)`` of ``criterion = HybridLoss(...)``, a Dice of totals over the
+    batch): its value is that loss's."""
+    return dotted(call.func) in coupled or any(dotted(arg.value) in coupled for arg in call.args)
+
+
+def whole_data_steps(facts: Facts) -> dict[cst.CSTNode, tuple[cst.Call, ...]]:
+    """Training loops that count their steps and run the wrapped model on one tensor made
+    before the loop (mcr2's full-batch ``for epoch in range(args.epochs): Z_train =
+    net(X_train)``): DataParallel split that tensor among its GPUs at every step, and the loss
+    saw all of its outputs. Each rank runs the model on its share and gets every rank's outputs
+    (ddp_scattered; a value the model takes that has no first dimension to split, a graph
+    object, runs whole on every rank). Not a loop that cuts its batches (DDP315), draws from a
+    loader, or hands the model more than one value (a graph's ``model(features, adj)`` would be
+    cut row by row): refused there (DDP304). loop -> the model's calls."""
+    parent_of, models = facts.analyzer.scopes.parent, facts.model_names
+    training = set(facts.training_loops)
+    found = {}
+    for loop in facts.training_loops:
+        if not isinstance(loop, cst.For) or not counted_steps(loop.iter) or loop in facts.fed_loops or sliced_draws(loop):
+            continue
+        if any(inner in training or inner in facts.fed_loops for inner in walk(loop.body)):
+            continue  # (an epoch loop around the steps: its model calls evaluate)
+        made_here = {n for node in walk(loop) for t in _bound_targets(node) for n in bound_names(t)}
+        calls = [
+            call for call in calls_in(loop.body)
+            if (dotted(call.func) or "").removesuffix(".forward") in models and innermost_loop(call, parent_of) is loop
+        ]
+        if calls and all(_one_value_made_before(call, made_here) for call in calls):
+            found[loop] = tuple(calls)
+    return found
+
+
+def _bound_targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    if isinstance(node, cst.Assign):
+        return [t.target for t in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
+        return [node.target]
+    if isinstance(node, cst.WithItem) and node.asname is not None:
+        return [node.asname.name]
+    return []
+
+
+def _one_value_made_before(call: cst.Call, made_here: set[str]) -> bool:
+    """``net(X_train)``, ``net(X.to(device))``: one positional value, a name the loop does not bind."""
+    if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
+        return False
+    value = _moved(call.args[0].value)
+    return isinstance(value, cst.Name) and value.value not in made_here
 
 
 def _in_the_step(call: cst.Call, loop: cst.For, parent_of) -> bool:

@@ -1253,9 +1253,12 @@ def ddp_gathered(outputs, pieces=1):
 def ddp_scattered(model, *args, **kwargs):
     """DataParallel's forward, for a batch every rank holds whole: each process runs the model
     on its share of the arguments' first dimension (ddp_scatter) and gets every process's
-    outputs, in rank order (ddp_gathered: each share's gradient goes back to its process)."""
-    if dist.get_world_size() == 1:
-        return model(*args, **kwargs)
+    outputs, in rank order (ddp_gathered: each share's gradient goes back to its process).
+    Arguments with no first dimension to split run whole on every rank, as one process ran them."""
+    dim = getattr(dist, "ddp_scatter_dim", 0)
+    leaves = ddp_leaves((args, kwargs))
+    if dist.get_world_size() == 1 or not any(getattr(leaf, "ndim", 0) > dim for leaf in leaves):
+        return model(*args, **kwargs)  # (nothing to split, a graph object: every rank runs it whole)
     return ddp_gathered(model(*ddp_scatter(args), **ddp_scatter(kwargs)))
 
 

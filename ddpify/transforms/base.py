@@ -20,7 +20,7 @@ from libcst.metadata import ParentNodeProvider, PositionProvider, QualifiedNameP
 from ddpify.analysis import Facts, star_imported_torch, star_roots
 from ddpify.analysis.scopes import module_aliases, through_reexports
 from ddpify.analysis.data_sites import data_sites
-from ddpify.analysis.scatter_points import scattered_at_the_model
+from ddpify.analysis.scatter_points import scattered_at_the_model, whole_data_steps
 from ddpify.analysis.settled import SettledNames
 from ddpify.analysis.tree import dotted, walk, without_moves
 from ddpify.project.neighbours import Neighbours
@@ -127,6 +127,8 @@ class ConversionContext:
             sites = data_sites(self.facts) if self.facts.wraps else []
             coupled = frozenset(self.batch_coupled)
             self._scattered = {site.loop: calls for site in sites if (calls := scattered_at_the_model(site, self.facts, coupled))}
+            if self.facts.wraps and not self.is_library:
+                self._scattered.update(whole_data_steps(self.facts))
         return self._scattered
 
     @property

@@ -276,6 +276,8 @@ class BatchLossesTransform(Transform):
         directly or through an instance made here."""
         neighbours = self.context.neighbours
         found = self._called_in_training(neighbours.pairwise)
+        if found is not None and self.context.in_a_scattered_loop(found[0]):
+            return  # (the loop holds the whole batch, its model's outputs gathered: DataParallel's as it is)
         if found is not None:
             call, made = found
             # (called, or handed on together with the model's outputs: AlignedReID's
@@ -371,6 +373,7 @@ class BatchLossesTransform(Transform):
             for node in walk(self.context.module)
             if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and dotted(node.value.func) in names
             for target in node.targets
+            if dotted(target.target) is not None  # (`acc_train, acc_test = nearsub(...)`: values, no instance)
         }
 
     @property

@@ -13,20 +13,44 @@ DDP315  each rank takes its part of every cut the counted loop makes::
     # becomes
     batch_idxs = ddp_part(total_idxs[j * bs:(j + 1) * bs], dist.get_world_size(), dist.get_rank())
 
-(A loop that makes its data each step, or trains on a whole graph, cuts nothing: refused,
-DDP304. The analysis is analysis/counted_draws.py; the loops are chosen in SamplerTransform's
-check, which no longer refuses them.)
+DDP316  a loop that counts its steps and trains each step on one tensor made before it, whole
+(mcr2's full-batch ``Z_train = net(X_train)``): each rank runs the model on its part of it and
+gets every rank's outputs, as DataParallel's scatter and gather did, so the loss and whatever
+else reads the outputs see all of them (a value with no first dimension to split runs whole on
+every rank)::
+
+    Z_train = net(X_train)   ->   Z_train = ddp_scattered(net, X_train)
+
+(A loop that makes its data each step, or hands the model more than one value, a graph's
+``model(features, adj)``, cuts nothing: refused, DDP304. The analysis is
+analysis/counted_draws.py and analysis/scatter_points.py' whole_data_steps; the loops are chosen
+in SamplerTransform's check, which no longer refuses them.)
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
+from ddpify.analysis.scatter_points import whole_data_steps
 from ddpify.transforms.base import Transform
 
 
 class CountedCutsTransform(Transform):
     CODE_PREFIX = "DDP31"
+
+    def check(self) -> None:
+        if not self.facts.wraps or self.context.is_library:
+            return
+        scattered = self.context.scattered_loops
+        for loop, calls in whole_data_steps(self.facts).items():
+            if scattered.get(loop) != calls:
+                continue
+            shown = self.context.code(calls[0].args[0].value)
+            self.context.report(
+                calls[0], "DDP316",
+                f"each step trains on `{shown}` whole, made before the loop: each rank runs the model on its part of it "
+                "and gets every rank's outputs (ddp_scattered), as DataParallel's scatter and gather did",
+            )
 
     def leave_Subscript(self, original_node: cst.Subscript, updated_node: cst.Subscript) -> cst.BaseExpression:
         if original_node not in self.context.split_cuts:

@@ -104,7 +104,7 @@ from ddpify.analysis.data_sites import (
     training_condition,
 )
 from ddpify.analysis.counted_draws import drawn_by_torch, sliced_draws
-from ddpify.analysis.scatter_points import bound_elsewhere_too
+from ddpify.analysis.scatter_points import bound_elsewhere_too, computes_with
 from ddpify.analysis.step_drivers import driven_data
 from ddpify.diagnostics import ENTRY, Severity
 from ddpify.project.neighbours import search_folders
@@ -228,8 +228,8 @@ class SamplerTransform(Transform):
             and not self._drawn
         ):
             unfed = self._unfed_training_loops()
-            if self._cut_steps and not unfed:
-                return  # (every loop that trains cuts its batches out of data held whole: split)
+            if (self._cut_steps or self.context.scattered_loops) and not unfed:
+                return  # (every loop that trains cuts its batches out of data held whole, or splits it at the model)
             innermost = [loop for loop in unfed if not any(inner in unfed for inner in walk(loop.body))]
             iterated = [self.context.code(loop.iter) for loop in innermost if isinstance(loop, cst.For)]
             message = self._no_loader(innermost[0]) if innermost else (
@@ -649,9 +649,9 @@ class SamplerTransform(Transform):
 
     def _why_whole(self, loop: cst.CSTNode) -> str:
         coupled = self.context.batch_coupled
-        loss = next((call for call in calls_in(loop.body) if dotted(call.func) in coupled), None)
+        loss = next((call for call in calls_in(loop.body) if computes_with(call, frozenset(coupled))), None)
         if loss is not None:
-            name = dotted(loss.func)
+            name = dotted(loss.func) if dotted(loss.func) in coupled else next(dotted(a.value) for a in loss.args if dotted(a.value) in coupled)
             made = coupled[name]
             what = f"`{name}` ({made}, a module of this project)" if made else f"`{name}` (a module of this project)"
             return (
@@ -820,6 +820,7 @@ class SamplerTransform(Transform):
         """Training loops that neither draw from a known loader nor sit inside or around one
         that does (an epoch loop around the loader loop, a chunk loop inside it)."""
         fed = self.facts.fed_loops | {site.loop for site, _ in self._run_time.values()} | set(self._drawn.values()) | set(self._cut_steps)
+        fed |= set(self.context.scattered_loops)  # (a whole-data step split at the model: whole_data_steps)
         unfed = []
         for loop in self.facts.training_loops:
             if not _calls_backward(loop):
