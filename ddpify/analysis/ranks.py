@@ -276,6 +276,12 @@ class RunNames:
     def __init__(self, module: cst.Module, qualified) -> None:
         self.qualified = qualified
         self.sources: set[str] = set()
+        # names bound to the clock itself (vcdb_retrieval's `current = datetime.now(kst)`, then
+        # `current.strftime('%H%M%S')` names the run folder)
+        self.clocks = {
+            dotted(target.target) for node in walk(module) if isinstance(node, cst.Assign)
+            and isinstance(node.value, cst.Call) and qualified(node.value.func) & BARE_TIMES for target in node.targets
+        } - {None}
         for statement in module.body:
             if isinstance(statement, cst.FunctionDef) and self._only_returns_a_name(statement):
                 self.sources.add(statement.name.value)
@@ -301,6 +307,9 @@ class RunNames:
         )
 
     def _per_process(self, call: cst.Call) -> bool:
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("strftime", "isoformat", "timestamp") \
+                and dotted(call.func.value) in self.clocks:
+            return True
         names = self.qualified(call.func)
         if names & GIVEN_TIMES:  # `time.gmtime(total)`, `time.strftime(fmt, t)`: a time it is given
             return len(call.args) <= (1 if "time.strftime" in names else 0)

@@ -18,6 +18,9 @@ would wait for an answer of its own (a hang; with stdin piped, an EOFError)::
     # becomes
     answer = ddp_from_rank_zero(input("Clean up? (y/n) ") if dist.get_rank() == 0 else None)
 
+A time kept in a name first (vcdb_retrieval's ``current = datetime.now(kst)``, then
+``current.strftime('%H%M%S')``) is the clock too: the names formatted from it are sent.
+
 An argparse default of the same kind (``default=time.strftime(...)``) is sent the same way.
 A name counts when it is made by formatting only (f-strings, ``strftime``, ``str()``,
 ``os.path.join``, a function of the file that only returns one); a value computed only for a
