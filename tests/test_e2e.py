@@ -269,6 +269,10 @@ def test_meters_and_cpu_losses_print_as_the_original_did(runs):
         assert len(lines_with(runs[run].stdout, "running loss")) == 6
         # (the meter's last value and its average over every process's batches: the original's)
         assert numbers(run) == pytest.approx(numbers("original"), abs=2e-4), run
+    # (meters read after the loop: every rank's batches, not rank 0's share)
+    epochs = lambda run: [float(n) for line in lines_with(runs[run].stdout, "train epoch") for n in re.findall(r"-?\d+\.\d+", line)]  # noqa: E731
+    assert len(epochs("original")) == 6
+    assert epochs("ddp") == pytest.approx(epochs("original"), abs=2e-5)
 
 
 @only("plateau_best")
