@@ -2744,3 +2744,20 @@ def test_losses_handed_to_a_project_trainer_object_in_a_list_get_the_whole_globa
     assert all(torch.allclose(original[key], converted[key], atol=1e-5) for key in original), {
         key: (original[key] - converted[key]).abs().max().item() for key in original
     }
+
+
+def test_a_part_made_under_the_setting_its_use_tests_through_a_kept_copy_is_not_idle():
+    # DBE: `self.cond = config["ct_cond"]`, the layer made under `if config["ct_cond"]:` and used
+    # under `if self.cond:`: it exists only where it trains (find_unused_parameters was set for it)
+    import ast
+
+    from ddpify.project.neighbours import idle_parts
+
+    source = (
+        "import torch.nn as nn\n\n\nclass DBE(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+        "        self.cond = config['ct_cond']\n        self.enc = nn.Linear(4, 4)\n        if config['ct_cond']:\n"
+        "            self.ct_cond = nn.Linear(4, 4)\n\n    def forward(self, x):\n        x = self.enc(x)\n"
+        "        if self.cond:\n            x = x + self.ct_cond(x)\n        return x\n"
+    )
+    assert idle_parts(ast.parse(source)) == {}
+    assert "DBE" in idle_parts(ast.parse(source.replace("        if config['ct_cond']:\n            self.ct_cond", "        if True:\n            self.ct_cond")))

@@ -1611,9 +1611,17 @@ def _made_where_used(attr: str, init: ast.FunctionDef, uses: list[tuple[ast.If, 
     ]
     if not made or None in made:
         return False
+    # (a setting kept on self first, DBE's `self.cond = config["ct_cond"]`, tested as `self.cond`)
+    kept = {}
+    for node in init.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
+                and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self":
+            kept[node.targets[0].attr] = None if node.targets[0].attr in kept else ast.unparse(node.value)
 
     def setting(test: ast.If, in_body: bool) -> tuple[str, bool]:
-        return re.sub(r"\bself\.", "", ast.unparse(test.test)), in_body
+        text = ast.unparse(test.test)
+        text = re.sub(r"\bself\.(\w+)\b", lambda m: kept.get(m.group(1)) or m.group(1), text)
+        return re.sub(r"\bself\.", "", text), in_body
 
     return {setting(*test) for test in made} == {setting(*test) for test in uses}
 
