@@ -433,3 +433,28 @@ def derived_from(names: set[str], body: cst.CSTNode) -> set[str]:
                 derived |= bound
                 grown = True
     return derived
+
+
+def ends_after(node: cst.CSTNode, block: cst.CSTNode, jumps=(cst.Return, cst.Raise)) -> bool:
+    """Does the block run one of ``jumps`` (a ``return``, a ``raise``) in a statement of its own
+    after ``node``? What follows the block never runs after ``node`` then."""
+    body = list(getattr(block, "body", ())) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+    return node in body and any(
+        isinstance(line, cst.SimpleStatementLine) and any(isinstance(small, jumps) for small in line.body)
+        for line in body[body.index(node) + 1 :]
+    )
+
+
+def ended_block(statement: cst.CSTNode, scope: cst.CSTNode, parent_of) -> cst.CSTNode | None:
+    """The innermost block around ``statement`` (within ``scope``) whose run ends after it in a
+    ``return``, ``raise``, ``break`` or ``continue`` (VAC_CSLR's vendored convert_model: ``mod =
+    DataParallelWithCallback(mod, ...); return mod`` in an ``if``, then ``mod = module`` for every
+    other module); None where the path goes on past every block."""
+    node = statement
+    while node is not None and node is not scope:
+        block = parent_of(node)
+        if ends_after(node, block, (cst.Return, cst.Raise, cst.Break, cst.Continue)):
+            return block
+        node = block
+    return None
+

@@ -16,7 +16,7 @@ from libcst.metadata import QualifiedNameProvider, QualifiedNameSource, ScopePro
 
 from ddpify.project.dp_subclasses import SubclassPlan, plan_from_code
 from ddpify.analysis.facts import Guard, WrapSite
-from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, own_nodes, walk
+from ddpify.analysis.tree import DEVICE_COUNT, argument_in_slot, assigned_in, bound_names, calls_in, dotted, is_main_guard, ended_block, own_nodes, walk
 from ddpify.analysis.scopes import Room, module_aliases, star_imported_torch, star_roots
 from ddpify.names import DATA_PARALLEL, DATA_PARALLEL_METHODS, DDP, SAMPLER, variant_name
 
@@ -304,6 +304,8 @@ class Wraps(Room):
             elsewhere.update(walk(branch) if branch is not None else ())
         nodes = own_nodes(scope)
         after = nodes[nodes.index(statement) + 1 :] if statement in nodes else []
+        ended = ended_block(statement, scope, self.scopes.parent)  # (a branch that returns: nothing below runs after it)
+        after = [node for node in after if id(node) in {id(n) for n in walk(ended)}] if ended is not None else after
         return [
             line for index, line in enumerate(after)
             if isinstance(line, cst.SimpleStatementLine) and line not in elsewhere and self._binds_another_model(line, site.target)

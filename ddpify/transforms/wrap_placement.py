@@ -40,6 +40,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis import WrapSite, calls_in, dotted, walk
+from ddpify.analysis.tree import ends_after
 from ddpify.transforms.base import Block, Transform
 
 # Methods that change a module's parameters, dtype or structure in place.
@@ -137,7 +138,7 @@ class WrapPlacementTransform(Transform):
         while True:
             block = self.context.parent(node)
             owner = self.context.parent(block) if isinstance(block, cst.IndentedBlock) else None
-            if isinstance(owner, cst.If) and owner in guards and owner.orelse is None:
+            if isinstance(owner, cst.If) and owner in guards and owner.orelse is None and not ends_after(node, block):
                 node = owner
                 continue
             break
