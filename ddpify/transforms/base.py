@@ -98,6 +98,8 @@ class ConversionContext:
     # (function or module, name) of training statistics averaged where they are computed (DDP810):
     # a print of one shows it as it is
     averaged_statistics: set = field(default_factory=set)
+    # values of device assignments wrap_model replaces with ddp_device() (DDP147): no other rewrite of them
+    replaced_devices: set = field(default_factory=set)
     # Set by the rank-0 transform's check: does rank 0 alone run this statement once converted?
     rank_zero_only: Any = None
     # `if`/`while` tests rank_zero decides on rank 0 for every rank (DDP622): every rank takes the branch

@@ -60,7 +60,9 @@ made this process's where it is kept::
     self.device = args.device   ->   self.device = ddp_here(args.device)
 
 DDP701 also covers device strings built from an index: ``f"cuda:{gpu}"``,
-``"cuda:{}".format(gpu)``, ``"cuda:%d" % gpu`` and ``"cuda:" + str(gpu)`` become ``"cuda"``.
+``"cuda:{}".format(gpu)``, ``"cuda:%d" % gpu`` and ``"cuda:" + str(gpu)`` become ``"cuda"``; a
+kind given at run time with an index (DBE's ``'{}:{}'.format(args.device, device_ids[0])``,
+``f"{kind}:{gpu}"``) becomes the kind alone.
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ class DevicesTransform(Transform):
             # `map_location={'cuda:0': 'cpu'}`: where the checkpoint was saved, not a device to
             # use (PIDNet: "cuda" matched nothing and every rank loaded onto GPU 0)
             return updated_node
+        if self._replaced(original_node):
+            return updated_node
         self.context.report(original_node, "DDP701", f'"{value}" -> "cuda": this process\'s GPU, set by ddp_setup()')
         prefix = original_node.prefix
         quote = original_node.quote
@@ -143,7 +147,31 @@ class DevicesTransform(Transform):
             and isinstance(parts[1], cst.FormattedStringExpression)
         ):
             return self._bare_cuda(original_node, original_node.start + "cuda:{" + self.context.code(parts[1].expression) + "}" + original_node.end)
+        if (
+            len(parts) == 3 and isinstance(parts[0], cst.FormattedStringExpression) and isinstance(parts[1], cst.FormattedStringText)
+            and parts[1].value == ":" and isinstance(parts[2], cst.FormattedStringExpression)
+            and not parts[0].format_spec and not parts[0].conversion
+        ):
+            return self._kind_alone(original_node, parts[0].expression)
         return updated_node
+
+    def _replaced(self, node: cst.CSTNode) -> bool:
+        """Inside a device value the wrap's rewrite replaces whole (DDP147)."""
+        while node is not None and not isinstance(node, cst.BaseStatement):
+            if node in self.context.replaced_devices:
+                return True
+            node = self.context.parent(node)
+        return False
+
+    def _kind_alone(self, original_node: cst.CSTNode, kind: cst.BaseExpression) -> cst.BaseExpression:
+        """``'{}:{}'.format(args.device, device_ids[0])``, ``f"{kind}:{gpu}"``: a device of a
+        kind given at run time and a GPU index (DBE) -> the kind alone: "cuda", this process's
+        GPU, or "cpu" as it was."""
+        if self._replaced(original_node):
+            return kind.deep_clone()
+        shown = self.context.code(original_node)
+        self.context.report(original_node, "DDP701", f"{shown} -> {self.context.code(kind)}: the device's index dropped (\"cuda\" is this process's GPU, set by ddp_setup())")
+        return kind.deep_clone()
 
     def leave_BinaryOperation(self, original_node: cst.BinaryOperation, updated_node: cst.BaseExpression) -> cst.BaseExpression:
         left = _literal(original_node.left)
@@ -155,6 +183,8 @@ class DevicesTransform(Transform):
 
     def _bare_cuda(self, original_node: cst.CSTNode, shown: str) -> cst.SimpleString:
         """A device string built from a GPU index -> "cuda", this process's GPU."""
+        if self._replaced(original_node):
+            return cst.SimpleString('"cuda"')
         self.context.report(original_node, "DDP701", f'{shown} -> "cuda": this process\'s GPU, set by ddp_setup()')
         return cst.SimpleString('"cuda"')
 
@@ -167,6 +197,11 @@ class DevicesTransform(Transform):
             and len(original_node.args) == 1
         ):
             return self._bare_cuda(original_node, self.context.code(original_node))
+        if (
+            isinstance(func, cst.Attribute) and func.attr.value == "format" and _literal(func.value) in ("{}:{}", "{0}:{1}")
+            and len(original_node.args) == 2 and not any(arg.keyword or arg.star for arg in original_node.args)
+        ):
+            return self._kind_alone(original_node, updated_node.args[0].value)
         if "torch.device" in self.context.qualified(func) and self._indexed_device(original_node):
             # `torch.device(0)`, `torch.device("cuda", 0)` (deeplabv3plus-pytorch): GPU 0 on every rank
             shown = self.context.code(original_node)

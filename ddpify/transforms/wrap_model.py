@@ -307,6 +307,10 @@ class WrapModelTransform(Transform):
         self.idle_models = self._idle_models()
         for site in self.facts.wraps:
             self._classify_guards(site)
+        if self.guard_rewrites:
+            self.context.replaced_devices.update(
+                node.value for node in walk(self.context.module) if isinstance(node, cst.Assign) and self._device_beside_a_widened_wrap(node)
+            )
 
     def _idle_models(self) -> list[tuple[str, str]]:
         """Model classes of this file or its project (single-file mode) that this file builds
