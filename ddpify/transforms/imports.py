@@ -22,6 +22,11 @@ from ddpify.analysis.tree import dotted, walk
 from ddpify.transforms.base import Block, Transform, is_header, is_import
 
 DP_MODULES = ("torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel")
+# An import of a class by one of its paths -> the import the set-up adds for it
+SAME_CLASS = {
+    ("torch.utils.data", "DistributedSampler", None): [("torch.utils.data.distributed", "DistributedSampler", None)],
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", None): [("torch.nn.parallel", "DistributedDataParallel", None)],
+}
 ImportKey = tuple[str, str | None, str | None]
 
 
@@ -29,6 +34,8 @@ class ImportsTransform(Transform):
     def __init__(self, context) -> None:
         super().__init__(context)
         self.existing = {key for statement in context.module.body for key in self._keys(statement)}
+        # (the same class imported by its other path: EEGround's `from torch.utils.data import DistributedSampler`)
+        self.existing |= {same for key in list(self.existing) for same in SAME_CLASS.get(key, ())}
 
     def _keys(self, statement: cst.BaseStatement) -> list[ImportKey]:
         if not isinstance(statement, cst.SimpleStatementLine):

@@ -145,8 +145,9 @@ RESERVED = {
     **{name: None for name in TEMPLATE_NAMES},
     "sampler_epoch": None,
     "dist": "torch.distributed",
-    "DistributedDataParallel": "torch.nn.parallel.DistributedDataParallel",
-    "DistributedSampler": "torch.utils.data.distributed.DistributedSampler",
+    # (the same class by another path: EEGround's `from torch.utils.data import DistributedSampler`)
+    "DistributedDataParallel": ("torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"),
+    "DistributedSampler": ("torch.utils.data.distributed.DistributedSampler", "torch.utils.data.DistributedSampler"),
     "os": "os",
     "torch": "torch",
 }
@@ -349,7 +350,7 @@ class ProcessGroupTransform(Transform):
                 if allowed == "absent":
                     continue
                 names = {q.name for q in scope.get_qualified_names_for(assignment.name)}
-                if allowed is None or allowed not in names:
+                if allowed is None or not names & ({allowed} if isinstance(allowed, str) else set(allowed)):
                     found.append((scope, assignment.name, getattr(assignment, "node", self.context.module)))
         return found
 
