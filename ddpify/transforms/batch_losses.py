@@ -32,6 +32,12 @@ model's outputs gathered instead, and the loop computes on the global batch::
 and so does a product of two outputs of the wrapped model (two towers' in-batch negatives, BLINK's
 ``ctxt @ cands.t()`` of ``ctxt, _ = model(x, None)`` and ``_, cands = model(None, y)``).
 
+Outputs centred on their mean over the batch (a relativistic GAN, HSR/ESRGAN:
+``cri(pred_real - torch.mean(pred_fake), True)``) are gathered where they are made, when all they
+meet in the loop is each other and constants (the loop's other losses stay the share's)::
+
+    pred_fake = netD(fake)   ->   pred_fake = ddp_gathered(netD(fake))
+
 A training loss computed out of sight (analysis/losses_out_of_sight.py: a callable the step takes
 as a parameter whose callers are in another module, reid-strong-baseline's ``loss_fn``; one made
 by a factory of another module, pytorch-semseg's ``get_loss_function(cfg)``, a partial whose
@@ -164,6 +170,7 @@ class BatchLossesTransform(Transform):
                 )
 
         self._check_inline_pairwise()
+        self._check_centred_outputs()
         self._check_neighbour_pairwise()
         self._check_unwrapped_trained()
 
@@ -221,6 +228,46 @@ class BatchLossesTransform(Transform):
                             "loss (`def contrastive_loss(out, ...)`): ddpify gives such a loss the whole global batch",
                         )
                         return
+
+    def _check_centred_outputs(self) -> None:
+        """A training loop that centres the model's outputs on their mean over the batch (a
+        relativistic GAN, HSR/ESRGAN: ``cri(pred_real - torch.mean(pred_fake), True)``): that mean
+        was the global batch's under DataParallel. The calls that make those outputs are gathered
+        (ddp_gathered) where everything those outputs meet in the loop is another such output or a
+        constant; every process then computes the same term on the whole batch."""
+        for loop in self.facts.training_loops:
+            if self.context.in_a_scattered_loop(loop) or not isinstance(loop, (cst.For, cst.While)):
+                continue
+            made = self._model_outputs_in(loop)
+            centred = [node for node in walk(loop.body) if _centred(node, set(made))]
+            if not centred:
+                continue
+            names = {n.value for node in centred for n in walk(node) if isinstance(n, cst.Name) and n.value in made}
+            per_step = {n.value for node in walk(loop) for t in _step_targets(node) for n in walk(t) if isinstance(n, cst.Name)}
+            if not all(_data_names(node) & per_step <= names for node in _readers(loop.body, names)):
+                continue  # (an output meets a share of the batch, its labels: left as it is)
+            self._gathered_outputs.update(call for name in names for call in made[name])
+            self.context.report(
+                centred[0],
+                "DDP117",
+                f"the training loop centres the model's outputs on their mean over the batch "
+                f"(`{self.context.code(centred[0])}`): as DataParallel did, the outputs it compares are gathered from "
+                "every process (ddp_gathered), every process computes that term on the whole global batch, and each "
+                "share's gradient goes back to it",
+            )
+
+    def _model_outputs_in(self, loop: cst.CSTNode) -> dict[str, list[cst.Call]]:
+        """Names the loop binds to a wrapped model's call (``pred = netD(x)``, or ``.detach()``
+        of it) -> those calls."""
+        models, found = self._wrapped_names, {}
+        for node in walk(loop.body):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+                value = node.value
+                while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in ("detach", "float", "squeeze"):
+                    value = value.func.value
+                if isinstance(value, cst.Call) and dotted(value.func) in models:
+                    found.setdefault(node.targets[0].target.value, []).append(value)
+        return found
 
     def _outputs_of_the_model(self, roots: set[str], loop: cst.CSTNode | None) -> bool:
         """Is every name the product compares bound in the loop to what a wrapped model returns
@@ -799,3 +846,48 @@ def _root(node: cst.BaseExpression) -> str | None:
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "torch":
             return None
     return node.value if isinstance(node, cst.Name) else None
+
+
+def _step_targets(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """What a statement of a loop binds each step (assignments, the loop's own target)."""
+    if isinstance(node, cst.Assign):
+        return [t.target for t in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+        return [node.target]
+    return []
+
+
+def _batch_mean_of(node: cst.CSTNode, names: set[str]) -> bool:
+    """``torch.mean(pred)``, ``t.mean(pred)``, ``pred.mean()``: the mean over every element."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute) or node.func.attr.value != "mean":
+        return False
+    if not node.args:
+        return isinstance(node.func.value, cst.Name) and node.func.value.value in names
+    return len(node.args) == 1 and isinstance(node.args[0].value, cst.Name) and node.args[0].value.value in names
+
+
+def _centred(node: cst.CSTNode, names: set[str]) -> bool:
+    """``pred_real - torch.mean(pred_fake)``: a model output less the batch mean of one."""
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Subtract):
+        return False
+    return _batch_mean_of(node.right, names) and isinstance(node.left, cst.Name) and node.left.value in names
+
+
+def _data_names(node: cst.CSTNode) -> set[str]:
+    """The names an operation or a call's arguments read: not attribute fields, not keywords
+    (the caller keeps those the loop binds each step: the batch, outputs, losses)."""
+    skipped = {id(n.attr) for n in walk(node) if isinstance(n, cst.Attribute)}
+    skipped |= {id(a.keyword) for a in walk(node) if isinstance(a, cst.Arg) and a.keyword is not None}
+    return {n.value for n in walk(node) if isinstance(n, cst.Name) and id(n) not in skipped}
+
+
+def _readers(body: cst.CSTNode, names: set[str]) -> list[cst.CSTNode]:
+    """The operations and calls (their arguments) in the body that read one of ``names``."""
+    found = []
+    for node in walk(body):
+        if isinstance(node, cst.BinaryOperation) and _data_names(node) & names:
+            found.append(node)
+        elif isinstance(node, cst.Call) and any(_data_names(arg.value) & names for arg in node.args):
+            found.append(cst.Tuple([cst.Element(arg.value) for arg in node.args]))
+    return found
+
