@@ -273,7 +273,9 @@ def _own_calls(node: cst.CSTNode) -> list[cst.Call]:
 
 def data_expressions(expr: cst.BaseExpression, analyzer) -> list[cst.BaseExpression]:
     """What a loop iterates, seen through enumerate/zip/tqdm: names, attributes, subscripts
-    (``self.data_loader["train"]``) and DataLoader calls written in place."""
+    (``self.data_loader["train"]``), DataLoader calls written in place, through ``(bar := ...)``."""
+    if isinstance(expr, cst.NamedExpr):
+        return data_expressions(expr.value, analyzer)
     if isinstance(expr, (cst.Name, cst.Attribute, cst.Subscript)):
         return [expr]
     if not isinstance(expr, cst.Call):

@@ -61,7 +61,9 @@ class Loaders(Room):
 
     # -- what a loop iterates --------------------------------------------------------------
     def iterated(self, expr: cst.BaseExpression) -> list[cst.BaseExpression]:
-        """The Name/Attribute expressions a loop iterates: `enumerate(tqdm(loader))` -> loader."""
+        """What a loop iterates: `enumerate(tqdm(loader))`, `(bar := tqdm(loader))` -> loader."""
+        if isinstance(expr, cst.NamedExpr):
+            return self.iterated(expr.value)
         if isinstance(expr, (cst.Name, cst.Attribute)):
             return [expr]
         if isinstance(expr, cst.Call):
