@@ -2761,3 +2761,25 @@ def test_a_part_made_under_the_setting_its_use_tests_through_a_kept_copy_is_not_
     )
     assert idle_parts(ast.parse(source)) == {}
     assert "DBE" in idle_parts(ast.parse(source.replace("        if config['ct_cond']:\n            self.ct_cond", "        if True:\n            self.ct_cond")))
+
+
+def test_a_training_loop_in_a_module_left_as_it_is_is_named_for_its_rank_zero_prints(tmp_path):
+    # Conv_AutoEncoder: main.py hands its loader to train.py's `train(...)`, which prints the loss;
+    # single-file mode shards the loader here, and says that the prints there are rank 0's share
+    trainer = (
+        "import torch.nn.functional as F\n\n\ndef train(epoch, loader, optimizer, model):\n"
+        "    for i, (x, y) in enumerate(loader):\n        loss = F.mse_loss(model(x), y)\n"
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+        "        if i % 10 == 0:\n            print('loss:', loss.item())\n"
+    )
+    main = (
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom train import train\n\n"
+        "model = nn.DataParallel(nn.Linear(3, 1))\noptimizer = torch.optim.Adam(model.parameters())\n"
+        "loader = DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=8)\n"
+        "for epoch in range(2):\n    train(epoch, loader, optimizer, model)\n"
+    )
+    project(tmp_path, {"train.py": trainer, "main.py": main})
+    result = convert_file(tmp_path / "main.py")
+    assert not result.error, result.diagnostics
+    assert "sampler=DistributedSampler(" in result.output
+    assert [d.code for d in result.diagnostics if d.code == "DDP626"] == ["DDP626"]

@@ -170,6 +170,11 @@ opens for writing are private copies that only that rank reads back (``ddp_quiet
 
 Converting the folder (``ddpify convert DIR``) guards those writes where they are instead.
 
+DDP626  (warning) single-file mode: a function of another module of the project, read but not
+rewritten, runs the training loop (Conv_AutoEncoder's ``train(epoch, total, train_loader,
+optimizer, model)`` of train.py): the loader is sharded here, and the losses it prints or logs
+there are rank 0's share of each batch; converting the folder averages them.
+
 DDP625  (warning) not guarded: a script's module-level write that runs at import, before the
 process group is set up (in ``main()``): no rank is known there yet, and every rank runs it at once
 (EXTD's ``os.system("python3 bbox_setup.py build_ext --inplace")``): run it once before launching,
@@ -325,6 +330,18 @@ class RankZeroTransform(Transform):
         copies that only that rank reads back (ddp_quiet)."""
         neighbours = self.context.neighbours
         self._quiet_calls: set[cst.Call] = set()
+        told = set()
+        for call in calls_in(self.context.module) if neighbours.trainers else ():
+            name = dotted(call.func)
+            if name in neighbours.trainers and name not in neighbours.writing_trainers and name not in told:
+                told.add(name)  # (Conv_AutoEncoder's `train(epoch, total, train_loader, optimizer, model)` of train.py)
+                self.context.report(
+                    call, "DDP626",
+                    f"`{name}()` trains in another module of this project (read, not rewritten): the losses it prints or "
+                    "logs are rank 0's share of each batch; convert the folder (`ddpify convert DIR`) to show them "
+                    "averaged over the ranks",
+                    Severity.WARNING,
+                )
         for call in calls_in(self.context.module) if neighbours.writing_trainers or neighbours.writing_evaluators else ():
             name = dotted(call.func)
             if name not in neighbours.writing_trainers | neighbours.writing_evaluators:
@@ -1854,6 +1871,8 @@ class RankZeroTransform(Transform):
         while function is not None and not isinstance(function, (cst.FunctionDef, cst.Module)):
             function = self.context.parent(function)
         found: dict[str, str] = {}
+        # (a loop's counter moved on by a setting, HSR's `epoch += self.start_epoch`: alike on every rank)
+        counters = {n.value for loop in walk(function) if isinstance(loop, cst.For) for n in walk(loop.target) if isinstance(n, cst.Name)}
         for loop in self.facts.training_loops:
             if self._function_of(loop) is not function:
                 continue
@@ -1862,6 +1881,7 @@ class RankZeroTransform(Transform):
                     isinstance(inner, cst.AugAssign)
                     and isinstance(inner.operator, cst.AddAssign)
                     and isinstance(inner.target, cst.Name)
+                    and inner.target.value not in counters
                     and not isinstance(inner.value, cst.Integer)
                     and found.get(inner.target.value) != "ddp_sum"  # (a count anywhere is a count)
                 ):
