@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from ddpify.analysis.data_sites import counted_steps
-from ddpify.analysis.tree import bound_names, dotted, walk
+from ddpify.analysis.tree import binding_targets, bound_names, dotted, walk
 
 
 def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
@@ -25,7 +25,7 @@ def sliced_draws(loop: cst.CSTNode) -> list[cst.Subscript]:
     made_here = {
         name
         for node in walk(loop.body)
-        for target in _targets(node)
+        for target in binding_targets(node)
         for name in bound_names(target)
     }
     found: list[cst.Subscript] = []
@@ -71,13 +71,5 @@ def _written(node: cst.CSTNode) -> list[cst.CSTNode]:
     if isinstance(node, (cst.AugAssign, cst.AnnAssign)):
         return [node.target]
     if isinstance(node, cst.Del):
-        return [node.target]
-    return []
-
-
-def _targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
-    if isinstance(node, cst.Assign):
-        return [target.target for target in node.targets]
-    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
         return [node.target]
     return []

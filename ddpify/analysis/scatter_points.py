@@ -19,7 +19,7 @@ from libcst.metadata import ScopeProvider
 from ddpify.analysis.counted_draws import sliced_draws
 from ddpify.analysis.data_sites import DataSite, counted_steps, derived_from
 from ddpify.analysis.facts import Facts
-from ddpify.analysis.tree import bound_names, calls_in, dotted, innermost_loop, loop_origins, reaching_backward, walk, without_moves
+from ddpify.analysis.tree import binding_targets, bound_names, calls_in, dotted, innermost_loop, loop_origins, reaching_backward, walk, without_moves
 
 
 def scattered_at_the_model(site: DataSite, facts: Facts, coupled: frozenset[str] = frozenset()) -> tuple[cst.Call, ...]:
@@ -102,13 +102,12 @@ def whole_data_steps(facts: Facts) -> dict[cst.CSTNode, tuple[cst.Call, ...]]:
 
 
 def _bound_targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
-    if isinstance(node, cst.Assign):
-        return [t.target for t in node.targets]
-    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor)):
+    """binding_targets, and a comprehension's or a ``with``'s names."""
+    if isinstance(node, cst.CompFor):
         return [node.target]
     if isinstance(node, cst.WithItem) and node.asname is not None:
         return [node.asname.name]
-    return []
+    return binding_targets(node)
 
 
 def _one_value_made_before(call: cst.Call, made_here: set[str]) -> bool:

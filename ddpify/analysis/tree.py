@@ -182,6 +182,16 @@ def assigned_in(statement: cst.CSTNode) -> set[str]:
     return found
 
 
+def binding_targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """What a statement binds: an assignment's targets (augmented and annotated too), a ``for``
+    loop's own target."""
+    if isinstance(node, cst.Assign):
+        return [target.target for target in node.targets]
+    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+        return [node.target]
+    return []
+
+
 # Methods that move or cast a module and return it.
 MOVES = ("cuda", "to", "cpu", "float", "double", "half")
 

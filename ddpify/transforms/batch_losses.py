@@ -104,7 +104,7 @@ import libcst as cst
 
 from ddpify.analysis.data_sites import derived_from
 from ddpify.analysis.losses_out_of_sight import losses_out_of_sight
-from ddpify.analysis.tree import calls_in, dotted, walk, without_gradients, without_moves
+from ddpify.analysis.tree import binding_targets, calls_in, dotted, walk, without_gradients, without_moves
 from ddpify.names import MATRIX_PRODUCTS
 from ddpify.project.neighbours import mines_the_batch, normalised_by_a_count
 from ddpify.transforms.base import Transform, builds_torch_optimizer, keyword
@@ -243,7 +243,7 @@ class BatchLossesTransform(Transform):
             if not centred:
                 continue
             names = {n.value for node in centred for n in walk(node) if isinstance(n, cst.Name) and n.value in made}
-            per_step = {n.value for node in walk(loop) for t in _step_targets(node) for n in walk(t) if isinstance(n, cst.Name)}
+            per_step = {n.value for node in walk(loop) for t in binding_targets(node) for n in walk(t) if isinstance(n, cst.Name)}
             if not all(_data_names(node) & per_step <= names for node in _readers(loop.body, names)):
                 continue  # (an output meets a share of the batch, its labels: left as it is)
             self._gathered_outputs.update(call for name in names for call in made[name])
@@ -846,15 +846,6 @@ def _root(node: cst.BaseExpression) -> str | None:
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "torch":
             return None
     return node.value if isinstance(node, cst.Name) else None
-
-
-def _step_targets(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """What a statement of a loop binds each step (assignments, the loop's own target)."""
-    if isinstance(node, cst.Assign):
-        return [t.target for t in node.targets]
-    if isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
-        return [node.target]
-    return []
 
 
 def _batch_mean_of(node: cst.CSTNode, names: set[str]) -> bool:
